@@ -1,0 +1,91 @@
+"""`trainers <command>`: one entry point per stage, each a short call into the package."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from trainers.errors import UsageError
+from trainers.runtime import config as cfgmod
+
+
+def _forecast(args) -> int:
+    from trainers.jobs.forecast import ForecastConfig, train
+
+    train(cfgmod.from_args(ForecastConfig, args))
+    return 0
+
+
+def _evaluate(args) -> int:
+    from trainers.jobs.forecast import evaluate_run
+
+    evaluate_run(args.run_dir, args.checkpoint, args.device)
+    return 0
+
+
+def _export(args) -> int:
+    from trainers.export import ExportMismatch, export_forecast_run
+
+    try:
+        info = export_forecast_run(args.run_dir, args.checkpoint, args.tolerance, args.latency_iters)
+    except ExportMismatch as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    lat = info["latency_cpu"]
+    print(f"exported {args.run_dir}/model.onnx (checkpoint step {info['checkpoint_step']}); onnxruntime vs PyTorch "
+          f"max abs error {info['parity']['max_abs_error']:.2e} at batch sizes {info['parity']['batch_sizes']}; "
+          f"CPU p50 batch 1 {lat['batch_1']['onnxruntime']['p50_ms']:.2f} ms, "
+          f"batch 256 {lat['batch_256']['onnxruntime']['p50_ms']:.2f} ms")
+    return 0
+
+
+def _package(args) -> int:
+    from trainers.package import package_run
+
+    info = package_run(args.run_dir, args.output)
+    print(json.dumps(info))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from trainers.jobs.forecast import ForecastConfig
+
+    parser = argparse.ArgumentParser(prog="trainers", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+
+    p = sub.add_parser("forecast", help="train the return forecaster (run it under torchrun for several workers)")
+    cfgmod.add_dataclass_args(p, ForecastConfig)
+    p.set_defaults(func=_forecast)
+
+    p = sub.add_parser("evaluate", help="evaluate a run's checkpoint against the baselines on val and test")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--checkpoint", default="best", help="best, latest or a step number (default: best)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.set_defaults(func=_evaluate)
+
+    p = sub.add_parser("export", help="export ONNX and prove onnxruntime matches PyTorch")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--checkpoint", default="best", help="best, latest or a step number (default: best)")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed abs difference (default: 1e-4)")
+    p.add_argument("--latency-iters", type=int, default=50, help="timed runs per batch size (default: 50)")
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser("package", help="tarball of the run with SHA256SUMS")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--output", default=None, help="tarball path (default: <run-dir>.tar.gz beside the run)")
+    p.set_defaults(func=_package)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return UsageError.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

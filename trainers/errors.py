@@ -1,0 +1,11 @@
+"""Errors the user can fix. The CLI prints them as one line and exits non-zero."""
+
+
+class UsageError(Exception):
+    """Bad input: a value the user gave (or the data they pointed at) cannot be used.
+
+    The message names the bad value and what would be accepted; it is printed as a single
+    line, without a traceback, and the process exits with code 2.
+    """
+
+    exit_code = 2

@@ -1,0 +1,213 @@
+"""Checkpoint manager: owns file names, atomic writes, checksums, retention and resume.
+
+Layout of one checkpoint at optimizer step N (in `<run>/checkpoints/`):
+
+    model_0000000N.pt      model, optimizer, scheduler, grad scaler, counters (written by rank 0)
+    rank000_0000000N.pt    each rank's own state: data position, RNG states (one file per rank)
+    meta_0000000N.json     written last, by rank 0: SHA-256 of every file above, the resolved
+                           config, world size, the validation metric. A checkpoint without its
+                           meta file is incomplete and never resumed from.
+
+Every file is written to a temporary name, fsynced and renamed, so a kill at any moment leaves
+either the old file or the new one. Resume picks the newest checkpoint whose checksums verify on
+every rank, and falls back to older ones (with a warning) when the newest is corrupt.
+For multi-node runs the run folder must be on a filesystem every node sees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_max, barrier, broadcast_object
+
+_META_RE = re.compile(r"^meta_(\d{8})\.json$")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
+    """Write through `write(fileobj)` into a temp file beside `path`, fsync, then rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, lambda f: json.dump(obj, f, indent=2, sort_keys=True), mode="w")
+
+
+def atomic_torch_save(path: Path, obj: Any) -> str:
+    """Save atomically and return the SHA-256 of the bytes on disk."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+    return sha256_file(path)
+
+
+@dataclass
+class Resumed:
+    step: int
+    shared: dict[str, Any]  # model/optimizer/scheduler/scaler/counters
+    rank_state: dict[str, Any] | None  # None when the world size changed since the save
+    meta: dict[str, Any]
+
+
+class CheckpointManager:
+    def __init__(self, directory: Path, ctx: DistContext, keep_last: int, logger: logging.Logger):
+        if keep_last < 1:
+            raise ValueError("keep_last must be >= 1")
+        self.dir = Path(directory)
+        self.ctx = ctx
+        self.keep_last = keep_last
+        self.log = logger
+        if ctx.is_main:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        barrier(ctx)
+
+    # ---- names -------------------------------------------------------------------------------
+    def model_path(self, step: int) -> Path:
+        return self.dir / f"model_{step:08d}.pt"
+
+    def rank_path(self, step: int, rank: int) -> Path:
+        return self.dir / f"rank{rank:03d}_{step:08d}.pt"
+
+    def meta_path(self, step: int) -> Path:
+        return self.dir / f"meta_{step:08d}.json"
+
+    def complete_steps(self) -> list[int]:
+        """Steps with a meta file (complete checkpoints), newest first."""
+        if not self.dir.is_dir():
+            return []
+        steps = [int(m.group(1)) for p in self.dir.iterdir() if (m := _META_RE.match(p.name))]
+        return sorted(steps, reverse=True)
+
+    def read_meta(self, step: int) -> dict[str, Any]:
+        return json.loads(self.meta_path(step).read_text())
+
+    def best_step(self) -> int | None:
+        """The complete checkpoint with the lowest recorded metric (None if none has one)."""
+        scored = []
+        for step in self.complete_steps():
+            metric = self.read_meta(step).get("metric")
+            if metric is not None:
+                scored.append((metric, -step, step))
+        return min(scored)[2] if scored else None
+
+    # ---- save --------------------------------------------------------------------------------
+    def save(self, step: int, shared: dict[str, Any], rank_state: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Collective: every rank calls it at the same step."""
+        rank_file = self.rank_path(step, self.ctx.rank)
+        rank_sha = atomic_torch_save(rank_file, rank_state)
+        files = {rank_file.name: rank_sha}
+        if self.ctx.is_main:
+            model_file = self.model_path(step)
+            files[model_file.name] = atomic_torch_save(model_file, shared)
+        gathered = all_gather_object(self.ctx, files)
+        if self.ctx.is_main:
+            all_files: dict[str, str] = {}
+            for part in gathered:
+                all_files.update(part)
+            record = dict(meta, step=step, world_size=self.ctx.world_size, files=all_files)
+            atomic_write_json(self.meta_path(step), record)
+        keep = broadcast_object(self.ctx, self._keep_set() if self.ctx.is_main else None)
+        self._prune(keep)
+        barrier(self.ctx)
+
+    def _keep_set(self) -> list[int]:
+        steps = self.complete_steps()
+        keep = set(steps[: self.keep_last])
+        best = self.best_step()
+        if best is not None:
+            keep.add(best)
+        return sorted(keep)
+
+    def _prune(self, keep: list[int]) -> None:
+        keep_set = set(keep)
+        if self.ctx.is_main:
+            for step in self.complete_steps():
+                if step not in keep_set:
+                    # meta first: a half-deleted checkpoint must never look complete
+                    self.meta_path(step).unlink(missing_ok=True)
+                    self.model_path(step).unlink(missing_ok=True)
+        own = re.compile(rf"^rank{self.ctx.rank:03d}_(\d{{8}})\.pt$")
+        for p in self.dir.iterdir():
+            m = own.match(p.name)
+            if m and int(m.group(1)) not in keep_set:
+                p.unlink(missing_ok=True)
+
+    # ---- resume ------------------------------------------------------------------------------
+    def _verify_local(self, step: int, meta: dict[str, Any]) -> str | None:
+        """Check the files this rank needs; return a reason when something is wrong."""
+        needed = [self.model_path(step).name]
+        if meta.get("world_size") == self.ctx.world_size:
+            needed.append(self.rank_path(step, self.ctx.rank).name)
+        for name in needed:
+            expected = meta.get("files", {}).get(name)
+            path = self.dir / name
+            if expected is None:
+                return f"{name} missing from meta"
+            if not path.is_file():
+                return f"{name} missing"
+            if sha256_file(path) != expected:
+                return f"{name} checksum mismatch"
+        return None
+
+    def resume(self, map_location: torch.device) -> Resumed | None:
+        """Collective: the newest checkpoint that verifies on every rank, loaded; None if none."""
+        candidates = broadcast_object(self.ctx, self.complete_steps() if self.ctx.is_main else None)
+        for step in candidates:
+            try:
+                meta = self.read_meta(step)
+                problem = self._verify_local(step, meta)
+            except (OSError, ValueError) as exc:  # unreadable or half-written meta
+                meta, problem = {}, f"meta unreadable: {exc}"
+            bad_anywhere = all_reduce_max(self.ctx, [1.0 if problem else 0.0])[0] > 0
+            if bad_anywhere:
+                if problem:
+                    self.log.warning("checkpoint step %d is unusable on rank %d (%s); trying an older one",
+                                     step, self.ctx.rank, problem)
+                elif self.ctx.is_main:
+                    self.log.warning("checkpoint step %d is unusable on another rank; trying an older one", step)
+                continue
+            shared = torch.load(self.model_path(step), map_location=map_location, weights_only=True)
+            rank_state = None
+            if meta.get("world_size") == self.ctx.world_size:
+                rank_state = torch.load(self.rank_path(step, self.ctx.rank), map_location="cpu", weights_only=True)
+            elif self.ctx.is_main:
+                self.log.warning("checkpoint step %d was written by %s ranks, this run has %d: per-rank data "
+                                 "positions cannot be mapped, the interrupted epoch restarts",
+                                 step, meta.get("world_size"), self.ctx.world_size)
+            return Resumed(step, shared, rank_state, meta)
+        return None

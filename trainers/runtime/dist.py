@@ -1,0 +1,132 @@
+"""torchrun environment, process-group lifetime and the few collectives the trainers need."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    backend: str | None  # None when running as a single process without a process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def restart_count(self) -> int:
+        """How many times torchrun has restarted this worker group (0 on the first attempt)."""
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None or value == "" else int(value)
+
+
+def pick_device(local_rank: int, requested: str = "auto") -> torch.device:
+    """`auto`: this rank's GPU when CUDA is available, else CPU. `cpu` forces CPU."""
+    if requested == "cpu":
+        return torch.device("cpu")
+    if requested not in ("auto", "cuda"):
+        from trainers.errors import UsageError
+
+        raise UsageError(f"--device {requested!r} is not one of: auto, cpu, cuda")
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if requested == "cuda":
+        from trainers.errors import UsageError
+
+        raise UsageError("--device cuda was asked for but no CUDA GPU is visible; use --device cpu or auto")
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[DistContext]:
+    """Init the process group from torchrun's environment; always tear it down.
+
+    NCCL on CUDA, gloo on CPU. `timeout_s` bounds every collective, so a dead peer ends the
+    job (and torchrun can restart it) instead of leaving the GPUs idle forever.
+    Without torchrun's variables this runs as a single process with no process group.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    dev = pick_device(local_rank, device)
+    backend = None
+    if world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+            # Surface NCCL failures as exceptions at the timeout instead of a silent hang.
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=dev if dev.type == "cuda" else None,
+        )
+    ctx = DistContext(rank, local_rank, world_size, local_world_size, dev, backend)
+    try:
+        yield ctx
+    finally:
+        if backend is not None and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        if ctx.backend == "nccl":
+            dist.barrier(device_ids=[ctx.device.index])
+        else:
+            dist.barrier()
+
+
+def all_reduce_max(ctx: DistContext, values: list[float]) -> list[float]:
+    """Element-wise max over ranks; one small collective."""
+    if not ctx.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
+    if not ctx.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_gather_object(ctx: DistContext, obj: Any) -> list[Any]:
+    if not ctx.distributed:
+        return [obj]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(ctx: DistContext, obj: Any) -> Any:
+    """Rank 0's object on every rank."""
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,84 @@
+"""Rank-0 logging: console + training.log, metrics.jsonl + TensorBoard, a tqdm bar.
+
+Other ranks get a logger that only prints warnings and errors (tagged with the rank), a metrics
+writer that does nothing and a disabled progress bar, so trainer code never branches on rank.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+
+def get_logger(rank: int, run_dir: Path | None, name: str = "trainers") -> logging.Logger:
+    logger = logging.getLogger(f"{name}.rank{rank}")
+    logger.handlers.clear()
+    logger.propagate = False
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter(f"%(asctime)s [rank{rank}] %(levelname)s %(message)s", "%H:%M:%S"))
+    logger.addHandler(console)
+    if rank == 0:
+        logger.setLevel(logging.INFO)
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fh = logging.FileHandler(run_dir / "training.log")
+            fh.setFormatter(fmt)
+            logger.addHandler(fh)
+    else:
+        logger.setLevel(logging.WARNING)
+    return logger
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN/inf; null is honest
+    if hasattr(value, "item"):
+        return _jsonable(value.item())
+    return value
+
+
+class MetricsWriter:
+    """One JSON object per logged step in metrics.jsonl, and the same scalars in TensorBoard."""
+
+    def __init__(self, run_dir: Path | None, enabled: bool):
+        self.enabled = enabled and run_dir is not None
+        self._file = None
+        self._tb = None
+        if self.enabled:
+            self._file = open(run_dir / "metrics.jsonl", "a", buffering=1)
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log(self, step: int, kind: str, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"kind": kind, "step": step, "time": round(time.time(), 3)}
+        record.update({k: _jsonable(v) for k, v in values.items()})
+        self._file.write(json.dumps(record) + "\n")
+        for key, value in values.items():
+            value = _jsonable(value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._tb.add_scalar(f"{kind}/{key}", value, step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+
+
+def progress(total: int, initial: int, enabled: bool, desc: str) -> tqdm:
+    return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, dynamic_ncols=True,
+                mininterval=1.0)

@@ -1,0 +1,89 @@
+"""Device-dependent numerics: autocast dtype, gradient scaler, TF32, compile, fused AdamW."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from trainers.errors import UsageError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # fp32 | bf16 | fp16
+    autocast_dtype: torch.dtype | None  # None: no autocast
+
+    @property
+    def needs_grad_scaler(self) -> bool:
+        # fp16 has too little range for small gradients; bf16 and fp32 do not need scaling.
+        return self.name == "fp16"
+
+
+def resolve_precision(requested: str, device_type: str, cuda_capability: tuple[int, int] | None) -> Precision:
+    """Pick the numeric format.
+
+    auto: bf16 autocast on GPUs with native bf16 (compute capability >= 8.0: A100, H100, L40S...),
+    fp16 autocast + grad scaler on older GPUs (V100 7.0, T4 7.5), fp32 on CPU.
+    """
+    if requested not in PRECISIONS:
+        raise UsageError(f"--precision {requested!r} is not one of: {', '.join(PRECISIONS)}")
+    if device_type != "cuda":
+        if requested in ("bf16", "fp16"):
+            raise UsageError(f"--precision {requested} needs a CUDA GPU; on CPU use fp32 or auto")
+        return Precision("fp32", None)
+    bf16_ok = cuda_capability is not None and cuda_capability >= (8, 0)
+    if requested == "auto":
+        requested = "bf16" if bf16_ok else "fp16"
+    if requested == "bf16" and not bf16_ok:
+        raise UsageError(f"--precision bf16 needs compute capability >= 8.0, this GPU has {cuda_capability}; use fp16 or auto")
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[requested]
+    return Precision(requested, dtype)
+
+
+def precision_for(device: torch.device, requested: str = "auto") -> Precision:
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return resolve_precision(requested, device.type, capability)
+
+
+def autocast(device: torch.device, precision: Precision):
+    if precision.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=precision.autocast_dtype)
+
+
+def make_grad_scaler(device: torch.device, precision: Precision) -> torch.amp.GradScaler:
+    """A scaler that is active only for fp16 (disabled scalers pass values through)."""
+    return torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
+
+
+def enable_tf32(device: torch.device) -> bool:
+    """TF32 matmuls and convolutions on Ampere and newer; returns whether it was enabled."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return True
+
+
+def use_fused_adamw(device: torch.device) -> bool:
+    """Fused AdamW runs the whole update in one kernel; it exists for CUDA tensors only here."""
+    return device.type == "cuda"
+
+
+def build_adamw(model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
+                device: torch.device) -> torch.optim.AdamW:
+    """AdamW with decay on matrices only (not biases, norms or embeddings-as-vectors)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=use_fused_adamw(device))
+
+
+def maybe_compile(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
+    return torch.compile(model) if enabled else model

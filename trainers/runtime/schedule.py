@@ -1,0 +1,23 @@
+"""Learning-rate schedule: linear warmup, then cosine decay to a floor."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
+    """Multiplier on the base LR for optimizer step `step` (0-based)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if total_steps <= warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int,
+                    min_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: warmup_cosine(s, total_steps, warmup_steps, min_ratio))

@@ -1,0 +1,122 @@
+"""Stop decisions agreed by all ranks: signals, wall-clock and money budgets, early stopping.
+
+Any rank may want to stop (it got SIGTERM, its clock says the budget is spent, validation stopped
+improving). `StopAgreement.agree()` is a collective called at every step boundary: the ranks take
+the max of their stop codes, so all of them stop at the same step and nobody waits forever at the
+next collective. torchrun sends SIGKILL 30 s after SIGTERM, so one step plus a checkpoint must fit
+in that; the handler only sets a flag, the loop does the work.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+import time
+from dataclasses import dataclass
+
+from trainers.errors import UsageError
+from trainers.runtime.dist import DistContext, all_reduce_max
+
+
+class StopReason(enum.IntEnum):
+    # Larger wins when ranks disagree: a signal beats a budget beats early stopping.
+    NONE = 0
+    COMPLETED = 1
+    EARLY_STOP = 2
+    MONEY_BUDGET = 3
+    TIME_BUDGET = 4
+    SIGNAL = 5
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_hours: float | None = None
+    budget_usd: float | None = None
+    usd_per_gpu_hour: float | None = None
+    billed_devices: int = 1
+
+    def __post_init__(self):
+        if self.max_hours is not None and self.max_hours <= 0:
+            raise UsageError(f"--max-hours {self.max_hours} must be > 0 (or left out for no time limit)")
+        if self.budget_usd is not None and self.budget_usd <= 0:
+            raise UsageError(f"--budget-usd {self.budget_usd} must be > 0 (or left out for no money limit)")
+        if self.usd_per_gpu_hour is not None and self.usd_per_gpu_hour < 0:
+            raise UsageError(f"--usd-per-gpu-hour {self.usd_per_gpu_hour} must be >= 0")
+        if self.budget_usd is not None and not self.usd_per_gpu_hour:
+            raise UsageError("--budget-usd needs --usd-per-gpu-hour > 0 to turn hours into money")
+
+    def cost_usd(self, elapsed_s: float) -> float | None:
+        if self.usd_per_gpu_hour is None:
+            return None
+        return elapsed_s / 3600.0 * self.usd_per_gpu_hour * self.billed_devices
+
+    def exceeded(self, elapsed_s: float) -> StopReason:
+        if self.max_hours is not None and elapsed_s >= self.max_hours * 3600.0:
+            return StopReason.TIME_BUDGET
+        cost = self.cost_usd(elapsed_s)
+        if self.budget_usd is not None and cost is not None and cost >= self.budget_usd:
+            return StopReason.MONEY_BUDGET
+        return StopReason.NONE
+
+
+class StopAgreement:
+    """Collects local reasons to stop; `agree()` turns them into one decision for all ranks."""
+
+    def __init__(self, ctx: DistContext, budget: Budget, elapsed_before_s: float = 0.0):
+        self.ctx = ctx
+        self.budget = budget
+        self.elapsed_before_s = elapsed_before_s  # spent by earlier attempts of the same run
+        self._start = time.monotonic()
+        self._local = StopReason.NONE
+        self.signal_name: str | None = None
+        self._previous_handlers: dict[int, object] = {}
+
+    def elapsed_s(self) -> float:
+        return self.elapsed_before_s + (time.monotonic() - self._start)
+
+    def request(self, reason: StopReason) -> None:
+        self._local = max(self._local, reason)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+        self.request(StopReason.SIGNAL)
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def restore_signal_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
+
+    def agree(self) -> StopReason:
+        """Collective: the strongest stop reason any rank has (NONE to go on)."""
+        local = max(self._local, self.budget.exceeded(self.elapsed_s()))
+        return StopReason(int(all_reduce_max(self.ctx, [float(local)])[0]))
+
+
+class EarlyStopping:
+    """Patience on a metric where lower is better; `patience=0` turns it off."""
+
+    def __init__(self, patience: int, min_delta: float = 0.0, best: float | None = None, bad_evals: int = 0):
+        self.patience = patience
+        self.min_delta = min_delta
+        self.best = best
+        self.bad_evals = bad_evals
+
+    def update(self, metric: float) -> bool:
+        """Record a new value; return True when it is the best so far."""
+        if self.best is None or metric < self.best - self.min_delta:
+            self.best = metric
+            self.bad_evals = 0
+            return True
+        self.bad_evals += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience > 0 and self.bad_evals >= self.patience
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "bad_evals": self.bad_evals}
