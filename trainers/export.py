@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,14 +22,28 @@ class ExportMismatch(Exception):
     """onnxruntime's output differs from PyTorch's by more than the tolerance."""
 
 
-def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path) -> None:
-    """Export with a dynamic batch axis (input `features` [batch, window, n_features])."""
+INLINE_LIMIT_BYTES = 1_800_000_000  # protobuf caps a single ONNX file at 2 GB
+
+
+def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path) -> list[Path]:
+    """Export with a dynamic batch axis (input `features` [batch, window, n_features]).
+
+    Weights are stored inside the .onnx file when they fit (one file that works anywhere), else in
+    `<name>.data` beside it. Both are written under a temporary folder with their final names, then
+    moved into place, so a consumer never sees a half-written model. Returns the files written.
+    """
     module.eval()
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.onnx.export(module, (example,), str(tmp), input_names=["features"], output_names=["log_return"],
-                      dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=False)
-    os.replace(tmp, path)
+    program = torch.onnx.export(module, (example,), input_names=["features"], output_names=["log_return"],
+                                dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=False)
+    weight_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx-") as tmp:
+        staged = Path(tmp) / path.name
+        program.save(staged, external_data=weight_bytes > INLINE_LIMIT_BYTES)
+        written = sorted(Path(tmp).iterdir(), key=lambda p: p == staged)  # the .onnx last
+        for f in written:
+            os.replace(f, path.parent / f.name)
+    return [path.parent / f.name for f in written]
 
 
 def _session(path: Path):
@@ -108,7 +123,7 @@ def export_forecast_run(run_dir: Path, checkpoint: str = "best", tolerance: floa
     ckpt = CheckpointManager(run_dir / "checkpoints", single_process_context(), 1, logging.getLogger("export"))
     step = resolve_checkpoint(ckpt, checkpoint)
     model = build_model(cfg)
-    model.load_state_dict(torch.load(ckpt.model_path(step), map_location="cpu", weights_only=True)["model"])
+    model.load_state_dict(ckpt.load_verified(step, "cpu")["model"])
     module = ReturnPredictor(model).eval()
     tail = (cfg.window, len(FEATURES))
     path = run_dir / "model.onnx"

@@ -13,7 +13,7 @@ from trainers.runtime.checkpoint import CheckpointManager, sha256_file
 from trainers.runfiles import resolve_checkpoint, single_process_context
 
 REQUIRED = ("config.json", "results.json", "model.onnx")
-OPTIONAL = ("export.json", "training.log", "metrics.jsonl")
+OPTIONAL = ("model.onnx.data", "export.json", "training.log", "metrics.jsonl")
 
 
 def package_files(run_dir: Path) -> list[Path]:

@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.data.market import to_panel
 from trainers.data.sharding import EpochPlan
-from trainers.data.sources import load_source
+from trainers.data.sources import SOURCES, load_source
 from trainers.data.windows import FEATURES, WindowStore, build_store
 from trainers.errors import UsageError
 from trainers.evaluation import forecast_metrics
@@ -42,9 +42,10 @@ class ForecastConfig:
     run_dir: str = option("runs/forecast", "run folder: checkpoints, logs, results (resumed if it holds a run)")
     # data
     source: str = option("synthetic", "market data source")
-    synthetic_tickers: int = option(64, "tickers in the synthetic market")
+    synthetic_tickers: int = option(48, "tickers in the synthetic market")
     synthetic_days: int = option(2520, "trading days in the synthetic market")
     data_seed: int = option(0, "seed of the synthetic market")
+    synthetic_momentum: float = option(0.03, "strength of the synthetic market's momentum effect (0: none)")
     window: int = option(120, "input window in trading days")
     horizon: int = option(20, "forecast horizon in trading days (target: log return over it)")
     val_frac: float = option(0.15, "share of usable dates for validation")
@@ -52,9 +53,9 @@ class ForecastConfig:
     min_split_dates: int = option(20, "fewest anchor dates each split may have")
     # model
     preset: str = option("tiny", "model size", choices=tuple(PRESETS))
-    dropout: float = option(0.1, "dropout in attention and MLP")
+    dropout: float = option(0.1, "dropout on the residual branches")
     # optimisation
-    epochs: int = option(4, "passes over the training split")
+    epochs: int = option(2, "passes over the training split")
     max_steps: int | None = option(None, "stop after this many optimizer steps")
     batch_size: int = option(256, "samples per rank per micro-batch")
     grad_accum: int = option(1, "micro-batches per optimizer step")
@@ -85,6 +86,12 @@ class ForecastConfig:
 
     def validate(self) -> None:
         """Cheap checks that need no data; run before anything touches the disk."""
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UsageError(f"--device {self.device!r} is not one of: auto, cpu, cuda")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision {self.precision!r} is not one of: {', '.join(PRECISIONS)}")
+        if self.source not in SOURCES:
+            raise UsageError(f"--source {self.source!r} is not one of: {', '.join(SOURCES)}")
         if self.preset not in PRESETS:
             raise UsageError(f"--preset {self.preset!r} is not one of: {', '.join(PRESETS)}")
         if self.horizon <= 0:
@@ -117,7 +124,7 @@ class ForecastConfig:
 
 def load_store(cfg: ForecastConfig) -> tuple[WindowStore, dict]:
     frame = load_source(cfg.source, synthetic_tickers=cfg.synthetic_tickers, synthetic_days=cfg.synthetic_days,
-                        seed=cfg.data_seed)
+                        seed=cfg.data_seed, synthetic_momentum=cfg.synthetic_momentum)
     store = build_store(to_panel(frame), cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, cfg.min_split_dates)
     plan = store.plan
     data_info = {
@@ -300,13 +307,21 @@ def _train_loop(cfg, ctx, run_dir, store, data_info, precision, steps_per_epoch,
     def save(current_epoch: int, step_in_epoch: int, plan: EpochPlan | None, metric: float | None) -> None:
         shared = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                   "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "step": step,
-                  "epoch": current_epoch, "elapsed_s": stopper.elapsed_s(), "early_stopping": early.state_dict()}
+                  "epoch": current_epoch, "elapsed_s": stopper.elapsed_s(), "early_stopping": early.state_dict(),
+                  "initial_val_loss": initial_val}
         rank_state = {"epoch": current_epoch, "step_in_epoch": step_in_epoch, "rng": _rng_state(ctx.device),
                       "consumed": plan.consumed_before(step_in_epoch) if plan else 0}
         ckpt.save(step, shared, rank_state, {"metric": metric, "epoch": current_epoch, "config": cfgmod.to_dict(cfg)})
         last_saved[0] = step
 
     last_saved = [resumed.step if resumed else -1]
+    if resumed is None:
+        # The untrained model's validation loss: the point "the loss falls" is measured from.
+        initial_val = validation_loss(model, store, ctx, cfg.eval_batch_size, precision)
+        metrics.log(0, "val", {"loss": initial_val, "initial": True})
+        log.info("step 0: val loss %.5f (untrained)", initial_val)
+    else:
+        initial_val = resumed.shared.get("initial_val_loss")
     train_ids = store.sample_ids["train"]
     bar = progress(total_steps, step, ctx.is_main, "train")
     reason = StopReason.NONE
@@ -404,7 +419,7 @@ def _train_loop(cfg, ctx, run_dir, store, data_info, precision, steps_per_epoch,
     training = {
         "stop_reason": reason.name.lower(), "signal": stopper.signal_name, "steps": step, "total_steps": total_steps,
         "steps_per_epoch": steps_per_epoch, "epoch": epoch, "first_logged_train_loss": first_loss,
-        "last_logged_train_loss": last_loss, "last_val_loss": last_val, "best_val_loss": early.best,
+        "last_logged_train_loss": last_loss, "initial_val_loss": initial_val, "last_val_loss": last_val, "best_val_loss": early.best,
         "samples_per_s_global": sps, "samples_per_s_per_device": sps / ctx.world_size if sps else None,
         "train_step_time_s": train_time, "wall_time_s_this_attempt": time.time() - wall_start,
         "elapsed_s_all_attempts": elapsed, "device_hours": elapsed / 3600.0 * ctx.world_size,
@@ -441,8 +456,7 @@ def evaluate_checkpoint(cfg, ctx, model, store, ckpt: CheckpointManager, precisi
         if step not in steps:
             raise UsageError(f"--checkpoint {which}: no complete checkpoint at that step; have {steps}")
     if step is not None:
-        state = torch.load(ckpt.model_path(step), map_location=ctx.device, weights_only=True)
-        model.load_state_dict(state["model"])
+        model.load_state_dict(ckpt.load_verified(step, ctx.device)["model"])
     evaluation = evaluate_splits(model, store, ctx, cfg.eval_batch_size, precision)
     if ctx.is_main:
         evaluation["checkpoint_step"] = step

@@ -167,6 +167,24 @@ class CheckpointManager:
             if m and int(m.group(1)) not in keep_set:
                 p.unlink(missing_ok=True)
 
+    def _quarantine(self, step: int) -> None:
+        """Take an unusable checkpoint out of the complete set (its meta renamed, bytes kept for a
+        post-mortem), so `latest`/`best` never pick it and later saves start from a clean order."""
+        meta = self.meta_path(step)
+        if meta.exists():
+            os.replace(meta, meta.with_name(meta.name + ".unusable"))
+
+    def load_verified(self, step: int, map_location) -> dict[str, Any]:
+        """The model file of a complete checkpoint, after checking its SHA-256 against the meta."""
+        from trainers.errors import UsageError
+
+        name = self.model_path(step).name
+        expected = self.read_meta(step).get("files", {}).get(name)
+        if not self.model_path(step).is_file() or sha256_file(self.model_path(step)) != expected:
+            raise UsageError(f"checkpoint {self.dir / name} is missing or fails its SHA-256 check; "
+                             f"pick another with --checkpoint")
+        return torch.load(self.model_path(step), map_location=map_location, weights_only=True)
+
     # ---- resume ------------------------------------------------------------------------------
     def _verify_local(self, step: int, meta: dict[str, Any]) -> str | None:
         """Check the files this rank needs; return a reason when something is wrong."""
@@ -200,6 +218,8 @@ class CheckpointManager:
                                      step, self.ctx.rank, problem)
                 elif self.ctx.is_main:
                     self.log.warning("checkpoint step %d is unusable on another rank; trying an older one", step)
+                if self.ctx.is_main:
+                    self._quarantine(step)
                 continue
             shared = torch.load(self.model_path(step), map_location=map_location, weights_only=True)
             rank_state = None

@@ -39,13 +39,15 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
         flag = "--" + f.name.replace("_", "-")
         meta = f.metadata
         default_text = "off" if f.default is None else f.default
-        help_text = f"{meta.get('help', '')} (default: {default_text})"
+        choices = f"; one of: {', '.join(meta['choices'])}" if meta.get("choices") else ""
+        help_text = f"{meta.get('help', '')}{choices} (default: {default_text})"
         if tp is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                                 help=help_text)
         else:
+            # Choices are checked by the config's validate(), which names the bad value in one line.
             parser.add_argument(flag, dest=f.name, type=tp, default=f.default, help=help_text,
-                                choices=meta.get("choices"), metavar=tp.__name__.upper() if not meta.get("choices") else None)
+                                metavar=tp.__name__.upper())
 
 
 def from_args(cls: type, args: argparse.Namespace):

@@ -1,0 +1,54 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# A market small enough for CPU tests: 16 tickers x 800 days, window 32, horizon 5.
+TINY_DATA = ["--synthetic-tickers", "16", "--synthetic-days", "800", "--window", "32", "--horizon", "5",
+             "--synthetic-momentum", "0.3"]
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("TRAINERS_FAULT", None)
+    env.update(extra or {})
+    return env
+
+
+def run_cli(args: list[str], env: dict | None = None, timeout: float = 300, check: bool = False):
+    proc = subprocess.run([sys.executable, "-m", "trainers", *args], capture_output=True, text=True,
+                          env=_env(env), timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"trainers {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def torchrun_cmd(args: list[str], nproc: int = 2, extra: list[str] | None = None) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            *(extra or []), "-m", "trainers", *args]
+
+
+def run_torchrun(args: list[str], nproc: int = 2, extra: list[str] | None = None, env: dict | None = None,
+                 timeout: float = 300, check: bool = True):
+    proc = subprocess.run(torchrun_cmd(args, nproc, extra), capture_output=True, text=True, env=_env(env),
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchrun {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def read_results(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "results.json").read_text())
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def tiny_data():
+    return list(TINY_DATA)
