@@ -57,6 +57,25 @@ def pick_device(local_rank: int, requested: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+def _fresh_store_after_restart(rank: int, world_size: int, timeout: datetime.timedelta) -> dict[str, Any]:
+    """Store arguments that keep a restarted worker group from reading its predecessor's keys.
+
+    torchrun's agent keeps one TCPStore across `--max-restarts` attempts and workers join it without
+    a per-attempt prefix, so a restarted rank can read the previous attempt's gloo/NCCL addresses
+    and fail with "connection refused" (seen in CI; cf. pytorch/pytorch#167288). With a single agent
+    (one node) every worker of an attempt has the same TORCHELASTIC_RESTART_COUNT, so it is a safe
+    namespace. Across nodes agents count restarts independently, so the default path is kept there.
+    """
+    env = os.environ
+    single_agent = env.get("GROUP_WORLD_SIZE", "1") == "1"
+    if not (single_agent and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "MASTER_ADDR" in env):
+        return {}
+    base = dist.TCPStore(host_name=env["MASTER_ADDR"], port=int(env["MASTER_PORT"]), world_size=world_size,
+                         is_master=False, timeout=timeout)
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"trainers/attempt{attempt}/", base), "rank": rank, "world_size": world_size}
+
+
 @contextlib.contextmanager
 def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[DistContext]:
     """Init the process group from torchrun's environment; always tear it down.
@@ -77,11 +96,9 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
             torch.cuda.set_device(dev)
             # Surface NCCL failures as exceptions at the timeout instead of a silent hang.
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        dist.init_process_group(
-            backend=backend,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            device_id=dev if dev.type == "cuda" else None,
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend=backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None,
+                                **_fresh_store_after_restart(rank, world_size, timeout))
     ctx = DistContext(rank, local_rank, world_size, local_world_size, dev, backend)
     try:
         yield ctx
