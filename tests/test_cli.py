@@ -7,11 +7,13 @@ from conftest import TINY_DATA, run_cli
 from trainers.cli import main
 
 
-@pytest.mark.parametrize("command", ["forecast", "evaluate", "export", "package"])
-def test_every_command_has_help(command, capsys):
+@pytest.mark.parametrize("command,flag", [("forecast", "--run-dir"), ("evaluate", "--run-dir"), ("export", "--run-dir"),
+                                          ("package", "--run-dir"), ("fetch-sp500", "--cache-dir"),
+                                          ("refresh-universe", "--url")])
+def test_every_command_has_help(command, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
-    assert exit_info.value.code == 0 and "--run-dir" in capsys.readouterr().out
+    assert exit_info.value.code == 0 and flag in capsys.readouterr().out
 
 
 def test_console_entry_point_runs():

@@ -48,6 +48,20 @@ def _package(args) -> int:
     return 0
 
 
+def _fetch(args) -> int:
+    from trainers.data.fetch_cli import print_json, run_fetch
+
+    print_json(run_fetch(args))
+    return 0
+
+
+def _refresh_universe(args) -> int:
+    from trainers.data.fetch_cli import print_json, run_refresh
+
+    print_json(run_refresh(args))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from trainers.jobs.forecast import ForecastConfig
 
@@ -57,6 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("forecast", help="train the return forecaster (run it under torchrun for several workers)")
     cfgmod.add_dataclass_args(p, ForecastConfig)
     p.set_defaults(func=_forecast)
+
+    from trainers.data.fetch_cli import add_fetch_args, add_refresh_args
+
+    p = sub.add_parser("fetch-sp500", help="fill the price cache: yfinance (resumable), a synthetic stand-in or a file")
+    add_fetch_args(p)
+    p.set_defaults(func=_fetch)
+
+    p = sub.add_parser("refresh-universe", help="re-read the S&P 500 constituents (needs network)")
+    add_refresh_args(p)
+    p.set_defaults(func=_refresh_universe)
 
     p = sub.add_parser("evaluate", help="evaluate a run's checkpoint against the baselines on val and test")
     p.add_argument("--run-dir", required=True)

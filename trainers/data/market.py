@@ -21,10 +21,14 @@ def normalise_columns(frame: pd.DataFrame, where: str) -> pd.DataFrame:
         raise UsageError(f"{where} lacks column(s) {', '.join(missing)}; need {', '.join(COLUMNS)} "
                          f"(case-insensitive), found {', '.join(map(str, frame.columns))}")
     out = renamed[list(COLUMNS)].copy()
-    out["date"] = pd.to_datetime(out["date"]).dt.tz_localize(None).dt.normalize()
-    out["ticker"] = out["ticker"].astype(str)
+    if not (pd.api.types.is_datetime64_dtype(out["date"]) and out["date"].dt.tz is None):
+        out["date"] = pd.to_datetime(out["date"]).dt.tz_localize(None)
+    out["date"] = out["date"].dt.normalize()
+    if not isinstance(out["ticker"].dtype, pd.CategoricalDtype):
+        out["ticker"] = out["ticker"].astype(str)
     for c in COLUMNS[2:]:
-        out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
+        if out[c].dtype != np.float64:
+            out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
     return out
 
 
@@ -47,15 +51,17 @@ class Panel:
 
 def to_panel(frame: pd.DataFrame) -> Panel:
     frame = normalise_columns(frame, "market data")
-    if frame.duplicated(["date", "ticker"]).any():
-        dups = frame[frame.duplicated(["date", "ticker"], keep=False)]
-        first = dups.iloc[0]
-        raise UsageError(f"market data has {len(dups)} rows with a repeated (date, ticker), e.g. "
-                         f"{first['ticker']} on {first['date'].date()}; each ticker needs one bar per date")
-    dates = pd.DatetimeIndex(sorted(frame["date"].unique()))
-    tickers = sorted(frame["ticker"].unique())
-    d_idx = dates.get_indexer(frame["date"])
-    t_idx = pd.Index(tickers).get_indexer(frame["ticker"])
+    d_idx, dates = pd.factorize(frame["date"], sort=True)
+    t_idx, tickers = pd.factorize(frame["ticker"], sort=True)  # categorical tickers stay cheap here
+    dates, tickers = pd.DatetimeIndex(dates), [str(t) for t in tickers]
+    key = d_idx.astype(np.int64) * len(tickers) + t_idx
+    per_cell = np.bincount(key, minlength=len(dates) * len(tickers))
+    if per_cell.max(initial=0) > 1:
+        cell = int(np.argmax(per_cell))
+        n_dup = int((per_cell[per_cell > 1]).sum())
+        raise UsageError(f"market data has {n_dup} rows with a repeated (date, ticker), e.g. "
+                         f"{tickers[cell % len(tickers)]} on {dates[cell // len(tickers)].date()}; "
+                         f"each ticker needs one bar per date")
     arrays = {}
     for col in COLUMNS[2:]:
         a = np.full((len(dates), len(tickers)), np.nan, dtype=np.float64)

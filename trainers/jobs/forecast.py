@@ -19,7 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.data.market import to_panel
 from trainers.data.sharding import EpochPlan
-from trainers.data.sources import SOURCES, load_source
+from trainers.data.sources import DataRequest, check_source, load_source
+from trainers.data.universe import resolve_tickers
 from trainers.data.windows import FEATURES, WindowStore, build_store
 from trainers.errors import UsageError
 from trainers.evaluation import forecast_metrics
@@ -41,7 +42,16 @@ from trainers.runtime.stops import Budget, EarlyStopping, StopAgreement, StopRea
 class ForecastConfig:
     run_dir: str = option("runs/forecast", "run folder: checkpoints, logs, results (resumed if it holds a run)")
     # data
-    source: str = option("synthetic", "market data source")
+    source: str = option("synthetic", "market data: synthetic, yfinance (fetch missing into the cache), cache, "
+                         "or file:PATH (long-format CSV/parquet)")
+    universe: str = option("sp500", "ticker universe for yfinance when no --tickers are given")
+    tickers: str | None = option(None, "comma-separated symbols, e.g. AAPL,MSFT,BRK-B")
+    tickers_file: str | None = option(None, "file of symbols, one per line (or a CSV with a symbol column)")
+    cache_dir: str = option("cache/sp500", "parquet price cache of the yfinance and cache sources", resume_safe=True)
+    years: float = option(25.0, "history to use when --start is not given")
+    start: str | None = option(None, "first date (YYYY-MM-DD); fixed in config.json on the first run")
+    end: str | None = option(None, "end date, exclusive (default: today); fixed in config.json on the first run")
+    min_history_days: int = option(252, "tickers with fewer valid bars are excluded")
     synthetic_tickers: int = option(48, "tickers in the synthetic market")
     synthetic_days: int = option(2520, "trading days in the synthetic market")
     data_seed: int = option(0, "seed of the synthetic market")
@@ -90,8 +100,9 @@ class ForecastConfig:
             raise UsageError(f"--device {self.device!r} is not one of: auto, cpu, cuda")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision {self.precision!r} is not one of: {', '.join(PRECISIONS)}")
-        if self.source not in SOURCES:
-            raise UsageError(f"--source {self.source!r} is not one of: {', '.join(SOURCES)}")
+        check_source(self.source)
+        if self.years <= 0:
+            raise UsageError(f"--years {self.years} must be > 0")
         if self.preset not in PRESETS:
             raise UsageError(f"--preset {self.preset!r} is not one of: {', '.join(PRESETS)}")
         if self.horizon <= 0:
@@ -122,14 +133,34 @@ class ForecastConfig:
 
 # ---- shared pieces (also used by evaluate/export) ----------------------------------------------
 
-def load_store(cfg: ForecastConfig) -> tuple[WindowStore, dict]:
-    frame = load_source(cfg.source, synthetic_tickers=cfg.synthetic_tickers, synthetic_days=cfg.synthetic_days,
-                        seed=cfg.data_seed, synthetic_momentum=cfg.synthetic_momentum)
+def data_request(cfg: ForecastConfig) -> DataRequest:
+    tickers = None
+    if cfg.source == "yfinance" or cfg.tickers or cfg.tickers_file:
+        # file and cache sources use every ticker they hold unless told otherwise
+        tickers = resolve_tickers(cfg.tickers, cfg.tickers_file, cfg.universe)
+    return DataRequest(source=cfg.source, tickers=tickers, cache_dir=cfg.cache_dir, start=cfg.start, end=cfg.end,
+                       years=cfg.years, min_rows=cfg.min_history_days, synthetic_tickers=cfg.synthetic_tickers,
+                       synthetic_days=cfg.synthetic_days, synthetic_seed=cfg.data_seed,
+                       synthetic_momentum=cfg.synthetic_momentum)
+
+
+def fix_date_range(cfg: ForecastConfig, saved: dict | None) -> None:
+    """Real data: pin start/end on the first run so a resume next week reads the same dates."""
+    if cfg.source == "synthetic":
+        return
+    if saved is not None:
+        cfg.start = cfg.start or saved.get("start")
+        cfg.end = cfg.end or saved.get("end")
+    else:
+        cfg.start, cfg.end = data_request(cfg).date_range()
+
+
+def load_store(cfg: ForecastConfig, log=print) -> tuple[WindowStore, dict]:
+    frame, source_info = load_source(data_request(cfg), log=log)
     store = build_store(to_panel(frame), cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, cfg.min_split_dates)
     plan = store.plan
     data_info = {
-        "source": frame.attrs.get("source", cfg.source), "synthetic": bool(frame.attrs.get("synthetic", False)),
-        "tickers": store.tickers, "n_tickers": store.n_tickers,
+        **source_info, "tickers": store.tickers, "n_tickers": store.n_tickers,
         "first_date": store.dates[0], "last_date": store.dates[-1], "n_dates": len(store.dates),
         "embargo_dates": plan.embargo, "samples": store.stats,
         "anchor_dates": {s: [store.dates[a], store.dates[b - 1]] for s, (a, b) in plan.ranges.items()},
@@ -234,8 +265,10 @@ def _train(cfg: ForecastConfig, ctx: DistContext) -> dict | None:
     wall_start = time.time()
     run_dir = Path(cfg.run_dir)
     # Everything that can reject the input happens before the first write into run_dir.
+    saved = cfgmod.saved_config(run_dir)
+    fix_date_range(cfg, saved)
     cfgmod.check_run_dir_compatible(run_dir, cfg)
-    store, data_info = load_store(cfg)
+    store, data_info = load_store(cfg, log=print if ctx.is_main else (lambda _msg: None))
     precision = precision_for(ctx.device, cfg.precision)
     n_train = len(store.sample_ids["train"])
     steps_per_epoch = EpochPlan(n_train, ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum,

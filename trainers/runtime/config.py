@@ -72,15 +72,21 @@ def incompatible_fields(saved: dict[str, Any], current: Any) -> list[str]:
     return diffs
 
 
-def check_run_dir_compatible(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
-    """Refuse to reuse a run folder that holds a run of a different config. Returns the saved config."""
-    path = run_dir / "config.json"
+def saved_config(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / "config.json"
     if not path.exists():
         return None
     try:
-        saved = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except ValueError as exc:
         raise UsageError(f"{path} is not valid JSON ({exc}); move the folder away or pick another --run-dir")
+
+
+def check_run_dir_compatible(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
+    """Refuse to reuse a run folder that holds a run of a different config. Returns the saved config."""
+    saved = saved_config(run_dir)
+    if saved is None:
+        return None
     diffs = incompatible_fields(saved, cfg)
     if diffs:
         raise UsageError(f"--run-dir {run_dir} holds a run with a different config ({'; '.join(diffs)}); "
