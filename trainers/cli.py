@@ -62,6 +62,12 @@ def _refresh_universe(args) -> int:
     return 0
 
 
+def _preflight(args) -> int:
+    from trainers.preflight import main as preflight_main
+
+    return preflight_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from trainers.jobs.forecast import ForecastConfig
 
@@ -73,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_forecast)
 
     from trainers.data.fetch_cli import add_fetch_args, add_refresh_args
+    from trainers.preflight import add_args as add_preflight_args
+
+    p = sub.add_parser("preflight", help="check GPUs, driver, NCCL bandwidth, /dev/shm, disk and memory")
+    add_preflight_args(p)
+    p.set_defaults(func=_preflight)
 
     p = sub.add_parser("fetch-sp500", help="fill the price cache: yfinance (resumable), a synthetic stand-in or a file")
     add_fetch_args(p)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Container entrypoint: the first argument picks what to run, the rest are passed through.
+#   deploy [deploy_8gpu.sh options]   the forecaster pipeline (default)
+#   gnn [run_multigpu.sh options]     the graph-colouring pipeline
+#   preflight [options]               machine checks only
+#   tensorboard [--logdir DIR]        TensorBoard on port 6006 over the output folder
+#   shell                             an interactive shell (RunPod's web terminal, debugging)
+#   <anything else>                   run as a command
+set -euo pipefail
+
+KIT_DIR="${KIT_DIR:-/opt/trainers}"
+OUT="${OUT:-/workspace/output}"
+export OUT
+
+cmd="${1:-deploy}"
+[[ $# -gt 0 ]] && shift
+case "$cmd" in
+  deploy) exec bash "$KIT_DIR/deploy_8gpu.sh" "$@" ;;
+  gnn)
+    [[ -f "$KIT_DIR/run_multigpu.sh" ]] || { echo "error: the GNN pipeline (run_multigpu.sh) is not in this image yet" >&2; exit 2; }
+    exec bash "$KIT_DIR/run_multigpu.sh" "$@" ;;
+  preflight) exec python -m trainers preflight --out "$OUT" "$@" ;;
+  tensorboard)
+    mkdir -p "$OUT"
+    exec tensorboard --logdir "$OUT" --host 0.0.0.0 --port 6006 "$@" ;;
+  shell) exec bash "$@" ;;
+  -h|--help|help)
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' ;;
+  *) exec "$cmd" "$@" ;;
+esac
