@@ -244,6 +244,28 @@ def _set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def forward_backward(train_model: torch.nn.Module, store: WindowStore, ids: torch.Tensor, device: torch.device,
+                     precision, scaler, loss_scale: float) -> torch.Tensor:
+    """One micro-batch: gather windows by index, forward under autocast, backward of the scaled
+    sum of squared errors (standardised target). Returns the unscaled SSE, detached."""
+    x, y = store.gather(ids)
+    y = (y - store.target_mean) / store.target_std
+    with autocast(device, precision):
+        pred = train_model(x)
+    sse = ((pred.float() - y) ** 2).sum()
+    scaler.scale(sse * loss_scale).backward()
+    return sse.detach()
+
+
+def optimizer_step(model: torch.nn.Module, optimizer, scaler, grad_clip: float) -> None:
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def write_results(run_dir: Path, update: dict) -> dict:
     """Merge `update` into results.json atomically (other commands add their sections)."""
     path = run_dir / "results.json"
@@ -376,22 +398,13 @@ def _train_loop(cfg, ctx, run_dir, store, data_info, precision, steps_per_epoch,
                 for i, part in enumerate(micro):
                     if len(part) == 0:
                         continue
-                    x, y = store.gather(train_ids[part])
-                    y = (y - store.target_mean) / store.target_std
                     sync_now = i == len(micro) - 1 or not ctx.distributed
                     with (contextlib.nullcontext() if sync_now else train_model.no_sync()):
-                        with autocast(ctx.device, precision):
-                            pred = train_model(x)
-                        sse = ((pred.float() - y) ** 2).sum()
                         # Mean over the global batch: DDP averages over ranks, so scale by world/global.
-                        scaler.scale(sse * (ctx.world_size / global_count)).backward()
-                    step_sse += float(sse.detach())
-                if cfg.grad_clip > 0:
-                    scaler.unscale_(optimizer)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
+                        sse = forward_backward(train_model, store, train_ids[part], ctx.device, precision, scaler,
+                                               ctx.world_size / global_count)
+                    step_sse += float(sse)
+                optimizer_step(model, optimizer, scaler, cfg.grad_clip)
                 scheduler.step()
                 step += 1
                 dt = time.perf_counter() - t0

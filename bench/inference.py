@@ -1,0 +1,64 @@
+"""Benchmark: ONNX Runtime vs PyTorch eager latency on CPU, batch 1 and 256, per preset.
+
+    python bench/inference.py --presets tiny,small --iters 50 --out bench/results/inference_cpu.json
+
+Uses the same export and check as `trainers export` (a randomly initialised model of the preset:
+latency does not depend on the weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trainers.data.windows import FEATURES  # noqa: E402
+from trainers.export import EXPORT_BATCH, check_parity, export_onnx, measure_latency  # noqa: E402
+from trainers.models.forecaster import PRESETS, Forecaster, ReturnPredictor  # noqa: E402
+from trainers.runtime.info import git_commit, versions  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", default="tiny")
+    p.add_argument("--window", type=int, default=120)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--batches", default="1,256")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    tail = (args.window, len(FEATURES))
+    results = []
+    for preset in args.presets.split(","):
+        torch.manual_seed(0)
+        module = ReturnPredictor(Forecaster(PRESETS[preset], len(FEATURES), args.window)).eval()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.onnx"
+            export_onnx(module, torch.zeros(EXPORT_BATCH, *tail), path)
+            parity = check_parity(module, path, tail, [1, 7], tolerance=1e-4)
+            latency = measure_latency(module, path, tail, batches, args.iters)
+        row = {"preset": preset, "max_abs_error": parity["max_abs_error"], "latency": latency}
+        for b in batches:
+            lat = latency[f"batch_{b}"]
+            row[f"ort_speedup_batch_{b}"] = lat["pytorch_eager"]["p50_ms"] / lat["onnxruntime"]["p50_ms"]
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    record = {"benchmark": "inference_cpu", "machine": platform.processor() or platform.machine(),
+              "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "results": results,
+              "versions": versions(), "git_commit": git_commit(), "command": "python " + " ".join(sys.argv)}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
