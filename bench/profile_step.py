@@ -1,0 +1,85 @@
+"""Where the training step's time goes: torch.profiler over the kit's step and the naive model.
+
+    python bench/profile_step.py [--preset tiny] [--steps 3]
+
+Prints the top operators by self CPU time (CUDA time on a GPU) for both, and the ratio of their
+total model time. The README quotes its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from naive_forecaster import NaiveForecaster  # noqa: E402
+
+from trainers.data.market import to_panel  # noqa: E402
+from trainers.data.synthetic import synthetic_market  # noqa: E402
+from trainers.data.windows import FEATURES, build_store  # noqa: E402
+from trainers.jobs.forecast import forward_backward, optimizer_step  # noqa: E402
+from trainers.models.forecaster import PRESETS, Forecaster  # noqa: E402
+from trainers.runtime.precision import autocast, build_adamw, make_grad_scaler, precision_for  # noqa: E402
+
+
+def profile(step, steps: int, device: torch.device, label: str) -> float:
+    for _ in range(2):
+        step()
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    t0 = time.perf_counter()
+    with torch.profiler.profile() as prof:
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    print(f"== {label}: {elapsed:.3f} s for {steps} steps")
+    print(prof.key_averages().table(sort_by=sort, row_limit=8))
+    return elapsed
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=3)
+    args = p.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = precision_for(device)
+    store = build_store(to_panel(synthetic_market(20, 1500, seed=0)), 120, 20).to(device)
+    ids = store.sample_ids["train"][: args.batch]
+    shape = PRESETS[args.preset]
+
+    model = Forecaster(shape, len(FEATURES), 120).to(device)
+    opt = build_adamw(model, 3e-4, 0.1, (0.9, 0.95), device)
+    scaler = make_grad_scaler(device, precision)
+
+    def ours():
+        forward_backward(model, store, ids, device, precision, scaler, 1.0 / len(ids))
+        optimizer_step(model, opt, scaler, 1.0)
+
+    naive = NaiveForecaster(shape.d_model, shape.n_layers, shape.n_heads, shape.d_ff, len(FEATURES), 120).to(device)
+    naive_opt = torch.optim.AdamW(naive.parameters())
+    x, y = store.gather(ids)
+
+    def reference():
+        with autocast(device, precision):
+            loss = ((naive(x).float() - y) ** 2).mean()
+        loss.backward()
+        naive_opt.step()
+        naive_opt.zero_grad()
+
+    a = profile(ours, args.steps, device, "kit step")
+    b = profile(reference, args.steps, device, "naive model step (data already in memory)")
+    print(f"naive model / kit step time: {b / a:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
