@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record import write_record  # noqa: E402
 
 from trainers.data.fetch import PriceCache, fill_cache  # noqa: E402
 from trainers.data.market import to_panel  # noqa: E402
 from trainers.data.synthetic import synthetic_market  # noqa: E402
 from trainers.data.validate import validate_long_table  # noqa: E402
 from trainers.data.windows import build_store  # noqa: E402
-from trainers.runtime.info import git_commit, versions  # noqa: E402
 
 
 def main() -> int:
@@ -57,14 +57,10 @@ def main() -> int:
     record = {
         "benchmark": "data_pipeline", "tickers": args.tickers, "days": args.days, "rows": int(len(frame)),
         "cache_bytes": size, "samples": store.stats, "seconds": {k: round(v, 3) for k, v in t.items()},
-        "total_s": round(total, 3), "machine": {"processor": platform.processor() or platform.machine(),
-                                                "cpus": os.cpu_count()},
-        "versions": versions(), "git_commit": git_commit(), "command": "python " + " ".join(sys.argv),
+        "total_s": round(total, 3),
     }
+    write_record(record, args.out)
     print(json.dumps(record, indent=2))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -19,11 +17,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from record import write_record  # noqa: E402
 
 from trainers.data.windows import FEATURES  # noqa: E402
 from trainers.export import EXPORT_BATCH, check_parity, export_onnx, measure_latency  # noqa: E402
 from trainers.models.forecaster import PRESETS, Forecaster, ReturnPredictor  # noqa: E402
-from trainers.runtime.info import git_commit, versions  # noqa: E402
 
 
 def main() -> int:
@@ -51,12 +51,7 @@ def main() -> int:
             row[f"ort_speedup_batch_{b}"] = lat["pytorch_eager"]["p50_ms"] / lat["onnxruntime"]["p50_ms"]
         results.append(row)
         print(json.dumps(row), flush=True)
-    record = {"benchmark": "inference_cpu", "machine": platform.processor() or platform.machine(),
-              "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "results": results,
-              "versions": versions(), "git_commit": git_commit(), "command": "python " + " ".join(sys.argv)}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    write_record({"benchmark": "inference_cpu", "threads": torch.get_num_threads(), "results": results}, args.out)
     return 0
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from naive_forecaster import NaiveForecaster, WindowDataset, naive_loader  # noqa: E402
+from record import write_record  # noqa: E402
 
 from trainers.data.market import to_panel  # noqa: E402
 from trainers.data.synthetic import synthetic_market  # noqa: E402
@@ -34,7 +33,7 @@ from trainers.data.windows import FEATURES, build_store  # noqa: E402
 from trainers.jobs.forecast import forward_backward, optimizer_step  # noqa: E402
 from trainers.models.forecaster import PRESETS, Forecaster, count_parameters  # noqa: E402
 from trainers.runtime.flops import forecaster_flops_per_sample, mfu, peak_tflops  # noqa: E402
-from trainers.runtime.info import device_name, git_commit, versions  # noqa: E402
+from trainers.runtime.info import device_name  # noqa: E402
 from trainers.runtime.precision import (autocast, build_adamw, enable_tf32, make_grad_scaler, maybe_compile,  # noqa: E402
                                         precision_for)
 
@@ -174,12 +173,8 @@ def main() -> int:
         print(json.dumps(row), flush=True)
     record = {"benchmark": "train_throughput", "device": name, "device_type": device.type,
               "peak_tflops": peak_tflops(name), "precision": precision.name, "tf32": tf32, "compile": args.compile,
-              "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "machine": platform.machine(),
-              "results": results, "versions": versions(), "git_commit": git_commit(),
-              "command": "python " + " ".join(sys.argv)}
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+              "threads": torch.get_num_threads(), "results": results}
+    write_record(record, args.out)
     return 0
 
 

@@ -1,7 +1,6 @@
 """The shell kit driven with a fake nvidia-smi: deploy_8gpu.sh's branches, the entrypoint's
 dispatch, build_and_push.sh, preflight, shellcheck and hadolint, multi-node rendezvous."""
 
-import json
 import os
 import shutil
 import socket

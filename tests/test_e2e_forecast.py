@@ -8,7 +8,6 @@ import subprocess
 import sys
 import tarfile
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,7 +73,7 @@ def test_export_and_package_give_a_tarball_sha256sum_accepts(reference_run, tmp_
 
 def test_sigkill_of_one_worker_resumes_and_finishes_like_an_uninterrupted_run(reference_run, tmp_path):
     run_dir = tmp_path / "killed"
-    proc = run_torchrun([*TRAIN, "--run-dir", str(run_dir), "--ckpt-every", "4"], extra=["--max-restarts=1"],
+    run_torchrun([*TRAIN, "--run-dir", str(run_dir), "--ckpt-every", "4"], extra=["--max-restarts=1"],
                         env={"TRAINERS_FAULT": "sigkill@rank1:step10"})
     r = read_results(run_dir)
     assert r["training"]["restarts"] == 1 and r["training"]["steps"] == 3 * STEPS_PER_EPOCH
@@ -87,7 +86,7 @@ def test_sigkill_of_one_worker_resumes_and_finishes_like_an_uninterrupted_run(re
 
 def test_sigterm_on_one_rank_stops_all_with_a_checkpoint_then_resumes(reference_run, tmp_path):
     run_dir = tmp_path / "term"
-    proc = run_torchrun([*TRAIN, "--run-dir", str(run_dir)], env={"TRAINERS_FAULT": "sigterm@rank1:step5"})
+    run_torchrun([*TRAIN, "--run-dir", str(run_dir)], env={"TRAINERS_FAULT": "sigterm@rank1:step5"})
     r = read_results(run_dir)
     assert r["training"]["stop_reason"] == "signal" and r["training"]["steps"] == 5
     assert "skipped" in r["evaluation"]
