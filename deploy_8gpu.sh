@@ -11,6 +11,8 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=kit_lib.sh
+. "$REPO/kit_lib.sh"
 
 usage() {
   cat <<'EOF'
@@ -35,9 +37,6 @@ Environment: TRAINERS_PYTHON (a Python that already has the kit installed), TORC
 TORCH_INDEX_URL (what the install phase uses for torch when it is missing).
 EOF
 }
-
-die() { echo "error: $*" >&2; exit 2; }
-need_value() { [[ $# -ge 2 && -n "$2" ]] || die "$1 needs a value"; }
 
 GPUS="${GPUS:-all}"
 PRESET="${PRESET:-}"
@@ -77,7 +76,6 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-is_uint() { [[ "$1" =~ ^[0-9]+$ ]]; }
 [[ "$GPUS" == all ]] || { is_uint "$GPUS" && [[ "$GPUS" -ge 1 ]]; } || die "--gpus '$GPUS' must be 'all' or a number >= 1"
 is_uint "$NNODES" && [[ "$NNODES" -ge 1 ]] || die "--nnodes '$NNODES' must be a number >= 1"
 is_uint "$NODE_RANK" && [[ "$NODE_RANK" -lt "$NNODES" ]] || die "--node-rank '$NODE_RANK' must be in 0..$((NNODES - 1))"
@@ -94,40 +92,8 @@ LOG="$OUT/deploy.log"
 RUN_DIR="$OUT/forecast"
 CACHE_DIR="$OUT/cache/sp500"
 TARBALL="$OUT/forecast.tar.gz"
-exec > >(tee -a "$LOG") 2> >(tee -a "$LOG" >&2)
-
 PHASE="start"
-on_exit() {
-  local rc=$?
-  if [[ $rc -ne 0 ]]; then
-    echo "deploy FAILED in phase '$PHASE' (exit $rc); the full log is $LOG" >&2
-  fi
-}
-trap on_exit EXIT
-
-run() {  # run a command, or print it under --dry-run
-  if [[ "$DRY_RUN" -eq 1 ]]; then
-    printf '+'; printf ' %q' "$@"; printf '\n'
-  else
-    "$@"
-  fi
-}
-
-phase() {  # phase NAME FUNCTION: timed, logged
-  PHASE="$1"
-  local started=$SECONDS
-  echo "==> [$1] $(date -u +%H:%M:%S)"
-  "$2"
-  echo "<== [$1] done in $((SECONDS - started)) s"
-}
-
-gpu_count() {
-  if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true
-  else
-    echo 0
-  fi
-}
+start_log
 
 echo "deploy_8gpu.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) ($(uname -sm)); repo $REPO @ $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo "out=$OUT demo=$DEMO gpus=$GPUS preset=${PRESET:-default} years=$YEARS nnodes=$NNODES node_rank=$NODE_RANK dry_run=$DRY_RUN"
@@ -135,23 +101,9 @@ echo "out=$OUT demo=$DEMO gpus=$GPUS preset=${PRESET:-default} years=$YEARS nnod
 # ---- phases ------------------------------------------------------------------------------------
 preflight_shell() {
   # The cheap checks, before minutes are spent installing: GPUs present, as many as asked for.
-  FOUND=$(gpu_count)
-  if [[ "$DEMO" -eq 1 ]]; then
-    NPROC=2
-    PRESET="${PRESET:-tiny}"
-    echo "demo: CPU, $NPROC gloo workers, synthetic data, preset $PRESET ($FOUND GPU(s) ignored)"
-    return
-  fi
-  [[ "$FOUND" -gt 0 ]] || die "no NVIDIA GPU found (nvidia-smi lists none); on a machine without GPUs run: bash deploy_8gpu.sh --demo"
-  if [[ "$GPUS" == all ]]; then
-    NPROC="$FOUND"
-  else
-    [[ "$GPUS" -le "$FOUND" ]] || die "--gpus $GPUS asked for, but this machine has $FOUND GPU(s)"
-    NPROC="$GPUS"
-  fi
-  PRESET="${PRESET:-151m}"
-  nvidia-smi -L
-  echo "using $NPROC of $FOUND GPU(s), preset $PRESET"
+  pick_nproc "$GPUS" "$DEMO"
+  if [[ "$DEMO" -eq 1 ]]; then PRESET="${PRESET:-tiny}"; else PRESET="${PRESET:-151m}"; fi
+  echo "preset $PRESET"
 }
 
 install() {
@@ -233,21 +185,7 @@ package() {
 
 download() {
   [[ "$NODE_RANK" -eq 0 ]] || return 0
-  local line
-  if [[ -n "${RUNPOD_PUBLIC_IP:-}" && -n "${RUNPOD_TCP_PORT_22:-}" ]]; then
-    line="scp -P ${RUNPOD_TCP_PORT_22} root@${RUNPOD_PUBLIC_IP}:${TARBALL} ."
-  else
-    line="scp -P <ssh-port> root@<this-machine's-public-ip>:${TARBALL} ."
-  fi
-  {
-    echo "Download the results (run this on your own machine):"
-    echo "  $line"
-    if command -v runpodctl >/dev/null 2>&1; then
-      echo "or, with RunPod's tool (prints a one-time code for 'runpodctl receive'):"
-      echo "  runpodctl send ${TARBALL}"
-    fi
-    echo "then check it: sha256sum -c $(basename "$TARBALL").sha256 (copy that file too) and tar -xzf $(basename "$TARBALL")"
-  } | tee "$OUT/DOWNLOAD.txt"
+  print_download "$TARBALL"
 }
 
 PY="${TRAINERS_PYTHON:-python3}"

@@ -15,7 +15,8 @@ from conftest import TINY_DATA, read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = ROOT / "tests" / "fakes"
-SCRIPTS = ["deploy_8gpu.sh", "build_and_push.sh", "docker/entrypoint.sh", ".ci/run", "tests/fakes/nvidia-smi"]
+SCRIPTS = ["deploy_8gpu.sh", "run_multigpu.sh", "kit_lib.sh", "gnn_training/run.sh", "build_and_push.sh",
+           "docker/entrypoint.sh", ".ci/run", "tests/fakes/nvidia-smi"]
 
 
 def bin_dir(tmp_path: Path, with_nvidia_smi: bool = True, extra: dict | None = None) -> str:
@@ -73,7 +74,7 @@ def test_no_gpu_fails_fast_pointing_at_demo(tmp_path):
         proc, out = deploy(case, "--dry-run", gpus=gpus, with_nvidia_smi=with_smi)
         assert proc.returncode == 2
         assert "no NVIDIA GPU found" in proc.stderr and "--demo" in proc.stderr
-        assert "deploy FAILED in phase 'preflight'" in proc.stderr and str(out / "deploy.log") in proc.stderr
+        assert "deploy_8gpu.sh FAILED in phase 'preflight'" in proc.stderr and str(out / "deploy.log") in proc.stderr
         assert "==> [install]" not in proc.stdout
 
 

@@ -32,10 +32,17 @@ def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path) -> l
     `<name>.data` beside it. Both are written under a temporary folder with their final names, then
     moved into place, so a consumer never sees a half-written model. Returns the files written.
     """
-    module.eval()
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
-    program = torch.onnx.export(module, (example,), input_names=["features"], output_names=["log_return"],
-                                dynamic_shapes={"x": {0: batch}}, dynamo=True, verbose=False)
+    return export_program(module, (example,), path, input_names=["features"], output_names=["log_return"],
+                          dynamic_shapes={"x": {0: batch}})
+
+
+def export_program(module: torch.nn.Module, args: tuple, path: Path, input_names: list[str],
+                   output_names: list[str], dynamic_shapes: dict) -> list[Path]:
+    """torch.onnx (dynamo) export with dynamic axes, written as described in `export_onnx`."""
+    module.eval()
+    program = torch.onnx.export(module, args, input_names=input_names, output_names=output_names,
+                                dynamic_shapes=dynamic_shapes, dynamo=True, verbose=False)
     weight_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx-") as tmp:
         staged = Path(tmp) / path.name
@@ -46,7 +53,7 @@ def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path) -> l
     return [path.parent / f.name for f in written]
 
 
-def _session(path: Path):
+def onnx_session(path: Path):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -57,7 +64,7 @@ def _session(path: Path):
 def check_parity(module: torch.nn.Module, path: Path, shape_tail: tuple[int, ...], batch_sizes: list[int],
                  tolerance: float, seed: int = 0) -> dict:
     """Max abs error between onnxruntime and PyTorch for each batch size; raise above `tolerance`."""
-    session = _session(path)
+    session = onnx_session(path)
     g = torch.Generator().manual_seed(seed)
     errors = {}
     for b in batch_sizes:
@@ -84,7 +91,7 @@ def _percentiles(samples_s: list[float]) -> dict:
 def measure_latency(module: torch.nn.Module, path: Path, shape_tail: tuple[int, ...], batch_sizes: list[int],
                     iters: int, warmup: int = 3) -> dict:
     """onnxruntime and PyTorch eager latency on CPU, p50/p99 per batch size."""
-    session = _session(path)
+    session = onnx_session(path)
     out = {}
     for b in batch_sizes:
         x = torch.randn((b, *shape_tail))
