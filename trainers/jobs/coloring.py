@@ -28,11 +28,12 @@ from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_sum
 from trainers.runtime.faults import maybe_inject
 from trainers.runtime.info import device_name, git_commit, peak_memory_bytes, versions
 from trainers.runtime.logs import MetricsWriter, get_logger, progress
-from trainers.runtime.stops import Budget, EarlyStopping, StopAgreement, StopReason
+from trainers.runtime.options import RunOptions
+from trainers.runtime.stops import EarlyStopping, StopAgreement, StopReason
 
 
 @dataclass
-class ColoringConfig:
+class ColoringConfig(RunOptions):
     run_dir: str = option("runs/gnn", "run folder (resumed if it holds a run)")
     data_dir: str = option("data/graphs", "graph dataset written by `trainers gnn-data`", resume_safe=True)
     hidden: int = option(64, "hidden width")
@@ -46,31 +47,18 @@ class ColoringConfig:
     weight_decay: float = option(0.0, "AdamW weight decay")
     grad_clip: float = option(1.0, "clip the gradient norm (0: off)")
     seed: int = option(0, "seed of init, shuffling and random features")
-    device: str = option("auto", "auto (GPU when present) or cpu", resume_safe=True)
-    collective_timeout_s: float = option(600.0, "seconds a collective may wait for a dead peer", resume_safe=True)
     patience: int = option(5, "early stop after this many epochs without validation improvement (0: off)",
                            resume_safe=True)
-    ckpt_every: int = option(200, "checkpoint every N steps (and every epoch)", resume_safe=True)
-    keep_last: int = option(3, "checkpoints kept besides the best", resume_safe=True)
-    log_every: int = option(10, "log every N steps", resume_safe=True)
-    max_hours: float | None = option(None, "wall-clock budget in hours, across restarts", resume_safe=True)
-    budget_usd: float | None = option(None, "money budget in USD (needs --usd-per-gpu-hour)", resume_safe=True)
-    usd_per_gpu_hour: float | None = option(None, "price of one GPU (or CPU worker) hour", resume_safe=True)
 
     def validate(self) -> None:
-        for name in ("hidden", "layers", "epochs", "graphs_per_batch", "ckpt_every", "keep_last", "log_every"):
+        self.validate_run_options()
+        for name in ("hidden", "layers", "epochs", "graphs_per_batch"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
         if self.max_colors < 2:
             raise UsageError(f"--max-colors {self.max_colors} must be >= 2")
         if self.random_features < 0 or self.lr <= 0 or not 0 <= self.dropout < 1:
             raise UsageError("--random-features must be >= 0, --lr > 0 and --dropout in [0, 1)")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise UsageError(f"--device {self.device!r} is not one of: auto, cpu, cuda")
-        self.budget(1)
-
-    def budget(self, billed: int) -> Budget:
-        return Budget(self.max_hours, self.budget_usd, self.usd_per_gpu_hour, billed)
 
     @property
     def in_dim(self) -> int:

@@ -35,11 +35,12 @@ from trainers.runtime.logs import MetricsWriter, get_logger, progress
 from trainers.runtime.precision import (PRECISIONS, autocast, build_adamw, enable_tf32, make_grad_scaler,
                                         maybe_compile, precision_for)
 from trainers.runtime.schedule import build_scheduler
-from trainers.runtime.stops import Budget, EarlyStopping, StopAgreement, StopReason
+from trainers.runtime.options import RunOptions
+from trainers.runtime.stops import EarlyStopping, StopAgreement, StopReason
 
 
 @dataclass
-class ForecastConfig:
+class ForecastConfig(RunOptions):
     run_dir: str = option("runs/forecast", "run folder: checkpoints, logs, results (resumed if it holds a run)")
     # data
     source: str = option("synthetic", "market data: synthetic, yfinance (fetch missing into the cache), cache, "
@@ -76,28 +77,17 @@ class ForecastConfig:
     grad_clip: float = option(1.0, "clip the global gradient norm to this (0: off)")
     seed: int = option(0, "seed of model init and shuffling (each rank offsets it by its rank)")
     # runtime
-    device: str = option("auto", "auto (GPU when present) or cpu", resume_safe=True, choices=("auto", "cpu", "cuda"))
     precision: str = option("auto", "auto: bf16 on Ampere+, fp16 + grad scaler on older GPUs, fp32 on CPU",
                             choices=PRECISIONS)
     compile: bool = option(False, "torch.compile the model", resume_safe=True)
-    collective_timeout_s: float = option(600.0, "seconds a collective may wait for a dead peer", resume_safe=True)
     # stops, checkpoints, logging
-    patience: int = option(3, "early stop after this many evaluations without improvement (0: off)",
-                           resume_safe=True)
     min_delta: float = option(0.0, "improvement smaller than this does not count", resume_safe=True)
     eval_every: int = option(0, "evaluate validation loss every N steps (0: at each epoch end)", resume_safe=True)
-    ckpt_every: int = option(200, "checkpoint every N optimizer steps (and at each evaluation)", resume_safe=True)
-    keep_last: int = option(3, "checkpoints kept besides the best", resume_safe=True)
-    log_every: int = option(10, "log training metrics every N steps", resume_safe=True)
     eval_batch_size: int = option(1024, "samples per rank per evaluation batch", resume_safe=True)
-    max_hours: float | None = option(None, "wall-clock budget in hours, across restarts", resume_safe=True)
-    budget_usd: float | None = option(None, "money budget in USD (needs --usd-per-gpu-hour)", resume_safe=True)
-    usd_per_gpu_hour: float | None = option(None, "price of one GPU (or CPU worker) hour, for cost", resume_safe=True)
 
     def validate(self) -> None:
         """Cheap checks that need no data; run before anything touches the disk."""
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise UsageError(f"--device {self.device!r} is not one of: auto, cpu, cuda")
+        self.validate_run_options()
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision {self.precision!r} is not one of: {', '.join(PRECISIONS)}")
         check_source(self.source)
@@ -109,7 +99,7 @@ class ForecastConfig:
             raise UsageError(f"--horizon {self.horizon} must be > 0 trading days")
         if self.window < 2:
             raise UsageError(f"--window {self.window} must be >= 2 trading days")
-        for name in ("epochs", "batch_size", "grad_accum", "ckpt_every", "keep_last", "log_every", "eval_batch_size"):
+        for name in ("epochs", "batch_size", "grad_accum", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)} must be >= 1")
         if self.max_steps is not None and self.max_steps < 1:
@@ -119,16 +109,10 @@ class ForecastConfig:
                              f"and sum to less than 1")
         if self.lr <= 0:
             raise UsageError(f"--lr {self.lr} must be > 0")
-        if self.patience < 0 or self.warmup_steps < 0 or self.grad_clip < 0:
-            raise UsageError("--patience, --warmup-steps and --grad-clip must be >= 0")
+        if self.warmup_steps < 0 or self.grad_clip < 0:
+            raise UsageError("--warmup-steps and --grad-clip must be >= 0")
         if not 0 <= self.dropout < 1:
             raise UsageError(f"--dropout {self.dropout} must be in [0, 1)")
-        if self.collective_timeout_s <= 0:
-            raise UsageError(f"--collective-timeout-s {self.collective_timeout_s} must be > 0")
-        self.budget(1)  # budget values checked here too
-
-    def budget(self, billed_devices: int) -> Budget:
-        return Budget(self.max_hours, self.budget_usd, self.usd_per_gpu_hour, billed_devices)
 
 
 # ---- shared pieces (also used by evaluate/export) ----------------------------------------------
