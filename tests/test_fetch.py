@@ -242,3 +242,27 @@ def test_real_client_asks_for_adjusted_daily_bars_and_keeps_yfinance_errors(monk
     assert seen["auto_adjust"] is True and seen["interval"] == "1d" and seen["group_by"] == "ticker"
     assert seen["start"] == START and seen["end"] == END and seen["progress"] is False
     assert frame.attrs["errors"] == {"BAD": "YFTzMissingError('$BAD: possibly delisted')"}
+
+
+def test_fetch_command_flags_reach_the_fetcher(tmp_path):
+    import argparse
+
+    from trainers.data.fetch_cli import add_fetch_args, run_fetch
+
+    parser = argparse.ArgumentParser()
+    add_fetch_args(parser)
+    args = parser.parse_args(["--tickers", "AAA,BBB,CCC,DDD,EEE", "--batch-size", "2", "--max-workers", "1",
+                              "--start", START, "--end", END, "--cache-dir", str(tmp_path / "c"), "--no-progress",
+                              "--min-history-days", "100"])
+    fake = FakeYahoo()
+    out = run_fetch(args, downloader=fake)
+    assert fake.calls == [["AAA", "BBB"], ["CCC", "DDD"], ["EEE"]]
+    assert out["fetched"] == 5 and out["cache_dir"] == str(tmp_path / "c")
+    fake = FakeYahoo()
+    out = run_fetch(parser.parse_args([*args_list(args), "--refresh"]), downloader=fake)
+    assert len(sum(fake.calls, [])) == 5 and out["cached"] == 0
+
+
+def args_list(ns) -> list[str]:
+    return ["--tickers", ns.tickers, "--batch-size", "2", "--max-workers", "1", "--start", ns.start, "--end", ns.end,
+            "--cache-dir", ns.cache_dir, "--no-progress", "--min-history-days", "100"]
