@@ -187,3 +187,20 @@ def test_run_multigpu_dry_run_with_eight_gpus(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "gnn_training" / "run.sh"), "--dry-run", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0 and "--nproc_per_node=1" in proc.stdout
+
+
+@pytest.mark.slow
+def test_gnn_sigkill_resumes_like_an_uninterrupted_run(tmp_path):
+    data = tmp_path / "data"
+    run_cli(["gnn-data", "--out", str(data), "--train", "32", "--val", "8", "--max-nodes", "50", "--no-progress"],
+            check=True)
+    common = ["gnn", "--data-dir", str(data), "--epochs", "3", "--graphs-per-batch", "4", "--hidden", "16",
+              "--layers", "2", "--dropout", "0.2", "--ckpt-every", "2"]
+    run_torchrun([*common, "--run-dir", str(tmp_path / "ref")])
+    run_torchrun([*common, "--run-dir", str(tmp_path / "killed")], extra=["--max-restarts=1"],
+                 env={"TRAINERS_FAULT": "sigkill@rank1:step7"})
+    ref = json.loads((tmp_path / "ref" / "results.json").read_text())["training"]
+    got = json.loads((tmp_path / "killed" / "results.json").read_text())["training"]
+    assert got["restarts"] == 1 and got["steps"] == ref["steps"] == 12
+    assert "resumed from checkpoint step 6" in (tmp_path / "killed" / "training.log").read_text()
+    assert got["best_val_conflict_fraction"] == pytest.approx(ref["best_val_conflict_fraction"], rel=1e-5)

@@ -183,7 +183,11 @@ def _train(cfg: ColoringConfig, ctx: DistContext) -> dict | None:
             early = EarlyStopping(cfg.patience, **resumed.shared["early_stopping"])
             state = resumed.rank_state or {"epoch": resumed.shared["epoch"], "step_in_epoch": 0}
             epoch, start_in_epoch = state["epoch"], state["step_in_epoch"]
+            if "rng" in state:
+                torch.set_rng_state(state["rng"])  # this rank's own dropout stream
             log.info("resumed from checkpoint step %d (epoch %d, step %d in epoch)", step, epoch, start_in_epoch)
+        else:
+            torch.manual_seed(cfg.seed + 1_000 * (ctx.rank + 1))  # per-rank dropout streams
         train_model = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) \
             if ctx.distributed else model
         stopper = StopAgreement(ctx, cfg.budget(ctx.world_size), elapsed_before)
