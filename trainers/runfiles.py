@@ -1,4 +1,4 @@
-"""Reading a finished (or interrupted) run folder back: its config and checkpoints."""
+"""The run folder: opening it for a training run, and reading it back (config, checkpoints)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,25 @@ import torch
 
 from trainers.errors import UsageError
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.dist import DistContext
+from trainers.runtime import config as cfgmod
+from trainers.runtime.checkpoint import atomic_write_json
+from trainers.runtime.dist import DistContext, barrier
+from trainers.runtime.logs import MetricsWriter, get_logger
 
 
 def single_process_context(device: str = "cpu") -> DistContext:
     return DistContext(0, 0, 1, 1, torch.device(device), None)
+
+
+def open_run_dir(run_dir: Path, cfg, ctx: DistContext):
+    """Create the run folder, write config.json on the first run, and return (logger, metrics).
+    Call it after every check that can reject the input, so bad input writes nothing."""
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not (run_dir / "config.json").exists():
+            atomic_write_json(run_dir / "config.json", cfgmod.to_dict(cfg))
+    barrier(ctx)
+    return get_logger(ctx.rank, run_dir), MetricsWriter(run_dir, enabled=ctx.is_main)
 
 
 def load_run_config(run_dir: Path, cls):

@@ -26,8 +26,9 @@ from trainers.runtime.checkpoint import CheckpointManager, atomic_write_json
 from trainers.runtime.config import option
 from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_sum, barrier, distributed
 from trainers.runtime.faults import maybe_inject
-from trainers.runtime.info import device_name, git_commit, peak_memory_bytes, versions
-from trainers.runtime.logs import MetricsWriter, get_logger, progress
+from trainers.runfiles import open_run_dir
+from trainers.runtime.info import git_commit, run_facts, versions
+from trainers.runtime.logs import progress
 from trainers.runtime.options import RunOptions
 from trainers.runtime.stops import EarlyStopping, StopAgreement, StopReason
 
@@ -158,13 +159,7 @@ def _train(cfg: ColoringConfig, ctx: DistContext) -> dict | None:
     train_set, val_set = GraphSplit(Path(cfg.data_dir), "train"), GraphSplit(Path(cfg.data_dir), "val")
     steps_per_epoch = EpochPlan(len(train_set), ctx.world_size, ctx.rank, cfg.graphs_per_batch, cfg.seed, 0).steps
     total_steps = cfg.epochs * steps_per_epoch
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not (run_dir / "config.json").exists():
-            atomic_write_json(run_dir / "config.json", cfgmod.to_dict(cfg))
-    barrier(ctx)
-    log = get_logger(ctx.rank, run_dir)
-    metrics = MetricsWriter(run_dir, enabled=ctx.is_main)
+    log, metrics = open_run_dir(run_dir, cfg, ctx)
     try:
         torch.manual_seed(cfg.seed)
         model = build_gnn(cfg).to(ctx.device)
@@ -266,10 +261,7 @@ def _train(cfg: ColoringConfig, ctx: DistContext) -> dict | None:
                    "training": {"stop_reason": reason.name.lower(), "steps": step, "total_steps": total_steps,
                                 "first_logged_conflict_fraction": first_loss, "last_logged_conflict_fraction": last_loss,
                                 "best_val_conflict_fraction": early.best, "graphs_per_s_global": gps,
-                                "elapsed_s_all_attempts": elapsed, "device_hours": elapsed / 3600 * ctx.world_size,
-                                "cost_usd": cfg.budget(ctx.world_size).cost_usd(elapsed), "world_size": ctx.world_size,
-                                "device": ctx.device.type, "device_name": device_name(ctx.device),
-                                "peak_memory_bytes": peak_memory_bytes(ctx.device), "restarts": ctx.restart_count,
+                                **run_facts(ctx, elapsed, cfg.budget(ctx.world_size).cost_usd(elapsed)),
                                 "best_step": best},
                    "evaluation": evaluation, "git_commit": git_commit(), "versions": versions()}
         if ctx.is_main:

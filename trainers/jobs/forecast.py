@@ -30,8 +30,9 @@ from trainers.runtime.checkpoint import CheckpointManager, atomic_write_json
 from trainers.runtime.config import option
 from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_sum, barrier, distributed
 from trainers.runtime.faults import maybe_inject
-from trainers.runtime.info import device_name, git_commit, peak_memory_bytes, versions
-from trainers.runtime.logs import MetricsWriter, get_logger, progress
+from trainers.runfiles import open_run_dir
+from trainers.runtime.info import git_commit, peak_memory_bytes, run_facts, versions
+from trainers.runtime.logs import get_logger, progress
 from trainers.runtime.precision import (PRECISIONS, autocast, build_adamw, enable_tf32, make_grad_scaler,
                                         maybe_compile, precision_for)
 from trainers.runtime.schedule import build_scheduler
@@ -283,13 +284,7 @@ def _train(cfg: ForecastConfig, ctx: DistContext) -> dict | None:
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
 
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not (run_dir / "config.json").exists():
-            atomic_write_json(run_dir / "config.json", cfgmod.to_dict(cfg))
-    barrier(ctx)
-    log = get_logger(ctx.rank, run_dir)
-    metrics = MetricsWriter(run_dir, enabled=ctx.is_main)
+    log, metrics = open_run_dir(run_dir, cfg, ctx)
     try:
         return _train_loop(cfg, ctx, run_dir, store, data_info, precision, steps_per_epoch, total_steps,
                            log, metrics, wall_start)
@@ -444,7 +439,6 @@ def _train_loop(cfg, ctx, run_dir, store, data_info, precision, steps_per_epoch,
     log.info("training stopped: %s at step %d%s", reason.name.lower(), step,
              f" ({stopper.signal_name})" if stopper.signal_name else "")
     elapsed = stopper.elapsed_s()
-    peak = max(int(v) for v in all_gather_object(ctx, peak_memory_bytes(ctx.device)))
     sps = samples_seen / train_time if train_time > 0 else None
     training = {
         "stop_reason": reason.name.lower(), "signal": stopper.signal_name, "steps": step, "total_steps": total_steps,
@@ -452,11 +446,9 @@ def _train_loop(cfg, ctx, run_dir, store, data_info, precision, steps_per_epoch,
         "last_logged_train_loss": last_loss, "initial_val_loss": initial_val, "last_val_loss": last_val, "best_val_loss": early.best,
         "samples_per_s_global": sps, "samples_per_s_per_device": sps / ctx.world_size if sps else None,
         "train_step_time_s": train_time, "wall_time_s_this_attempt": time.time() - wall_start,
-        "elapsed_s_all_attempts": elapsed, "device_hours": elapsed / 3600.0 * ctx.world_size,
-        "cost_usd": cfg.budget(ctx.world_size).cost_usd(elapsed), "peak_memory_bytes": peak,
-        "world_size": ctx.world_size, "device": ctx.device.type, "device_name": device_name(ctx.device),
+        **run_facts(ctx, elapsed, cfg.budget(ctx.world_size).cost_usd(elapsed)),
         "precision": precision.name, "tf32": tf32, "compiled": cfg.compile,
-        "global_batch": cfg.batch_size * cfg.grad_accum * ctx.world_size, "restarts": ctx.restart_count,
+        "global_batch": cfg.batch_size * cfg.grad_accum * ctx.world_size,
     }
     results = {"trainer": "forecast", "config": cfgmod.to_dict(cfg), "data": data_info,
                "model": {"preset": cfg.preset, "parameters": n_params, "shape": PRESETS[cfg.preset].__dict__},

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from trainers.runtime.dist import DistContext, all_gather_object
+
 
 def git_commit() -> str | None:
     try:
@@ -36,3 +38,12 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return platform.processor() or platform.machine() or "cpu"
+
+
+def run_facts(ctx: DistContext, elapsed_s: float, cost_usd: float | None) -> dict:
+    """What every trainer's results.json records about where and how long it ran. Collective: the
+    peak memory is the largest over all ranks."""
+    peak = max(int(v) for v in all_gather_object(ctx, peak_memory_bytes(ctx.device)))
+    return {"elapsed_s_all_attempts": elapsed_s, "device_hours": elapsed_s / 3600.0 * ctx.world_size,
+            "cost_usd": cost_usd, "peak_memory_bytes": peak, "world_size": ctx.world_size,
+            "device": ctx.device.type, "device_name": device_name(ctx.device), "restarts": ctx.restart_count}
