@@ -11,7 +11,7 @@ bench-cpu:
 	$(PYTHON) bench/data_pipeline.py --out bench/results/data_pipeline_cpu.json
 	$(PYTHON) bench/train_throughput.py --presets tiny --steps 30 --out bench/results/train_cpu.json
 	$(PYTHON) bench/inference.py --presets tiny,small --iters 50 --out bench/results/inference_cpu.json
-	$(PYTHON) bench/gnn_colouring.py --nproc 2 --out bench/results/gnn_cpu.json
+	$(PYTHON) bench/gnn_coloring.py --nproc 2 --out bench/results/gnn_cpu.json
 
 bench-gpu:
 	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --compile --out bench/results/train_gpu.json

@@ -20,11 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record import write_record  # noqa: E402
 
-from trainers.data.fetch import PriceCache, fill_cache  # noqa: E402
-from trainers.data.market import to_panel  # noqa: E402
-from trainers.data.synthetic import synthetic_market  # noqa: E402
-from trainers.data.validate import validate_long_table  # noqa: E402
-from trainers.data.windows import build_store  # noqa: E402
+from trainers.forecast.data import build_store  # noqa: E402
+from trainers.market.fetch import PriceCache, fill_cache  # noqa: E402
+from trainers.market.panel import to_panel  # noqa: E402
+from trainers.market.synthetic import synthetic_market  # noqa: E402
+from trainers.market.validate import validate_long_table  # noqa: E402
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
     python bench/inference.py --presets tiny,small --iters 50 --out bench/results/inference_cpu.json
 
-Uses the same export and check as `trainers export` (a randomly initialised model of the preset:
+Uses the same export and check as `trainers forecast export` (a randomly initialised model of the preset:
 latency does not depend on the weights).
 """
 
@@ -21,9 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record import write_record  # noqa: E402
 
-from trainers.data.windows import FEATURES  # noqa: E402
-from trainers.export import EXPORT_BATCH, check_parity, export_onnx, measure_latency  # noqa: E402
-from trainers.models.forecaster import PRESETS, Forecaster, ReturnPredictor  # noqa: E402
+from trainers.forecast.config import PRESETS  # noqa: E402
+from trainers.forecast.export import batch_cases, export_forecaster  # noqa: E402
+from trainers.forecast.model import Forecaster, ReturnPredictor  # noqa: E402
+from trainers.market.windows import FEATURES  # noqa: E402
+from trainers.onnx import check_parity, measure_latency  # noqa: E402
 
 
 def main() -> int:
@@ -35,16 +37,15 @@ def main() -> int:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    tail = (args.window, len(FEATURES))
     results = []
     for preset in args.presets.split(","):
         torch.manual_seed(0)
-        module = ReturnPredictor(Forecaster(PRESETS[preset], len(FEATURES), args.window)).eval()
+        module = ReturnPredictor(Forecaster(**vars(PRESETS[preset]), n_features=len(FEATURES), window=args.window)).eval()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model.onnx"
-            export_onnx(module, torch.zeros(EXPORT_BATCH, *tail), path)
-            parity = check_parity(module, path, tail, [1, 7], tolerance=1e-4)
-            latency = measure_latency(module, path, tail, batches, args.iters)
+            export_forecaster(module, args.window, path)
+            parity = check_parity(module, path, batch_cases(args.window, [1, 7]), ["features"], tolerance=1e-4)
+            latency = measure_latency(module, path, batch_cases(args.window, batches), ["features"], args.iters)
         row = {"preset": preset, "max_abs_error": parity["max_abs_error"], "latency": latency}
         for b in batches:
             lat = latency[f"batch_{b}"]

@@ -20,12 +20,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from naive_forecaster import NaiveForecaster  # noqa: E402
 
-from trainers.data.market import to_panel  # noqa: E402
-from trainers.data.synthetic import synthetic_market  # noqa: E402
-from trainers.data.windows import FEATURES, build_store  # noqa: E402
-from trainers.jobs.forecast import forward_backward, optimizer_step  # noqa: E402
-from trainers.models.forecaster import PRESETS, Forecaster  # noqa: E402
-from trainers.runtime.precision import autocast, build_adamw, make_grad_scaler, precision_for  # noqa: E402
+from trainers.forecast.config import PRESETS  # noqa: E402
+from trainers.forecast.data import build_store  # noqa: E402
+from trainers.forecast.model import Forecaster  # noqa: E402
+from trainers.forecast.train import forward_backward, optimizer_step  # noqa: E402
+from trainers.market.panel import to_panel  # noqa: E402
+from trainers.market.synthetic import synthetic_market  # noqa: E402
+from trainers.market.windows import FEATURES  # noqa: E402
+from trainers.runtime.precision import (  # noqa: E402
+    autocast,
+    build_adamw,
+    make_grad_scaler,
+    precision_for,
+)
 
 
 def profile(step, steps: int, device: torch.device, label: str) -> float:
@@ -56,7 +63,7 @@ def main() -> int:
     ids = store.sample_ids["train"][: args.batch]
     shape = PRESETS[args.preset]
 
-    model = Forecaster(shape, len(FEATURES), 120).to(device)
+    model = Forecaster(**vars(shape), n_features=len(FEATURES), window=120).to(device)
     opt = build_adamw(model, 3e-4, 0.1, (0.9, 0.95), device)
     scaler = make_grad_scaler(device, precision)
 

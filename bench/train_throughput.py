@@ -4,7 +4,7 @@
     python bench/train_throughput.py --presets small,151m --compile --out bench/results/train_h100.json  # GPU
 
 For each preset: samples/s, step time (p50), peak memory and MFU (GPU only) of the kit's step
-(trainers.jobs.forecast.forward_backward + optimizer_step: windows gathered by index from the
+(trainers.forecast.train.forward_backward + optimizer_step: windows gathered by index from the
 on-device store, SDPA, fused AdamW on CUDA, bf16 autocast, optional torch.compile), then the same
 for the naive pipeline (bench/naive_forecaster.py), and their ratio. A second, synchronised pass
 splits the kit's step into data / forward+backward / optimizer time.
@@ -27,15 +27,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from naive_forecaster import NaiveForecaster, WindowDataset, naive_loader  # noqa: E402
 from record import write_record  # noqa: E402
 
-from trainers.data.market import to_panel  # noqa: E402
-from trainers.data.synthetic import synthetic_market  # noqa: E402
-from trainers.data.windows import FEATURES, build_store  # noqa: E402
-from trainers.jobs.forecast import forward_backward, optimizer_step  # noqa: E402
-from trainers.models.forecaster import PRESETS, Forecaster, count_parameters  # noqa: E402
-from trainers.runtime.flops import forecaster_flops_per_sample, mfu, peak_tflops  # noqa: E402
+from trainers.forecast.config import PRESETS  # noqa: E402
+from trainers.forecast.data import build_store  # noqa: E402
+from trainers.forecast.model import Forecaster, count_parameters, flops_per_sample  # noqa: E402
+from trainers.forecast.train import forward_backward, optimizer_step  # noqa: E402
+from trainers.market.panel import to_panel  # noqa: E402
+from trainers.market.synthetic import synthetic_market  # noqa: E402
+from trainers.market.windows import FEATURES  # noqa: E402
+from trainers.runtime.flops import mfu, peak_tflops  # noqa: E402
 from trainers.runtime.info import device_name  # noqa: E402
-from trainers.runtime.precision import (autocast, build_adamw, enable_tf32, make_grad_scaler, maybe_compile,  # noqa: E402
-                                        precision_for)
+from trainers.runtime.precision import (  # noqa: E402
+    autocast,
+    build_adamw,
+    enable_tf32,
+    make_grad_scaler,
+    maybe_compile,
+    precision_for,
+)
 
 
 def _sync(device: torch.device) -> None:
@@ -70,7 +78,7 @@ def _timed(step, steps: int, warmup: int, device: torch.device, batch: int) -> d
 
 def bench_ours(store, preset: str, batch: int, device, precision, compile_: bool, steps: int, warmup: int) -> dict:
     torch.manual_seed(0)
-    model = Forecaster(PRESETS[preset], len(FEATURES), store.window).to(device)
+    model = Forecaster(**vars(PRESETS[preset]), n_features=len(FEATURES), window=store.window).to(device)
     train_model = maybe_compile(model, compile_)
     optimizer = build_adamw(model, 3e-4, 0.1, (0.9, 0.95), device)
     scaler = make_grad_scaler(device, precision)
@@ -160,7 +168,7 @@ def main() -> int:
     results = []
     for preset in args.presets.split(","):
         shape = PRESETS[preset]
-        flops = forecaster_flops_per_sample(120, len(FEATURES), shape.d_model, shape.n_layers, shape.d_ff)
+        flops = flops_per_sample(120, len(FEATURES), shape.d_model, shape.n_layers, shape.d_ff)
         ours = bench_ours(store, preset, args.batch, device, precision, args.compile, args.steps, args.warmup)
         ours["mfu"] = mfu(ours["samples_per_s"], flops, name)
         row = {"preset": preset, "batch": args.batch, "train_flops_per_sample": flops, "ours": ours}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Container entrypoint: the first argument picks what to run, the rest are passed through.
-#   deploy [deploy_8gpu.sh options]   the forecaster pipeline (default)
-#   gnn [run_multigpu.sh options]     the graph-colouring pipeline
+#   deploy [deploy_8gpu.sh options]   a trainer's whole pipeline (default: the forecaster; --trainer NAME)
+#   gnn [run_multigpu.sh options]     the graph-colouring pipeline (deploy --trainer gnn)
 #   preflight [options]               machine checks only
 #   tensorboard [--logdir DIR]        TensorBoard on port 6006 over the output folder
 #   shell                             an interactive shell (RunPod's web terminal, debugging)
@@ -16,9 +16,7 @@ cmd="${1:-deploy}"
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
   deploy) exec bash "$KIT_DIR/deploy_8gpu.sh" "$@" ;;
-  gnn)
-    [[ -f "$KIT_DIR/run_multigpu.sh" ]] || { echo "error: the GNN pipeline (run_multigpu.sh) is not in this image yet" >&2; exit 2; }
-    exec bash "$KIT_DIR/run_multigpu.sh" "$@" ;;
+  gnn) exec bash "$KIT_DIR/run_multigpu.sh" "$@" ;;
   preflight) exec python -m trainers preflight --out "$OUT" "$@" ;;
   tensorboard)
     mkdir -p "$OUT"

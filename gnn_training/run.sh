@@ -3,6 +3,8 @@
 #   bash gnn_training/run.sh [run_multigpu.sh options]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-args=("$@")
-for a in "$@"; do [[ "$a" == --demo ]] && exec bash "$here/../run_multigpu.sh" "${args[@]}"; done
-exec bash "$here/../run_multigpu.sh" --gpus 1 "${args[@]}"
+for a in "$@"; do
+  [[ "$a" == -- ]] && break
+  [[ "$a" == --demo ]] && exec bash "$here/../run_multigpu.sh" "$@"
+done
+exec bash "$here/../run_multigpu.sh" --gpus 1 "$@"

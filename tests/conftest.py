@@ -2,9 +2,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository
+FAKES = ROOT / "tests" / "fakes"  # stand-ins for nvidia-smi and friends
 
 # A market small enough for CPU tests: 16 tickers x 800 days, window 32, horizon 5.
 TINY_DATA = ["--synthetic-tickers", "16", "--synthetic-days", "800", "--window", "32", "--horizon", "5",
@@ -47,6 +51,18 @@ def read_results(run_dir: Path) -> dict:
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def wait_for(predicate, timeout: float, proc: subprocess.Popen) -> None:
+    """Poll `predicate` until true; fail if the process ends first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError("timed out")
 
 
 @pytest.fixture

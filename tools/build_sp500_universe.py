@@ -1,4 +1,4 @@
-"""Regenerate trainers/data/sp500.csv from the `index-constitution` package (MIT licence).
+"""Regenerate trainers/market/sp500.csv from the `index-constitution` package (MIT licence).
 
     pip install index-constitution && python tools/build_sp500_universe.py
 
@@ -16,7 +16,11 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from trainers.data.universe import UNIVERSE_COLUMNS, to_yfinance_symbol, validate_universe  # noqa: E402
+from trainers.market.universe import (  # noqa: E402
+    UNIVERSE_COLUMNS,
+    to_yfinance_symbol,
+    validate_universe,
+)
 
 
 def main() -> int:
@@ -32,7 +36,7 @@ def main() -> int:
         "snapshot_date": snapshot,
     })[list(UNIVERSE_COLUMNS)].sort_values("symbol")
     validate_universe(frame, "index-constitution")
-    out = Path(__file__).resolve().parents[1] / "trainers" / "data" / "sp500.csv"
+    out = Path(__file__).resolve().parents[1] / "trainers" / "market" / "sp500.csv"
     frame.to_csv(out, index=False)
     print(f"wrote {len(frame)} symbols, snapshot {snapshot}, to {out}")
     return 0

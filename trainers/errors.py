@@ -9,3 +9,9 @@ class UsageError(Exception):
     """
 
     exit_code = 2
+
+
+class CheckFailed(Exception):
+    """A check the kit runs on its own output failed (e.g. ONNX differs from PyTorch). One line, exit 1."""
+
+    exit_code = 1

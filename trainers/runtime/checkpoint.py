@@ -16,58 +16,26 @@ For multi-node runs the run folder must be on a filesystem every node sees.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_max, barrier, broadcast_object
+from trainers.runtime.dist import (
+    DistContext,
+    all_gather_object,
+    all_reduce_max,
+    barrier,
+    broadcast_object,
+)
+from trainers.runtime.files import atomic_write, atomic_write_json, sha256_file
 
 _META_RE = re.compile(r"^meta_(\d{8})\.json$")
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Write through `write(fileobj)` into a temp file beside `path`, fsync, then rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, lambda f: json.dump(obj, f, indent=2, sort_keys=True), mode="w")
 
 
 def atomic_torch_save(path: Path, obj: Any) -> str:
@@ -92,9 +60,6 @@ class CheckpointManager:
         self.ctx = ctx
         self.keep_last = keep_last
         self.log = logger
-        if ctx.is_main:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        barrier(ctx)
 
     # ---- names -------------------------------------------------------------------------------
     def model_path(self, step: int) -> Path:
@@ -128,6 +93,7 @@ class CheckpointManager:
     # ---- save --------------------------------------------------------------------------------
     def save(self, step: int, shared: dict[str, Any], rank_state: dict[str, Any], meta: dict[str, Any]) -> None:
         """Collective: every rank calls it at the same step."""
+        self.dir.mkdir(parents=True, exist_ok=True)
         rank_file = self.rank_path(step, self.ctx.rank)
         rank_sha = atomic_torch_save(rank_file, rank_state)
         files = {rank_file.name: rank_sha}

@@ -1,8 +1,8 @@
-"""Model FLOPs and MFU: what fraction of the device's dense bf16 peak the training step uses.
+"""Peak FLOP/s by device, and MFU: what fraction of the device's dense bf16 peak training uses.
 
-MFU counts the model's matmul FLOPs only (nanoGPT/PaLM convention): training = 3 x forward
-(the backward pass costs two forwards). Peaks are dense (no sparsity) bf16 tensor-core figures
-from the vendors' data sheets; CPUs have no entry and get no MFU.
+MFU counts the model's matmul FLOPs only (nanoGPT/PaLM convention: training = 3 x forward, the
+backward pass costs two forwards); each trainer counts its own next to its model. Peaks are
+dense (no sparsity) bf16 tensor-core figures from the vendors' data sheets; CPUs get no MFU.
 """
 
 from __future__ import annotations
@@ -28,16 +28,6 @@ def peak_tflops(device_name: str) -> float | None:
         if key.upper() in name:
             return value
     return None
-
-
-def forecaster_flops_per_sample(window: int, n_features: int, d_model: int, n_layers: int, d_ff: int,
-                                training: bool = True) -> float:
-    """Matmul FLOPs for one sample (a window of `window` days)."""
-    t, d = window, d_model
-    dense = 2 * t * (n_features * d + n_layers * (4 * d * d + 2 * d * d_ff)) + 2 * d  # projections + head
-    attention = n_layers * 4 * t * t * d  # QK^T and attention x V
-    forward = dense + attention
-    return 3.0 * forward if training else float(forward)
 
 
 def mfu(samples_per_s: float, flops_per_sample: float, device_name: str, n_devices: int = 1) -> float | None:

@@ -79,6 +79,6 @@ class MetricsWriter:
             self._tb = None
 
 
-def progress(total: int, initial: int, enabled: bool, desc: str) -> tqdm:
+def progress(total: int | None, initial: int, enabled: bool, desc: str) -> tqdm:
     return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, dynamic_ncols=True,
                 mininterval=1.0)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainers.errors import UsageError
+from trainers.runtime.budget import Budget
 from trainers.runtime.config import option
-from trainers.runtime.stops import Budget
 
 DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 @dataclass

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from trainers.errors import UsageError
-
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+from trainers.runtime.options import PRECISIONS
 
 
 @dataclass(frozen=True)

@@ -9,54 +9,11 @@ in that; the handler only sets a flag, the loop does the work.
 
 from __future__ import annotations
 
-import enum
 import signal
 import time
-from dataclasses import dataclass
 
-from trainers.errors import UsageError
+from trainers.runtime.budget import Budget, StopReason
 from trainers.runtime.dist import DistContext, all_reduce_max
-
-
-class StopReason(enum.IntEnum):
-    # Larger wins when ranks disagree: a signal beats a budget beats early stopping.
-    NONE = 0
-    COMPLETED = 1
-    EARLY_STOP = 2
-    MONEY_BUDGET = 3
-    TIME_BUDGET = 4
-    SIGNAL = 5
-
-
-@dataclass(frozen=True)
-class Budget:
-    max_hours: float | None = None
-    budget_usd: float | None = None
-    usd_per_gpu_hour: float | None = None
-    billed_devices: int = 1
-
-    def __post_init__(self):
-        if self.max_hours is not None and self.max_hours <= 0:
-            raise UsageError(f"--max-hours {self.max_hours} must be > 0 (or left out for no time limit)")
-        if self.budget_usd is not None and self.budget_usd <= 0:
-            raise UsageError(f"--budget-usd {self.budget_usd} must be > 0 (or left out for no money limit)")
-        if self.usd_per_gpu_hour is not None and self.usd_per_gpu_hour < 0:
-            raise UsageError(f"--usd-per-gpu-hour {self.usd_per_gpu_hour} must be >= 0")
-        if self.budget_usd is not None and not self.usd_per_gpu_hour:
-            raise UsageError("--budget-usd needs --usd-per-gpu-hour > 0 to turn hours into money")
-
-    def cost_usd(self, elapsed_s: float) -> float | None:
-        if self.usd_per_gpu_hour is None:
-            return None
-        return elapsed_s / 3600.0 * self.usd_per_gpu_hour * self.billed_devices
-
-    def exceeded(self, elapsed_s: float) -> StopReason:
-        if self.max_hours is not None and elapsed_s >= self.max_hours * 3600.0:
-            return StopReason.TIME_BUDGET
-        cost = self.cost_usd(elapsed_s)
-        if self.budget_usd is not None and cost is not None and cost >= self.budget_usd:
-            return StopReason.MONEY_BUDGET
-        return StopReason.NONE
 
 
 class StopAgreement:

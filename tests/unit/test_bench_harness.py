@@ -1,0 +1,68 @@
+"""The benchmark harness's own logic: FLOPs against a hand count and PyTorch's FLOP counter, MFU
+arithmetic, the peak table, and the JSON the benchmark writes. The benchmarks themselves are run
+by hand (`make bench-cpu`), not here."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from conftest import ROOT
+from trainers.forecast.model import Forecaster, flops_per_sample
+from trainers.runtime.flops import mfu, peak_tflops
+
+
+def test_flops_match_a_hand_count():
+    # window 4, 2 features, d 8, 1 layer, ff 16:
+    # dense 2*4*(2*8 + (4*64 + 2*8*16)) + 2*8 = 4240; attention 4*4*4*8 = 512; forward 4752
+    assert flops_per_sample(4, 2, 8, 1, 16, training=False) == 4752
+    assert flops_per_sample(4, 2, 8, 1, 16) == 3 * 4752
+
+
+def test_flops_match_pytorchs_flop_counter_on_the_real_model():
+    model = Forecaster(d_model=32, n_layers=2, n_heads=4, d_ff=64, n_features=5, window=24).eval()
+    x = torch.randn(3, 24, 5)
+    # The math backend decomposes attention into matmuls the counter sees (it skips the CPU flash kernel).
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(x)
+    counted = counter.get_total_flops() / 3
+    ours = flops_per_sample(24, 5, 32, 2, 64, training=False)
+    assert counted == pytest.approx(ours, rel=0.01), (counted, ours)
+
+
+@pytest.mark.parametrize("name,peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                       ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                       ("NVIDIA B200", 2250.0), ("NVIDIA L40S", 362.0), ("NVIDIA A10G", 125.0),
+                                       ("Tesla T4", 65.0), ("Tesla V100-SXM2-16GB", 125.0), ("x86_64", None)])
+def test_peak_table_by_device_name(name, peak):
+    assert peak_tflops(name) == peak
+
+
+def test_mfu_arithmetic():
+    # 1000 samples/s x 1e9 FLOPs = 1 TFLOP/s of 989 -> 0.1011 %
+    assert mfu(1000, 1e9, "NVIDIA H100 80GB HBM3") == pytest.approx(1e12 / 989e12)
+    assert mfu(1000, 1e9, "NVIDIA A100-SXM4-40GB", n_devices=8) == pytest.approx(1e12 / (8 * 312e12))
+    assert mfu(1000, 1e9, "cpu") is None
+
+
+def test_train_benchmark_writes_its_json(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "train_throughput.py"), "--presets", "tiny",
+                           "--steps", "2", "--warmup", "1", "--batch", "16", "--tickers", "6", "--days", "700",
+                           "--workers", "0", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert {"benchmark", "device", "precision", "results", "versions", "git_commit", "command"} <= set(record)
+    row = record["results"][0]
+    assert row["preset"] == "tiny" and row["batch"] == 16 and row["train_flops_per_sample"] > 0
+    for side in ("ours", "naive"):
+        assert row[side]["samples_per_s"] > 0 and row[side]["step_time_p50_s"] > 0
+        assert row[side]["parameters"] > 0
+    assert row["ours"]["parameters"] == row["naive"]["parameters"]  # the same model size
+    assert row["speedup"] == pytest.approx(row["ours"]["samples_per_s"] / row["naive"]["samples_per_s"])
+    assert set(row["ours"]["time_share"]) == {"data", "forward_backward", "optimizer"}
+    assert sum(row["ours"]["time_share"].values()) == pytest.approx(1.0, abs=1e-3)

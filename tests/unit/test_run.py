@@ -1,0 +1,163 @@
+"""The run boundary (trainers.runtime.run) driven in-process by a toy loop: what every trainer gets
+from it — exact resume of states, RNG and position, one save per step, evaluation skipped after a
+signal, results merged and written before the evaluation, throughput accounting."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from trainers.runtime import rng
+from trainers.runtime.checkpoint import CheckpointManager
+from trainers.runtime.config import option
+from trainers.runtime.options import RunOptions
+from trainers.runtime.run import Run
+from trainers.runtime.rundir import single_process_context
+from trainers.runtime.stops import StopReason
+
+
+@dataclass
+class ToyConfig(RunOptions):
+    run_dir: str = option("runs/toy", "run folder")
+    seed: int = option(0, "seed")
+
+
+def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, evaluate=None, summary=None,
+             draws: list | None = None):
+    """A minimal trainer: a linear model, SGD, a 'position' that counts samples."""
+    ctx = single_process_context()
+    torch.manual_seed(cfg.seed)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Run(cfg, ctx, "toy", {"model": model, "optimizer": opt}, total_steps, unit="samples") as run:
+        start = run.resume()
+        seen = (start.position or {"seen": 0})["seen"]
+        step = start.step
+        if draws is not None:
+            draws.append(("start", torch.rand(1).item(), np.random.rand(), random.random()))
+        while step < total_steps:
+            x = torch.randn(4, 3)
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            step += 1
+            seen += 4
+            if step == signal_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            if run.should_log(step):
+                run.log_train(step, {"loss": float(loss.detach())})
+            if run.should_eval(step, end_of_epoch=step % 3 == 0):
+                with run.timing("evaluation"):
+                    run.evaluated(step, float(loss.detach()))
+            reason = run.step_done(step, {"seen": seen}, items=4)
+            if reason != StopReason.NONE:
+                if draws is not None:
+                    draws.append(("stop", torch.rand(1).item(), np.random.rand(), random.random()))
+                break
+        return run.finish(summary or {"model": {"parameters": 4}}, evaluate=evaluate), model
+
+
+def cfg_for(tmp_path, **kw) -> ToyConfig:
+    return ToyConfig(run_dir=str(tmp_path / "run"), log_every=1, **kw)
+
+
+def test_a_stop_on_a_checkpoint_step_saves_once(tmp_path, monkeypatch):
+    saved = []
+    real = CheckpointManager.save
+    monkeypatch.setattr(CheckpointManager, "save", lambda self, step, *a: (saved.append(step), real(self, step, *a)))
+    toy_loop(cfg_for(tmp_path, ckpt_every=2, patience=0), total_steps=4)
+    assert saved == [2, 3, 4]  # cadence 2 and 4, the evaluation at 3; the stop at 4 is not saved twice
+
+
+def test_resume_restores_states_this_ranks_rng_and_position(tmp_path):
+    cfg = cfg_for(tmp_path, ckpt_every=100, patience=0)
+    draws: list = []
+    results, model = toy_loop(cfg, total_steps=5, draws=draws)
+    assert results["training"]["steps"] == 5
+    # A second start from the step-5 checkpoint: model, position and every RNG continue exactly.
+    draws2: list = []
+    _, model2 = toy_loop(cfg, total_steps=5, draws=draws2)
+    assert draws2[0][1:] == draws[-1][1:]  # torch, numpy, python: the draws right after the save
+    torch.testing.assert_close(model2.weight, model.weight)
+    meta = json.loads((tmp_path / "run" / "checkpoints" / "meta_00000005.json").read_text())
+    state = torch.load(tmp_path / "run" / "checkpoints" / "rank000_00000005.pt", weights_only=True)
+    assert state["position"] == {"seen": 20} and meta["trainer"] == "toy"
+
+
+def test_rng_capture_round_trip_and_checkpoint_safe(tmp_path):
+    rng.seed_everything(5)
+    state = rng.capture(torch.device("cpu"))
+    torch.save(state, tmp_path / "s.pt")
+    before = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    rng.restore(torch.load(tmp_path / "s.pt", weights_only=True), torch.device("cpu"))
+    after = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    torch.testing.assert_close(before[0], after[0])
+    assert np.array_equal(before[1], after[1]) and before[2] == after[2]
+    assert set(state) == {"torch_cpu", "numpy", "python"}  # + torch_cuda on a GPU
+
+
+def test_a_signal_skips_the_evaluation_and_names_the_command(tmp_path):
+    called = []
+    results, _ = toy_loop(cfg_for(tmp_path), total_steps=50, signal_at=4, evaluate=lambda: called.append(1) or {})
+    assert called == [] and results["training"]["stop_reason"] == "signal" and results["training"]["steps"] == 4
+    assert "trainers toy evaluate --run-dir" in results["evaluation"]["skipped"]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored when the run closes
+
+
+def test_results_are_written_before_the_evaluation_and_merged(tmp_path):
+    cfg = cfg_for(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(json.dumps({"export": {"checkpoint_step": 999}, "mine": 1}))
+    seen = {}
+
+    def evaluate():
+        seen.update(json.loads((tmp_path / "run" / "results.json").read_text()))
+        return {"score": 1.0}
+
+    results, _ = toy_loop(cfg, total_steps=6, evaluate=evaluate,
+                          summary={"model": {"parameters": 4}, "training": {"extra": float("nan")}})
+    assert seen["training"]["steps"] == 6 and "pending" in seen["evaluation"]  # a kill here loses no training result
+    on_disk = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert on_disk["evaluation"] == {"score": 1.0} and on_disk["mine"] == 1
+    assert "stale" in on_disk["export"]  # trained further since that export
+    assert on_disk["training"]["extra"] is None  # NaN never reaches the file
+    for key in ("trainer", "config", "model", "training", "evaluation", "run"):
+        assert key in on_disk
+    best = on_disk["training"]["best_val"]
+    assert best["name"] == "val_loss" and best["step"] in (3, 6)
+
+
+def test_garbage_results_file_is_moved_aside_not_fatal(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text("[1, 2")
+    results, _ = toy_loop(cfg_for(tmp_path), total_steps=2)
+    assert results["training"]["steps"] == 2
+    assert list((tmp_path / "run").glob("results.json.unreadable-*"))
+
+
+def test_throughput_windows_count_every_item_and_report_the_breakdown(tmp_path):
+    results, _ = toy_loop(cfg_for(tmp_path), total_steps=9)
+    tp = results["training"]["throughput"]
+    assert tp["items_this_attempt"] == 36 and tp["unit"] == "samples"
+    assert tp["steady_steps"] == 8  # the first window (warm-up, compile) is left out
+    assert tp["per_s_steady"] > 0 and tp["effective_per_s"] > 0
+    assert set(tp["breakdown_s"]) >= {"startup", "first_window", "steady_steps", "evaluation", "checkpoint", "wall"}
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert len(train_rows) == 9 and all(r["samples_per_s"] > 0 and "step_time_s" in r for r in train_rows)
+
+
+@pytest.mark.parametrize("patience,expected", [(1, "early_stop"), (0, "completed")])
+def test_early_stopping_is_an_agreed_stop_with_a_checkpoint(tmp_path, patience, expected):
+    results, _ = toy_loop(cfg_for(tmp_path, patience=patience), total_steps=200)
+    t = results["training"]
+    assert t["stop_reason"] == expected
+    assert (tmp_path / "run" / "checkpoints" / f"meta_{t['steps']:08d}.json").exists()

@@ -1,0 +1,60 @@
+import os
+import signal
+
+import pytest
+
+from trainers.errors import UsageError
+from trainers.runtime.budget import Budget, StopReason
+from trainers.runtime.rundir import single_process_context
+from trainers.runtime.stops import EarlyStopping, StopAgreement
+
+
+@pytest.mark.parametrize("kwargs,match", [({"max_hours": 0}, "--max-hours 0"), ({"max_hours": -1}, "--max-hours -1"),
+                                          ({"budget_usd": 0, "usd_per_gpu_hour": 2}, "--budget-usd 0"),
+                                          ({"budget_usd": 5}, "needs --usd-per-gpu-hour")])
+def test_bad_budgets_are_usage_errors(kwargs, match):
+    with pytest.raises(UsageError, match=match):
+        Budget(**kwargs)
+
+
+def test_time_and_money_budgets():
+    b = Budget(max_hours=1.0)
+    assert b.exceeded(3599) == StopReason.NONE and b.exceeded(3600) == StopReason.TIME_BUDGET
+    m = Budget(budget_usd=10.0, usd_per_gpu_hour=2.5, billed_devices=8)  # $20/hour
+    assert m.cost_usd(1800) == pytest.approx(10.0)
+    assert m.exceeded(1700) == StopReason.NONE and m.exceeded(1800) == StopReason.MONEY_BUDGET
+
+
+def test_budget_counts_time_of_earlier_attempts():
+    s = StopAgreement(single_process_context(), Budget(max_hours=1.0), elapsed_before_s=3600.0)
+    assert s.agree() == StopReason.TIME_BUDGET
+
+
+def test_sigterm_becomes_an_agreed_stop():
+    s = StopAgreement(single_process_context(), Budget())
+    s.install_signal_handlers()
+    try:
+        assert s.agree() == StopReason.NONE
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert s.agree() == StopReason.SIGNAL and s.signal_name == "SIGTERM"
+    finally:
+        s.restore_signal_handlers()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_strongest_reason_wins():
+    s = StopAgreement(single_process_context(), Budget())
+    s.request(StopReason.EARLY_STOP)
+    s.request(StopReason.SIGNAL)
+    s.request(StopReason.EARLY_STOP)
+    assert s.agree() == StopReason.SIGNAL
+
+
+def test_early_stopping_patience():
+    e = EarlyStopping(patience=2, min_delta=0.01)
+    assert e.update(1.0) and not e.should_stop
+    assert not e.update(0.995)  # within min_delta: no improvement
+    assert not e.should_stop
+    assert not e.update(1.2)
+    assert e.should_stop
+    assert EarlyStopping(patience=0, bad_evals=99).should_stop is False

@@ -1,0 +1,1 @@
+"""The S&P 500 return forecaster (seed 000)."""

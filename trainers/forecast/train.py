@@ -1,0 +1,169 @@
+"""Train the S&P 500 return forecaster (seed 000) with DDP: build, resume, a flat loop, finish.
+
+Each optimizer step takes this rank's share of a global batch (every sample once per epoch across
+ranks), gathers the windows by index on the device, and normalises the loss by the global batch
+count so uneven shards still give the exact mean gradient. Stops, checkpoints and results go
+through the run boundary (trainers.runtime.run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainers.forecast.config import PRESETS, ForecastConfig
+from trainers.forecast.data import WindowStore, fix_date_range, load_store
+from trainers.forecast.evaluate import evaluate_splits, log_summary, validation_loss
+from trainers.forecast.model import Forecaster, count_parameters, flops_per_sample
+from trainers.market.windows import FEATURES
+from trainers.runtime import config as cfgmod
+from trainers.runtime.dist import DistContext, all_reduce_sum, distributed
+from trainers.runtime.precision import (
+    autocast,
+    build_adamw,
+    enable_tf32,
+    make_grad_scaler,
+    maybe_compile,
+    precision_for,
+)
+from trainers.runtime.run import Run
+from trainers.runtime.sampling import EpochCursor
+from trainers.runtime.schedule import build_scheduler
+from trainers.runtime.stops import StopReason
+
+
+def build_model(cfg: ForecastConfig, store: WindowStore | None = None) -> Forecaster:
+    shape = PRESETS[cfg.preset]
+    model = Forecaster(shape.d_model, shape.n_layers, shape.n_heads, shape.d_ff, n_features=len(FEATURES),
+                       window=cfg.window, dropout=cfg.dropout)
+    if store is not None:
+        model.target_mean.fill_(store.target_mean)
+        model.target_std.fill_(store.target_std)
+    return model
+
+
+def forward_backward(train_model: torch.nn.Module, store: WindowStore, ids: torch.Tensor, device: torch.device,
+                     precision, scaler, loss_scale: float) -> torch.Tensor:
+    """One micro-batch: gather windows by index, forward under autocast, backward of the scaled
+    sum of squared errors (standardised target). Returns the unscaled SSE, detached."""
+    x, y = store.gather(ids)
+    y = (y - store.target_mean) / store.target_std
+    with autocast(device, precision):
+        pred = train_model(x)
+    sse = ((pred.float() - y) ** 2).sum()
+    scaler.scale(sse * loss_scale).backward()
+    return sse.detach()
+
+
+def optimizer_step(model: torch.nn.Module, optimizer, scaler, grad_clip: float) -> None:
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def train(cfg: ForecastConfig) -> dict | None:
+    started_at = time.time()
+    cfg.validate()
+    with distributed(cfg.device, cfg.collective_timeout_s) as ctx:
+        return _train(cfg, ctx, started_at)
+
+
+def _train(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | None:
+    # Everything that can reject the input happens before the first write into the run folder.
+    run_dir = Path(cfg.run_dir)
+    fix_date_range(cfg, cfgmod.saved_config(run_dir))
+    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    store, data_info = load_store(cfg, log=print if ctx.is_main else (lambda _msg: None))
+    train_ids = store.sample_ids["train"]
+    cursor = EpochCursor(len(train_ids), ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed)
+    total_steps = cfg.epochs * cursor.steps_per_epoch
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+
+    precision = precision_for(ctx.device, cfg.precision)
+    tf32 = enable_tf32(ctx.device)
+    torch.manual_seed(cfg.seed)  # identical init on every rank (DDP also broadcasts rank 0's weights)
+    model = build_model(cfg, store).to(ctx.device)
+    store.to(ctx.device)
+    optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.95), ctx.device)
+    scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
+    scaler = make_grad_scaler(ctx.device, precision)
+    shape = PRESETS[cfg.preset]
+    flops = flops_per_sample(cfg.window, len(FEATURES), shape.d_model, shape.n_layers, shape.d_ff)
+
+    with Run(cfg, ctx, "forecast", {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler},
+             total_steps, unit="samples", metric_name="loss", eval_every=cfg.eval_every, flops_per_item=flops,
+             started_at=started_at) as run:
+        log = run.log
+        log.info("forecast: %s preset, %s parameters, %d rank(s) on %s, precision %s%s", cfg.preset,
+                 f"{count_parameters(model):,}", ctx.world_size, ctx.device.type, precision.name, ", TF32" if tf32 else "")
+        log.info("data: %s; %d tickers x %d dates; samples train/val/test %s; embargo %d dates",
+                 data_info["source"], data_info["n_tickers"], data_info["n_dates"],
+                 "/".join(str(store.stats[s]) for s in ("train", "val", "test")), store.plan.embargo)
+        log.info("schedule: %d steps per epoch, %d steps total, global batch %d", cursor.steps_per_epoch, total_steps,
+                 cfg.batch_size * cfg.grad_accum * ctx.world_size)
+
+        start = run.resume()
+        cursor = EpochCursor(len(train_ids), ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed,
+                             **EpochCursor.start(start.position, start.position_rank0))
+        if not start.resumed:
+            run.evaluated(0, validation_loss(model, store, ctx, cfg.eval_batch_size, precision), initial=True)
+        train_model = maybe_compile(model, cfg.compile)
+        if ctx.distributed:
+            train_model = DDP(train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+        step = start.step
+        window_sse = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        window_count = 0
+        model.train()
+        while step < total_steps:
+            positions, global_count = cursor.batch()
+            positions = positions.to(ctx.device)
+            micro = [part for part in torch.tensor_split(positions, cfg.grad_accum) if len(part)]
+            for i, part in enumerate(micro):
+                sync_now = i == len(micro) - 1 or not ctx.distributed
+                with contextlib.nullcontext() if sync_now else train_model.no_sync():
+                    # Mean over the global batch: DDP averages over ranks, so scale by world/global.
+                    window_sse += forward_backward(train_model, store, train_ids[part], ctx.device, precision,
+                                                   scaler, ctx.world_size / global_count)
+            optimizer_step(model, optimizer, scaler, cfg.grad_clip)
+            scheduler.step()
+            step += 1
+            window_count += len(positions)
+            end_of_epoch = cursor.advance()
+
+            if run.should_log(step):
+                sse, count = all_reduce_sum(ctx, [float(window_sse), float(window_count)])
+                run.log_train(step, {"loss": sse / count, "lr": scheduler.get_last_lr()[0], "epoch": cursor.epoch})
+                window_sse.zero_()
+                window_count = 0
+            if run.should_eval(step, end_of_epoch):
+                with run.timing("evaluation"):
+                    run.evaluated(step, validation_loss(model, store, ctx, cfg.eval_batch_size, precision))
+            if run.step_done(step, cursor.position(), global_count) != StopReason.NONE:
+                break
+
+        def evaluate() -> dict | None:
+            best = run.restore_best()
+            evaluation = evaluate_splits(model, store, ctx, cfg.eval_batch_size, precision)
+            if ctx.is_main:
+                evaluation["checkpoint_step"] = best
+                log_summary(log, evaluation)
+            return evaluation
+
+        summary = {"data": data_info,
+                   "model": {"preset": cfg.preset, "parameters": count_parameters(model), "shape": shape.__dict__,
+                             "flops_per_sample_train": flops},
+                   "preprocessing": store.preprocessing(),
+                   "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
+                                "precision": precision.name, "tf32": tf32, "compiled": cfg.compile,
+                                "global_batch": cfg.batch_size * cfg.grad_accum * ctx.world_size}}
+        return run.finish(summary, evaluate=evaluate)
+

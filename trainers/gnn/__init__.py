@@ -1,0 +1,1 @@
+"""The graph-coloring GNN (seed 002)."""

@@ -1,0 +1,77 @@
+"""`trainers gnn data|train|export|color`. Light: the heavy modules load when a verb runs, and
+`color` needs only NumPy and onnxruntime (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from trainers.gnn.config import GnnConfig
+from trainers.runtime import config as cfgmod
+
+CONFIG = GnnConfig
+HELP = "the graph-coloring GNN (seed 002): Potts loss, repair, ONNX; colors DIMACS graphs"
+
+
+def _data(args) -> int:
+    from trainers.gnn.graphs import write_dataset
+
+    meta = write_dataset(args.out, args.train, args.val, args.seed, args.min_nodes, args.max_nodes, args.workers,
+                         progress=not args.no_progress)
+    print(json.dumps({s: {k: v for k, v in m.items() if k in ("graphs", "nodes", "edges")}
+                      for s, m in meta["splits"].items()}))
+    return 0
+
+
+def _train(args) -> int:
+    from trainers.gnn.train import train
+
+    train(cfgmod.from_args(GnnConfig, args))
+    return 0
+
+
+def _export(args) -> int:
+    from trainers.gnn.export import export_run
+
+    info = export_run(args.run_dir, args.checkpoint, args.tolerance)
+    print(f"exported {args.run_dir}/model.onnx; onnxruntime vs PyTorch max abs error {info['max_abs_error']:.2e} "
+          f"on graphs of {', '.join(info['checked'])}")
+    return 0
+
+
+def _color(args) -> int:
+    from trainers.gnn.color import color_file
+
+    print(json.dumps(color_file(args.model, args.graph, args.output, args.seed)))
+    return 0
+
+
+def add_verbs(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("data", help="generate the graph dataset (train/val)")
+    p.add_argument("--out", default="data/graphs", help="dataset folder (default: data/graphs)")
+    p.add_argument("--train", type=int, default=2000, help="training graphs (default: 2000)")
+    p.add_argument("--val", type=int, default=200, help="validation graphs (default: 200)")
+    p.add_argument("--min-nodes", type=int, default=20, help="smallest graph (default: 20)")
+    p.add_argument("--max-nodes", type=int, default=300, help="largest graph (default: 300)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="generator processes")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_data)
+
+    p = sub.add_parser("train", help="train; under torchrun for several workers; resumes when --run-dir holds a run")
+    cfgmod.add_dataclass_args(p, GnnConfig)
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("export", help="export ONNX, checked by onnxruntime on graphs of other sizes")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--checkpoint", default="best", help="best, latest or a step number (default: best)")
+    p.add_argument("--tolerance", type=float, default=1e-4)
+    p.set_defaults(func=_export)
+
+    p = sub.add_parser("color", help="color a graph file (DIMACS .col or edge list) with an exported model + repair")
+    p.add_argument("--model", required=True, help="model.onnx from `trainers gnn export` (export.json beside it)")
+    p.add_argument("--graph", required=True, help="DIMACS .col (1-based) or edge list 'u v' (0-based)")
+    p.add_argument("--output", default=None, help="write 'node color' lines here")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random node features")
+    p.set_defaults(func=_color)

@@ -1,0 +1,290 @@
+"""Graphs for the coloring trainer: generators, DIMACS files, an on-disk dataset, greedy bounds.
+
+Graphs are undirected, without self-loops, stored as edge lists `edges` [E, 2] with u < v (never
+dense n x n matrices). Families: Erdős–Rényi, random geometric, planted k-colorable (chi <= k),
+Barabási–Albert, n-queens and Mycielski graphs (chromatic numbers known).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trainers.errors import UsageError
+
+
+@dataclass
+class Graph:
+    name: str
+    n: int
+    edges: np.ndarray  # [E, 2] int64, u < v, unique
+    chromatic: int | None = None  # known (or best known) chromatic number
+    upper_k: int | None = None  # planted graphs: chi <= upper_k
+    hidden: np.ndarray | None = None  # planted graphs: the coloring the edges were drawn around
+
+    @property
+    def n_edges(self) -> int:
+        return int(len(self.edges))
+
+
+def _canonical(n: int, edges: np.ndarray) -> np.ndarray:
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    edges = np.sort(edges, axis=1)
+    if len(edges):
+        edges = np.unique(edges, axis=0)
+    if len(edges) and (edges.min() < 0 or edges.max() >= n):
+        raise ValueError("edge endpoint out of range")
+    return edges
+
+
+def erdos_renyi(n: int, p: float, rng: np.random.Generator, name: str = "") -> Graph:
+    iu = np.triu_indices(n, 1)
+    keep = rng.random(len(iu[0])) < p
+    return Graph(name or f"er_{n}_{p}", n, _canonical(n, np.stack([iu[0][keep], iu[1][keep]], 1)))
+
+
+def random_geometric(n: int, radius: float, rng: np.random.Generator, name: str = "") -> Graph:
+    pts = rng.random((n, 2))
+    iu = np.triu_indices(n, 1)
+    d2 = ((pts[iu[0]] - pts[iu[1]]) ** 2).sum(1)
+    keep = d2 <= radius * radius
+    return Graph(name or f"rgg_{n}_{radius}", n, _canonical(n, np.stack([iu[0][keep], iu[1][keep]], 1)))
+
+
+def planted(n: int, k: int, p: float, rng: np.random.Generator, name: str = "") -> Graph:
+    """Edges only between nodes of different hidden colors, so chi <= k."""
+    color = rng.integers(0, k, n)
+    iu = np.triu_indices(n, 1)
+    keep = (color[iu[0]] != color[iu[1]]) & (rng.random(len(iu[0])) < p)
+    return Graph(name or f"planted_{n}_k{k}", n, _canonical(n, np.stack([iu[0][keep], iu[1][keep]], 1)), upper_k=k,
+                 hidden=color)
+
+
+def barabasi_albert(n: int, m: int, rng: np.random.Generator, name: str = "") -> Graph:
+    edges, targets, repeated = [], list(range(m)), []
+    for v in range(m, n):
+        for t in set(targets):
+            edges.append((t, v))
+        repeated.extend(targets)
+        repeated.extend([v] * m)
+        targets = list(rng.choice(repeated, size=m, replace=True))
+    return Graph(name or f"ba_{n}_{m}", n, _canonical(n, np.array(edges)))
+
+
+QUEEN_CHI = {5: 5, 6: 7, 7: 7, 8: 9, 9: 10}
+
+
+def queen(k: int) -> Graph:
+    """The k x k queen graph: squares attack along rows, columns and diagonals."""
+    r, c = np.divmod(np.arange(k * k), k)
+    iu = np.triu_indices(k * k, 1)
+    a, b = iu
+    attack = (r[a] == r[b]) | (c[a] == c[b]) | (np.abs(r[a] - r[b]) == np.abs(c[a] - c[b]))
+    return Graph(f"queen{k}_{k}", k * k, _canonical(k * k, np.stack([a[attack], b[attack]], 1)), QUEEN_CHI.get(k))
+
+
+def mycielski(k: int) -> Graph:
+    """DIMACS mycielK: the Mycielskian applied to K2 (k-1) times; chi = k + 1 (myciel3 = Grötzsch)."""
+    n, edges = 2, [(0, 1)]
+    for _ in range(k - 1):
+        new = [(u, v) for u, v in edges]
+        new += [(u, v + n) for u, v in edges] + [(v, u + n) for u, v in edges]
+        new += [(i + n, 2 * n) for i in range(n)]
+        n, edges = 2 * n + 1, new
+    return Graph(f"myciel{k}", n, _canonical(n, np.array(edges)), k + 1)
+
+
+def benchmark_set(seed: int = 1234) -> list[Graph]:
+    """Fixed graphs with known (or planted upper-bound) chromatic numbers."""
+    rng = np.random.default_rng(seed)
+    graphs = [queen(k) for k in (5, 6, 7, 8)] + [mycielski(k) for k in (4, 5, 6)]
+    graphs += [planted(100, 3, 0.1, rng, "planted_100_k3"), planted(200, 5, 0.15, rng, "planted_200_k5"),
+               planted(400, 4, 0.05, rng, "planted_400_k4")]
+    return graphs
+
+
+# ---- greedy coloring (the bound on colors offered, and the repair) -------------------------------
+
+def adjacency(n: int, edges: np.ndarray) -> list[np.ndarray]:
+    both = np.concatenate([edges, edges[:, ::-1]]) if len(edges) else np.zeros((0, 2), np.int64)
+    order = np.argsort(both[:, 0], kind="stable")
+    both = both[order]
+    splits = np.searchsorted(both[:, 0], np.arange(n + 1))
+    return [both[splits[i]:splits[i + 1], 1] for i in range(n)]
+
+
+def greedy_coloring(n: int, edges: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """Largest-degree-first greedy: the smallest color no colored neighbour has."""
+    adj = adjacency(n, edges)
+    if order is None:
+        order = np.argsort([-len(a) for a in adj], kind="stable")
+    color = np.full(n, -1, dtype=np.int64)
+    for v in order:
+        used = set(color[adj[v]].tolist())
+        c = 0
+        while c in used:
+            c += 1
+        color[v] = c
+    return color
+
+
+def conflicts(edges: np.ndarray, color: np.ndarray) -> int:
+    return int((color[edges[:, 0]] == color[edges[:, 1]]).sum()) if len(edges) else 0
+
+
+# ---- DIMACS .col and edge lists -----------------------------------------------------------------------
+
+def read_graph(path: str | Path) -> Graph:
+    """DIMACS `.col` (`p edge N E`, `e u v`, 1-based) or a plain edge list (`u v` per line, 0-based)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"graph file {path}: no such file")
+    lines = p.read_text().splitlines()
+    is_dimacs = p.suffix == ".col" or any(line.startswith("p ") for line in lines)
+    return _read_dimacs(p, lines) if is_dimacs else _read_edge_list(p, lines)
+
+
+def _read_dimacs(p: Path, lines: list[str]) -> Graph:
+    n, declared, edges = None, None, []
+    for i, line in enumerate(lines, 1):
+        parts = line.split()
+        if not parts or parts[0] == "c":
+            continue
+        if parts[0] == "p":
+            if len(parts) != 4 or parts[1] not in ("edge", "col") or not parts[2].isdigit() or not parts[3].isdigit():
+                raise UsageError(f"{p}:{i}: bad problem line {line!r}; expected 'p edge NODES EDGES'")
+            n, declared = int(parts[2]), int(parts[3])
+        elif parts[0] == "e":
+            if n is None:
+                raise UsageError(f"{p}:{i}: edge before the 'p edge NODES EDGES' line")
+            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+                raise UsageError(f"{p}:{i}: bad edge line {line!r}; expected 'e U V' with 1-based node numbers")
+            u, v = int(parts[1]), int(parts[2])
+            if not (1 <= u <= n and 1 <= v <= n):
+                raise UsageError(f"{p}:{i}: node {max(u, v) if max(u, v) > n else min(u, v)} outside 1..{n}")
+            edges.append((u - 1, v - 1))
+        else:
+            raise UsageError(f"{p}:{i}: unknown line type {parts[0]!r}; DIMACS lines start with c, p or e")
+    if n is None:
+        raise UsageError(f"{p}: no 'p edge NODES EDGES' line; not a DIMACS .col file")
+    g = Graph(p.stem, n, _canonical(n, np.array(edges, dtype=np.int64)))
+    if declared is not None and declared not in (len(edges), g.n_edges, 2 * g.n_edges):
+        raise UsageError(f"{p}: the header declares {declared} edges, the file has {len(edges)}")
+    return g
+
+
+def _read_edge_list(p: Path, lines: list[str]) -> Graph:
+    edges = []
+    for i, line in enumerate(lines, 1):
+        parts = line.split("#", 1)[0].split()
+        if not parts:
+            continue
+        if len(parts) != 2 or not parts[0].isdigit() or not parts[1].isdigit():
+            raise UsageError(f"{p}:{i}: bad edge {line!r}; expected two 0-based node numbers 'U V'")
+        edges.append((int(parts[0]), int(parts[1])))
+    if not edges:
+        raise UsageError(f"{p}: no edges")
+    arr = np.array(edges, dtype=np.int64)
+    n = int(arr.max()) + 1
+    return Graph(p.stem, n, _canonical(n, arr))
+
+
+def write_dimacs(g: Graph, path: str | Path) -> None:
+    lines = [f"c {g.name}", f"p edge {g.n} {g.n_edges}"] + [f"e {u + 1} {v + 1}" for u, v in g.edges]
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+# ---- the on-disk dataset ---------------------------------------------------------------------------------
+
+FAMILIES = ("er", "rgg", "planted", "ba")
+
+
+def random_graph(index: int, seed: int, min_nodes: int, max_nodes: int) -> Graph:
+    """Graph `index` of a dataset: family and size drawn from (seed, index), so generation is
+    deterministic and can run in any order, in parallel."""
+    rng = np.random.default_rng([seed, index])
+    family = FAMILIES[index % len(FAMILIES)]
+    n = int(rng.integers(min_nodes, max_nodes + 1))
+    if family == "er":
+        g = erdos_renyi(n, float(rng.choice([2.0, 4.0, 8.0])) / n, rng)
+    elif family == "rgg":
+        g = random_geometric(n, float(np.sqrt(rng.uniform(4.0, 10.0) / (np.pi * n))), rng)
+    elif family == "planted":
+        k = int(rng.integers(3, 6))
+        g = planted(n, k, float(rng.uniform(3.0, 8.0)) * k / ((k - 1) * n), rng)
+    else:
+        g = barabasi_albert(n, int(rng.integers(2, 5)), rng)
+    g.name = f"{family}_{index}"
+    return g
+
+
+def _generate(args) -> tuple[str, int, np.ndarray, int | None]:
+    index, seed, lo, hi = args
+    g = random_graph(index, seed, lo, hi)
+    return g.name, g.n, g.edges, g.upper_k
+
+
+def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int, max_nodes: int,
+                  workers: int = 1, progress: bool = True) -> dict:
+    """Generate once into `out/{train,val}_{edges,offsets,nodes}.npy` + metadata.json."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm import tqdm
+
+    if min(n_train, n_val) < 1 or not 2 <= min_nodes <= max_nodes:
+        raise UsageError(f"need >= 1 train and val graph and 2 <= --min-nodes <= --max-nodes "
+                         f"(got {n_train}, {n_val}, {min_nodes}, {max_nodes})")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"seed": seed, "min_nodes": min_nodes, "max_nodes": max_nodes, "splits": {}}
+    for split, count, offset in (("train", n_train, 0), ("val", n_val, n_train)):
+        jobs = [(offset + i, seed, min_nodes, max_nodes) for i in range(count)]
+        with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
+            results = list(tqdm(pool.map(_generate, jobs, chunksize=16), total=count, disable=not progress,
+                                desc=f"graphs/{split}"))
+        nodes = np.array([r[1] for r in results], dtype=np.int64)
+        edge_counts = np.array([len(r[2]) for r in results], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(edge_counts)])
+        edges = np.concatenate([r[2] for r in results]) if offsets[-1] else np.zeros((0, 2), np.int64)
+        for name, arr in (("edges", edges.astype(np.int32)), ("offsets", offsets), ("nodes", nodes)):
+            np.save(out / f"{split}_{name}.npy", arr)
+        meta["splits"][split] = {"graphs": count, "nodes": int(nodes.sum()), "edges": int(offsets[-1]),
+                                 "names": [r[0] for r in results], "upper_k": [r[3] for r in results]}
+    (out / "metadata.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+class _Serial:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    @staticmethod
+    def map(fn, items, chunksize=1):
+        return map(fn, items)
+
+
+class GraphSplit:
+    """A split of the dataset, memory-mapped; graph i is (n_i, edges_i)."""
+
+    def __init__(self, root: Path, split: str):
+        root = Path(root)
+        if not (root / "metadata.json").exists():
+            raise UsageError(f"--data-dir {root} holds no graph dataset; generate it with `trainers gnn data`")
+        self.edges = np.load(root / f"{split}_edges.npy", mmap_mode="r")
+        self.offsets = np.load(root / f"{split}_offsets.npy")
+        self.nodes = np.load(root / f"{split}_nodes.npy")
+        self.names = json.loads((root / "metadata.json").read_text())["splits"][split]["names"]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, i: int) -> Graph:
+        return Graph(self.names[i], int(self.nodes[i]),
+                     np.asarray(self.edges[self.offsets[i]:self.offsets[i + 1]], dtype=np.int64))

@@ -1,0 +1,138 @@
+"""Market data sources behind one interface: a `--source` spec in, a validated long table out.
+
+    synthetic      the deterministic synthetic market (labelled synthetic everywhere)
+    yfinance       fetch what the cache lacks from Yahoo via yfinance, then read the cache
+    cache          read the parquet cache only (no network)
+    file:PATH      the user's long-format CSV or parquet (date, ticker, open, high, low, close, volume)
+
+Real-data sources are validated (trainers.market.validate) before they reach training; the report
+and the exact tickers used go into results.json. Nothing falls back to synthetic data silently.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from trainers.errors import UsageError
+from trainers.market.fetch import (
+    FetchSettings,
+    PriceCache,
+    fetch_prices,
+    years_ago,
+    yfinance_downloader,
+)
+from trainers.market.panel import normalise_columns
+from trainers.market.synthetic import synthetic_market
+from trainers.market.validate import validate_long_table
+
+SOURCES = ("synthetic", "yfinance", "cache", "file:PATH")
+
+
+def check_source(source: str) -> None:
+    if source in ("synthetic", "yfinance", "cache"):
+        return
+    if source.startswith("file:") and len(source) > 5:
+        return
+    raise UsageError(f"--source {source!r} is not one of: {', '.join(SOURCES)}")
+
+
+@dataclass
+class DataRequest:
+    source: str = "synthetic"
+    tickers: list[str] | None = None  # None: every ticker the source has (synthetic: generated)
+    cache_dir: str = "cache/sp500"
+    start: str | None = None
+    end: str | None = None
+    years: float = 25.0
+    min_rows: int = 252
+    synthetic_tickers: int = 64
+    synthetic_days: int = 2520
+    synthetic_seed: int = 0
+    synthetic_momentum: float = 0.03
+
+    def date_range(self) -> tuple[str, str]:
+        end = self.end or (dt.date.today() + dt.timedelta(days=1)).isoformat()  # yfinance's end is exclusive
+        start = self.start or years_ago(self.years, dt.date.fromisoformat(end[:10]))
+        if start >= end:
+            raise UsageError(f"--start {start} must be before --end {end}")
+        return start, end
+
+
+def read_user_file(path: str) -> pd.DataFrame:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--source file:{path}: no such file")
+    suffix = "".join(p.suffixes[-2:]).lower()
+    try:
+        if suffix.endswith(".parquet") or suffix.endswith(".pq"):
+            frame = pd.read_parquet(p)
+        elif suffix.endswith(".csv") or suffix.endswith(".csv.gz"):
+            frame = pd.read_csv(p)
+        else:
+            raise UsageError(f"--source file:{path}: unknown format {p.suffix!r}; use .csv, .csv.gz or .parquet")
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"--source file:{path} could not be read: {str(exc).splitlines()[0]}") from None
+    try:
+        return normalise_columns(frame, f"--source file:{path}")
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"--source file:{path} has unparseable values: {str(exc).splitlines()[0]}") from None
+
+
+def load_source(req: DataRequest, log=print) -> tuple[pd.DataFrame, dict]:
+    """(long table, info). info: source label, synthetic flag, tickers used, validation report."""
+    check_source(req.source)
+    info: dict = {"source": req.source, "synthetic": False}
+    if req.source == "synthetic":
+        frame = synthetic_market(n_tickers=req.synthetic_tickers, n_days=req.synthetic_days, seed=req.synthetic_seed,
+                                 momentum=req.synthetic_momentum)
+        info.update(source=frame.attrs["source"], synthetic=True)
+        if req.tickers is not None:
+            raise UsageError("--tickers/--tickers-file select real symbols; the synthetic market has its own "
+                             "(use --synthetic-tickers N)")
+        return frame, info
+    if req.source.startswith("file:"):
+        frame = read_user_file(req.source[5:])
+        if req.tickers is not None:
+            missing = sorted(set(req.tickers) - set(frame["ticker"]))
+            if missing:
+                log(f"warning: {len(missing)} requested ticker(s) are not in the file: {', '.join(missing[:10])}")
+            frame = frame[frame["ticker"].isin(req.tickers)]
+        if req.start or req.end:
+            start, end = req.date_range()
+            frame = frame[(frame["date"] >= start) & (frame["date"] < end)]
+    else:
+        cache = PriceCache(Path(req.cache_dir))
+        if req.source == "yfinance":
+            if req.tickers is None:
+                raise UsageError("--source yfinance needs tickers (--universe, --tickers or --tickers-file)")
+            start, end = req.date_range()
+            report = fetch_prices(req.tickers, cache, FetchSettings(start=start, end=end, min_rows=req.min_rows),
+                                  yfinance_downloader, log=log)
+            info["fetch"] = {k: getattr(report, k) for k in ("fetched", "cached", "failed", "empty", "excluded", "rows")}
+            info["failed_tickers"] = {t: o.get("reason") for t, o in report.outcomes.items()
+                                      if o.get("status") != "ok"}
+        meta = cache.metadata()
+        if not meta.get("tickers"):
+            raise UsageError(f"--cache-dir {req.cache_dir} holds no cached prices; run `trainers fetch-sp500` "
+                             f"first (or train with --source synthetic or --source file:PATH)")
+        frame = cache.read(req.tickers)
+        info["cache_source"] = meta.get("source", "yfinance")
+        info["synthetic"] = meta.get("source", "").startswith("synthetic")
+        if req.start or req.end:
+            start, end = req.date_range()
+            frame = frame[(frame["date"] >= start) & (frame["date"] < end)]
+    if frame.empty:
+        raise UsageError(f"--source {req.source}: no rows left for the requested tickers and dates")
+    frame, report = validate_long_table(frame, req.min_rows)
+    info["validation"] = report
+    if frame.empty:
+        raise UsageError(f"--source {req.source}: every ticker failed validation "
+                         f"(e.g. {list(report['excluded'].items())[:3]})")
+    info["tickers_used"] = sorted(frame["ticker"].unique().tolist())
+    if req.tickers is not None:
+        info["tickers_missing"] = sorted(set(req.tickers) - set(info["tickers_used"]))
+    return frame, info

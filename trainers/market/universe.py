@@ -1,0 +1,95 @@
+"""The ticker universe: the shipped S&P 500 list, a user's list, or a file of symbols.
+
+Symbols are kept in yfinance spelling (class shares with '-': BRK-B, BF-B). Loading rejects
+duplicates and malformed symbols with a message naming them, instead of downloading a ticker twice
+(which doubled dates in the code this replaces) or asking Yahoo for a name it does not know.
+
+A current-constituents list has survivorship bias: companies that left the index (bankrupt,
+acquired, shrunk) are missing from the past, which flatters any backtest over history.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+
+from trainers.errors import UsageError
+
+UNIVERSE_COLUMNS = ("symbol", "name", "gics_sector", "added", "snapshot_date")
+SYMBOL_RE = re.compile(r"^[A-Z][A-Z0-9]{0,5}(-[A-Z]{1,2})?$")
+UNIVERSES = ("sp500",)
+
+
+def to_yfinance_symbol(symbol: str) -> str:
+    """'BRK.B' / 'brk/b' / ' BRK-B ' -> 'BRK-B'."""
+    return re.sub(r"[./]", "-", str(symbol).strip().upper())
+
+
+def validate_symbols(symbols: list[str], where: str) -> list[str]:
+    bad = [s for s in symbols if not SYMBOL_RE.match(s)]
+    if bad:
+        raise UsageError(f"{where}: malformed symbol(s) {', '.join(map(repr, bad[:10]))}; expected yfinance "
+                         f"spelling like AAPL or BRK-B")
+    seen, dups = set(), []
+    for s in symbols:
+        if s in seen and s not in dups:
+            dups.append(s)
+        seen.add(s)
+    if dups:
+        raise UsageError(f"{where}: duplicate symbol(s) {', '.join(dups[:10])}; each ticker may appear once")
+    if not symbols:
+        raise UsageError(f"{where}: no symbols")
+    return symbols
+
+
+def validate_universe(frame: pd.DataFrame, where: str) -> pd.DataFrame:
+    missing = [c for c in UNIVERSE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise UsageError(f"{where}: missing column(s) {', '.join(missing)}")
+    validate_symbols(frame["symbol"].tolist(), where)
+    return frame
+
+
+def shipped_universe_path(name: str = "sp500") -> Path:
+    return Path(str(resources.files("trainers.market").joinpath(f"{name}.csv")))
+
+
+def load_universe(name: str = "sp500", path: Path | None = None) -> pd.DataFrame:
+    if name not in UNIVERSES:
+        raise UsageError(f"--universe {name!r} is not one of: {', '.join(UNIVERSES)}")
+    path = path or shipped_universe_path(name)
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    return validate_universe(frame, str(path))
+
+
+def parse_tickers(text: str, where: str = "--tickers") -> list[str]:
+    symbols = [to_yfinance_symbol(s) for s in re.split(r"[,\s]+", text) if s.strip()]
+    return validate_symbols(symbols, where)
+
+
+def read_tickers_file(path: str) -> list[str]:
+    """One symbol per line (or comma separated); '#' starts a comment. A CSV with a `symbol` column
+    works too."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--tickers-file {path}: no such file")
+    text = p.read_text()
+    first = text.splitlines()[0].strip().lower() if text.strip() else ""
+    if first.split(",")[0] == "symbol":
+        return validate_symbols([to_yfinance_symbol(s) for s in pd.read_csv(p, dtype=str)["symbol"]], str(p))
+    lines = [line.split("#", 1)[0] for line in text.splitlines()]
+    return parse_tickers(" ".join(lines), f"--tickers-file {path}")
+
+
+def resolve_tickers(tickers: str | None, tickers_file: str | None, universe: str) -> list[str]:
+    """--tickers beats --tickers-file beats --universe."""
+    if tickers and tickers_file:
+        raise UsageError("give --tickers or --tickers-file, not both")
+    if tickers:
+        return parse_tickers(tickers)
+    if tickers_file:
+        return read_tickers_file(tickers_file)
+    return load_universe(universe)["symbol"].tolist()

@@ -1,0 +1,1 @@
+"""The machine and the artefacts: preflight, the all-reduce check, packaging."""

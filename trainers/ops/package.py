@@ -1,0 +1,65 @@
+"""Pack a run into one tarball with a SHA256SUMS file that `sha256sum -c` accepts."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+
+from trainers.errors import UsageError
+from trainers.runtime.checkpoint import CheckpointManager
+from trainers.runtime.files import sha256_file
+from trainers.runtime.rundir import resolve_checkpoint, single_process_context
+
+REQUIRED = ("config.json", "results.json", "model.onnx")
+OPTIONAL = ("model.onnx.data", "export.json", "results.md", "training.log", "metrics.jsonl")
+
+
+def package_files(run_dir: Path) -> list[Path]:
+    """Files of the run that go into the tarball, relative to run_dir."""
+    missing = [name for name in REQUIRED if not (run_dir / name).is_file()]
+    if missing:
+        hint = " (run `trainers <trainer> export --run-dir ...` first)" if "model.onnx" in missing else ""
+        raise UsageError(f"--run-dir {run_dir} lacks {', '.join(missing)}{hint}")
+    ckpt = CheckpointManager(run_dir / "checkpoints", single_process_context(), 1, logging.getLogger("package"))
+    step = resolve_checkpoint(ckpt, "best")
+    files = [Path(n) for n in REQUIRED + OPTIONAL if (run_dir / n).is_file()]
+    files += [ckpt.model_path(step).relative_to(run_dir), ckpt.meta_path(step).relative_to(run_dir)]
+    tb = run_dir / "tensorboard"
+    if tb.is_dir():
+        files += sorted(p.relative_to(run_dir) for p in tb.rglob("*") if p.is_file())
+    return files
+
+
+def package_run(run_dir: Path, output: Path | None = None) -> dict:
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is not a folder")
+    output = Path(output) if output else run_dir.parent / f"{run_dir.name}.tar.gz"
+    if output.resolve().is_relative_to(run_dir):
+        raise UsageError(f"--output {output} is inside the run folder; put the tarball beside it")
+    files = package_files(run_dir)
+    sums = "".join(f"{sha256_file(run_dir / f)}  {f.as_posix()}\n" for f in files)
+    root = run_dir.name
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    os.close(fd)
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for f in files:
+                tar.add(run_dir / f, arcname=f"{root}/{f.as_posix()}", recursive=False)
+            sums_path = Path(tempfile.mkdtemp()) / "SHA256SUMS"
+            sums_path.write_text(sums)
+            tar.add(sums_path, arcname=f"{root}/SHA256SUMS")
+            sums_path.unlink()
+            sums_path.parent.rmdir()
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    digest = sha256_file(output)
+    Path(f"{output}.sha256").write_text(f"{digest}  {output.name}\n")
+    return {"path": str(output), "bytes": output.stat().st_size, "sha256": digest, "files": len(files) + 1,
+            "root": root}

@@ -1,0 +1,354 @@
+"""The run boundary: what every training loop calls at its edges. It owns no loop.
+
+    with Run(cfg, ctx, "forecast", states={"model": model, "optimizer": opt, ...},
+             total_steps=n, unit="samples") as run:
+        start = run.resume()                 # every state, this rank's RNG and its data position
+        step = start.step
+        while True:
+            ... one optimizer step ...
+            step += 1
+            if run.should_log(step):
+                run.log_train(step, {"loss": ...})
+            if run.should_eval(step, end_of_epoch):
+                with run.timing("evaluation"):
+                    run.evaluated(step, validation_loss(...))
+            if run.step_done(step, position, items) != StopReason.NONE:
+                break
+        return run.finish(summary, evaluate=...)
+
+What it guarantees, for every trainer alike:
+- resume restores every object in `states` (anything with state_dict/load_state_dict), the run's
+  own counters (elapsed time, early stopping, best), and *this rank's* RNG streams and data position;
+- `step_done` checkpoints at the step cadence (and after each evaluation, with the metric), agrees
+  on a stop with every rank (signal, budget, early stop, the last step) and saves exactly once on a
+  stop, so the newest checkpoint is always the last step trained;
+- `finish` writes the training section of results.json first (so a kill during evaluation loses
+  nothing), skips evaluation after a signal (torchrun's SIGKILL comes 30 s after SIGTERM) and says
+  how to run it later, then merges the evaluation in; signal handlers stay installed until then;
+- throughput is measured over windows between log points, after the first window (compile and
+  warm-up), synchronised with the device at window edges, with evaluation and checkpoint time
+  taken out; the job's effective throughput and the time breakdown are reported beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+
+from trainers.runtime import config as cfgmod
+from trainers.runtime import rng
+from trainers.runtime.checkpoint import CheckpointManager
+from trainers.runtime.dist import DistContext, barrier
+from trainers.runtime.faults import maybe_inject
+from trainers.runtime.flops import peak_tflops
+from trainers.runtime.info import device_name, peak_memory_bytes, run_facts
+from trainers.runtime.logs import progress
+from trainers.runtime.results import merge_results, read_results, run_record
+from trainers.runtime.rundir import open_run_dir
+from trainers.runtime.stops import EarlyStopping, StopAgreement, StopReason
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> Any: ...
+
+
+@dataclass
+class Start:
+    """Where a loop continues: the last finished step and this rank's data position."""
+
+    step: int = 0
+    position: dict | None = None  # this rank's own position; None on a fresh start or a new world size
+    position_rank0: dict | None = None  # rank 0's position (what a changed world size can fall back to)
+    resumed: bool = False
+
+
+@dataclass
+class _Clock:
+    """Step time in windows between log points (device-synchronised at the edges)."""
+
+    window_start: float = 0.0
+    window_items: int = 0
+    window_steps: int = 0
+    excluded_in_window: float = 0.0
+    windows_closed: int = 0
+    steady_items: int = 0
+    steady_s: float = 0.0
+    steady_steps: int = 0
+    first_window_s: float | None = None
+    items_this_attempt: int = 0
+    phases: dict = field(default_factory=lambda: {"evaluation": 0.0, "checkpoint": 0.0})
+
+
+class Run:
+    def __init__(self, cfg, ctx: DistContext, trainer: str, states: dict[str, Stateful], total_steps: int | None,
+                 unit: str = "samples", metric_name: str = "loss", eval_every: int = 0,
+                 flops_per_item: float | None = None, started_at: float | None = None):
+        self.cfg = cfg
+        self.ctx = ctx
+        self.trainer = trainer
+        self.states = states
+        self.total_steps = total_steps
+        self.unit = unit
+        self.metric_name = metric_name
+        self.eval_every = eval_every
+        self.flops_per_item = flops_per_item
+        self.run_dir = Path(cfg.run_dir)
+        self.started_at = started_at if started_at is not None else time.time()
+        self.step = 0
+        self.reason = StopReason.NONE
+        self.initial_metric: float | None = None
+        self.last_metric: float | None = None
+        self.best_step: int | None = None
+        self._metric_to_save: tuple[int, float] | None = None
+        self._last_saved_step = -1
+        self._pending_log: tuple[int, dict] | None = None
+        self._clock = _Clock()
+        self._exit = contextlib.ExitStack()
+
+    # ---- lifetime ------------------------------------------------------------------------------
+    def __enter__(self) -> "Run":
+        self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx)
+        self._exit.callback(self.metrics.close)
+        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", self.ctx, self.cfg.keep_last, self.log)
+        self.early = EarlyStopping(self.cfg.patience, getattr(self.cfg, "min_delta", 0.0))
+        self.stopper = StopAgreement(self.ctx, self.cfg.budget(self.ctx.world_size))
+        self.stopper.install_signal_handlers()
+        self._exit.callback(self.stopper.restore_signal_handlers)
+        self.bar = progress(self.total_steps, 0, self.ctx.is_main, self.trainer)
+        self._exit.callback(self.bar.close)
+        self.entered_at = time.time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._exit.close()
+
+    @property
+    def signal_name(self) -> str | None:
+        return self.stopper.signal_name
+
+    # ---- resume --------------------------------------------------------------------------------
+    def resume(self) -> Start:
+        """Collective. Restores the newest verified checkpoint into `states`, the run's counters and
+        this rank's RNG; on a fresh start seeds this rank's own RNG streams instead."""
+        resumed = self.ckpt.resume(self.ctx.device)
+        if resumed is None:
+            rng.seed_everything(rng.rank_seed(self.cfg.seed, self.ctx.rank))
+            start = Start()
+        else:
+            for name, obj in self.states.items():
+                obj.load_state_dict(resumed.shared["states"][name])
+            saved = resumed.shared["run"]
+            self.stopper.elapsed_before_s = saved["elapsed_s"]
+            self.early = EarlyStopping(self.cfg.patience, getattr(self.cfg, "min_delta", 0.0), **saved["early_stopping"])
+            self.initial_metric, self.last_metric = saved["initial_metric"], saved["last_metric"]
+            self.best_step = saved["best_step"]
+            position = None
+            if resumed.rank_state is not None:
+                rng.restore(resumed.rank_state["rng"], self.ctx.device)
+                position = resumed.rank_state["position"]
+            else:
+                rng.seed_everything(rng.rank_seed(self.cfg.seed, self.ctx.rank) + resumed.step)
+            start = Start(resumed.step, position, saved["position_rank0"], True)
+            self._last_saved_step = resumed.step
+            self.log.info("resumed from checkpoint step %d%s", resumed.step,
+                          f" (position {position})" if position else "")
+        self.step = start.step
+        self.bar.reset(total=self.total_steps)
+        self.bar.update(start.step)
+        self._clock.window_start = time.perf_counter()
+        return start
+
+    # ---- cadence -------------------------------------------------------------------------------
+    def should_log(self, step: int) -> bool:
+        return step % self.cfg.log_every == 0 or step == self.total_steps
+
+    def should_eval(self, step: int, end_of_epoch: bool = False) -> bool:
+        due = end_of_epoch if self.eval_every == 0 else step % self.eval_every == 0
+        return due or step == self.total_steps
+
+    @contextlib.contextmanager
+    def timing(self, phase: str):
+        """Time spent here is reported under `phase` and left out of the step throughput."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            dt = time.perf_counter() - t0
+            self._clock.phases[phase] = self._clock.phases.get(phase, 0.0) + dt
+            self._clock.excluded_in_window += dt
+
+    # ---- per step ------------------------------------------------------------------------------
+    def log_train(self, step: int, values: dict) -> None:
+        """Record this step's training metrics; written by `step_done` with the window's throughput."""
+        self._pending_log = (step, dict(values))
+        loss = next((v for k, v in values.items() if "loss" in k or "fraction" in k), None)
+        if isinstance(loss, float):
+            self.bar.set_postfix({self.metric_name: f"{loss:.4f}"})
+
+    def evaluated(self, step: int, metric: float, initial: bool = False) -> bool:
+        """A validation result (lower is better, the same on every rank). `initial` marks the
+        untrained model's value, the point "it learns" is measured from. Returns True when best."""
+        if initial:
+            self.initial_metric = metric
+            self.metrics.log(step, "val", {self.metric_name: metric, "initial": True})
+            self.log.info("step %d: val %s %.5f (untrained)", step, self.metric_name, metric)
+            return False
+        improved = self.early.update(metric)
+        self.last_metric = metric
+        if improved:
+            self.best_step = step
+        self.metrics.log(step, "val", {self.metric_name: metric, "best": self.early.best, "improved": improved})
+        self.log.info("step %d: val %s %.5f%s", step, self.metric_name, metric,
+                      " (best)" if improved else f" ({self.early.bad_evals} without improvement)")
+        if self.early.should_stop:
+            self.stopper.request(StopReason.EARLY_STOP)
+        self._metric_to_save = (step, metric)
+        return improved
+
+    def step_done(self, step: int, position: dict, items: int = 0) -> StopReason:
+        """Collective, once per optimizer step: throughput window, checkpoint cadence, the agreed stop
+        (saving exactly once on a stop). `position` is this rank's data position after `step`;
+        `items` the samples (tokens, graphs...) all ranks trained on in it."""
+        self.step = step
+        clock = self._clock
+        clock.window_items += items
+        clock.window_steps += 1
+        clock.items_this_attempt += items
+        self.bar.update(1)
+        maybe_inject(self.ctx.rank, step, self.ctx.restart_count)
+        if self._pending_log is not None:
+            self._close_window(step)
+        if self._metric_to_save is not None and self._metric_to_save[0] == step:
+            self._save(step, position, self._metric_to_save[1])
+        elif step % self.cfg.ckpt_every == 0:
+            self._save(step, position, None)
+        reason = self.stopper.agree()
+        if reason == StopReason.NONE and self.total_steps is not None and step >= self.total_steps:
+            reason = StopReason.COMPLETED
+        if reason != StopReason.NONE and self._last_saved_step != step:
+            self._save(step, position, None)
+        self.reason = reason
+        return reason
+
+    def _close_window(self, step: int) -> None:
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)  # the window's kernels are done: honest time
+        clock = self._clock
+        now = time.perf_counter()
+        seconds = max(now - clock.window_start - clock.excluded_in_window, 1e-9)
+        if clock.windows_closed == 0:
+            clock.first_window_s = seconds  # compile and warm-up: not steady state
+        else:
+            clock.steady_items += clock.window_items
+            clock.steady_s += seconds
+            clock.steady_steps += clock.window_steps
+        clock.windows_closed += 1
+        logged_step, values = self._pending_log
+        values.update({f"{self.unit}_per_s": clock.window_items / seconds,
+                       "step_time_s": seconds / max(clock.window_steps, 1),
+                       "peak_memory_bytes": peak_memory_bytes(self.ctx.device)})
+        self.metrics.log(logged_step, "train", values)
+        self._pending_log = None
+        clock.window_start, clock.window_items, clock.window_steps, clock.excluded_in_window = now, 0, 0, 0.0
+
+    def _save(self, step: int, position: dict, metric: float | None) -> None:
+        t0 = time.perf_counter()
+        shared = {"states": {name: obj.state_dict() for name, obj in self.states.items()},
+                  "run": {"step": step, "elapsed_s": self.stopper.elapsed_s(), "early_stopping": self.early.state_dict(),
+                          "initial_metric": self.initial_metric, "last_metric": self.last_metric,
+                          "best_step": self.best_step, "position_rank0": position}}
+        rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
+        self.ckpt.save(step, shared, rank_state, {"metric": metric, "metric_name": self.metric_name,
+                                                  "trainer": self.trainer, "config": cfgmod.to_dict(self.cfg)})
+        self._last_saved_step = step
+        dt = time.perf_counter() - t0
+        self._clock.phases["checkpoint"] += dt
+        self._clock.excluded_in_window += dt
+
+    # ---- the end -------------------------------------------------------------------------------
+    def restore_best(self, names: tuple[str, ...] = ("model",)) -> int | None:
+        """Load the best checkpoint (lowest validation metric; else the newest) into those states,
+        after checking its SHA-256. Returns its step (None when there is no checkpoint)."""
+        steps = self.ckpt.complete_steps()
+        if not steps:
+            return None
+        best = self.ckpt.best_step()
+        step = steps[0] if best is None else best
+        saved = self.ckpt.load_verified(step, self.ctx.device)["states"]
+        for name in names:
+            self.states[name].load_state_dict(saved[name])
+        return step
+
+    def throughput(self) -> dict:
+        clock = self._clock
+        wall = max(time.time() - self.started_at, 1e-9)
+        steady = clock.steady_items / clock.steady_s if clock.steady_s > 0 else None
+        if steady is None and clock.first_window_s:  # too short for a steady window: say so
+            steady_note = "only the warm-up window was measured"
+        else:
+            steady_note = None
+        accounted = (clock.first_window_s or 0.0) + clock.steady_s + sum(clock.phases.values())
+        return {"unit": self.unit, "per_s_steady": steady,
+                "per_s_per_device": steady / self.ctx.world_size if steady else None,
+                "effective_per_s": clock.items_this_attempt / wall, "items_this_attempt": clock.items_this_attempt,
+                "steady_steps": clock.steady_steps, "note": steady_note,
+                "breakdown_s": {"startup": self.entered_at - self.started_at, "first_window": clock.first_window_s,
+                                "steady_steps": clock.steady_s, **clock.phases,
+                                "other": max(wall - accounted - (self.entered_at - self.started_at), 0.0),
+                                "wall": wall}}
+
+    def mfu(self, per_s: float | None) -> float | None:
+        peak = peak_tflops(device_name(self.ctx.device)) if self.ctx.device.type == "cuda" else None
+        if per_s is None or peak is None or not self.flops_per_item:
+            return None
+        return per_s * self.flops_per_item / (peak * 1e12 * self.ctx.world_size)
+
+    def finish(self, summary: dict, evaluate: Callable[[], dict | None] | None = None) -> dict | None:
+        """Collective. Write results.json (merged): the training section first, then the evaluation
+        (skipped after a signal, with the command that runs it later)."""
+        if self.reason == StopReason.NONE:
+            self.reason = StopReason.COMPLETED  # resumed at or past the last step
+        self.log.info("training stopped: %s at step %d%s", self.reason.name.lower(), self.step,
+                      f" ({self.signal_name})" if self.signal_name else "")
+        summary = dict(summary)
+        elapsed = self.stopper.elapsed_s()
+        facts = run_facts(self.ctx, elapsed, self.cfg.budget(self.ctx.world_size).cost_usd(elapsed))
+        throughput = self.throughput()
+        training = {"stop_reason": self.reason.name.lower(), "signal": self.signal_name, "steps": self.step,
+                    "total_steps": self.total_steps,
+                    "best_val": {"name": f"val_{self.metric_name}", "value": self.early.best, "step": self.best_step},
+                    "initial_val": self.initial_metric, "last_val": self.last_metric,
+                    "throughput": throughput, "mfu": self.mfu(throughput["per_s_steady"]),
+                    "wall_time_s_this_attempt": time.time() - self.started_at, **facts,
+                    **summary.pop("training", {})}
+        if self.reason == StopReason.SIGNAL:
+            evaluation = {"skipped": f"stopped by {self.signal_name}; run `trainers {self.trainer} evaluate "
+                                     f"--run-dir {self.run_dir}` for the metrics"}
+        else:
+            evaluation = {"pending": "the final evaluation was running when results were last written"}
+        results = {"trainer": self.trainer, "config": cfgmod.to_dict(self.cfg), **summary, "training": training,
+                   "evaluation": evaluation, "run": run_record()}
+        merged = None
+        if self.ctx.is_main:
+            previous = read_results(self.run_dir, self.log.warning)
+            export = previous.get("export")
+            if export and export.get("checkpoint_step") != self.ckpt.best_step():
+                results["export"] = dict(export, stale=f"trained further since; run `trainers {self.trainer} "
+                                                       f"export --run-dir {self.run_dir}` again")
+            merged = merge_results(self.run_dir, results, self.log.warning)
+        if self.reason != StopReason.SIGNAL and evaluate is not None:
+            with self.timing("evaluation"):
+                evaluation = evaluate()
+            if self.ctx.is_main:
+                merged = merge_results(self.run_dir, {"evaluation": evaluation}, self.log.warning)
+        if self.ctx.is_main:
+            self.log.info("results: %s", self.run_dir / "results.json")
+        barrier(self.ctx)
+        return merged

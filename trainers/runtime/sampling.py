@@ -1,0 +1,100 @@
+"""Per-epoch shuffling and sharding where every sample is seen exactly once per epoch, and the
+cursor a training loop walks it with.
+
+torch's DistributedSampler pads the last shard by repeating samples; here nothing repeats and
+nothing is dropped. Every rank draws the same permutation (seeded by seed and epoch), takes
+every world_size-th element from its rank, and cuts its share into the same number of steps
+as every other rank (shares differ by at most one sample, so step sizes differ by at most one).
+Because the plan is a pure function of (n, world, seed, epoch), each rank also knows how many
+samples all ranks hold in each step: the loss is normalised by that global count, which makes
+the gradient exactly the mean over the global batch even when shards are uneven.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from trainers.errors import UsageError
+
+
+def _split_sizes(length: int, parts: int) -> list[int]:
+    base, extra = divmod(length, parts)
+    return [base + 1 if i < extra else base for i in range(parts)]
+
+
+class EpochPlan:
+    def __init__(self, n_samples: int, world_size: int, rank: int, batch_per_rank: int, seed: int, epoch: int):
+        if batch_per_rank < 1:
+            raise UsageError(f"--batch-size {batch_per_rank} must be >= 1")
+        self.n = n_samples
+        self.world = world_size
+        self.rank = rank
+        shares = [len(range(r, n_samples, world_size)) for r in range(world_size)]
+        self.steps = math.ceil(max(shares) / batch_per_rank)
+        if min(shares) < self.steps or self.steps == 0:
+            raise UsageError(f"{n_samples} training samples are too few for {world_size} ranks with batch "
+                             f"{batch_per_rank}; use fewer ranks, a smaller --batch-size or more data")
+        self._sizes = [_split_sizes(s, self.steps) for s in shares]  # [rank][step]
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        self._share = torch.randperm(n_samples, generator=g)[rank::world_size]
+        self._offsets = [0]
+        for size in self._sizes[rank]:
+            self._offsets.append(self._offsets[-1] + size)
+
+    def batch(self, step: int) -> torch.Tensor:
+        """Positions (into the split's sample list) of this rank's samples at `step`."""
+        return self._share[self._offsets[step]: self._offsets[step + 1]]
+
+    def global_count(self, step: int) -> int:
+        return sum(sizes[step] for sizes in self._sizes)
+
+    def consumed_before(self, step: int) -> int:
+        """How many of this rank's own samples precede `step` (its data position)."""
+        return self._offsets[step]
+
+
+class EpochCursor:
+    """Where this rank stands in the epoch-by-epoch walk over a dataset, as a value the loop
+    advances explicitly (no hidden rollover) and the checkpoint saves.
+
+        cursor = EpochCursor(n, world, rank, batch, seed, **start.position)
+        positions, global_count = cursor.batch()
+        cursor.advance()        # to the next step; rolls into the next epoch after the last one
+    """
+
+    def __init__(self, n_samples: int, world_size: int, rank: int, batch_per_rank: int, seed: int,
+                 epoch: int = 0, step_in_epoch: int = 0):
+        self._args = (n_samples, world_size, rank, batch_per_rank, seed)
+        self.epoch = epoch
+        self.step_in_epoch = step_in_epoch
+        self.plan = EpochPlan(*self._args, epoch)
+        self.steps_per_epoch = self.plan.steps
+
+    def batch(self) -> tuple[torch.Tensor, int]:
+        """This rank's sample positions for the current step, and how many all ranks hold."""
+        return self.plan.batch(self.step_in_epoch), self.plan.global_count(self.step_in_epoch)
+
+    def advance(self) -> bool:
+        """Move past the current step; True when that step ended an epoch."""
+        self.step_in_epoch += 1
+        if self.step_in_epoch < self.plan.steps:
+            return False
+        self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        self.plan = EpochPlan(*self._args, self.epoch)
+        return True
+
+    def position(self) -> dict:
+        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
+                "consumed_in_epoch": self.plan.consumed_before(self.step_in_epoch)}
+
+    @staticmethod
+    def start(position: dict | None, position_rank0: dict | None = None) -> dict:
+        """Keyword arguments for a cursor from this rank's saved position (None: the beginning). When
+        the world size changed, ranks' positions cannot be mapped: restart rank 0's epoch instead."""
+        if position:
+            return {"epoch": position["epoch"], "step_in_epoch": position["step_in_epoch"]}
+        if position_rank0:
+            return {"epoch": position_rank0["epoch"], "step_in_epoch": 0}
+        return {}
