@@ -76,3 +76,15 @@ def test_the_old_flat_modules_are_gone():
     for old in ("jobs", "models", "data", "coloring.py", "evaluation.py", "export.py", "onnx_color.py",
                 "nccl_check.py", "runfiles.py", "preflight.py", "package.py"):
         assert not (PACKAGE / old).exists(), old
+
+
+def test_ruff_finds_no_unused_or_undefined_names_and_imports_are_sorted():
+    import shutil
+    import subprocess
+    import sys
+
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    if not Path(ruff).exists():
+        pytest.skip("ruff is in the test extra: pip install -e '.[test]'")
+    proc = subprocess.run([ruff, "check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
