@@ -17,11 +17,12 @@ import sys
 
 from trainers.errors import CheckFailed, UsageError
 from trainers.registry import SHARED_COMMANDS, TRAINERS
+from trainers.runtime.config import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trainers", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineParser(prog="trainers", description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
     listing = []
     for name, package in TRAINERS.items():

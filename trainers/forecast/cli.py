@@ -6,6 +6,7 @@ import argparse
 
 from trainers.forecast.config import ForecastConfig
 from trainers.runtime import config as cfgmod
+from trainers.runtime.config import number
 
 CONFIG = ForecastConfig
 HELP = "the S&P 500 return forecaster (seed 000): a Transformer over windows of daily features"
@@ -51,6 +52,7 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export ONNX and prove onnxruntime matches PyTorch at other batch sizes")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoint", default="best", help="best, latest or a step number (default: best)")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="largest allowed abs difference (default: 1e-4)")
-    p.add_argument("--latency-iters", type=int, default=50, help="timed runs per batch size (default: 50)")
+    p.add_argument("--tolerance", type=number(float, gt=0), default=1e-4,
+                   help="largest allowed abs difference (default: 1e-4)")
+    p.add_argument("--latency-iters", type=number(int, min=1), default=50, help="timed runs per batch size (default: 50)")
     p.set_defaults(func=_export)

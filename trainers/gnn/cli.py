@@ -9,6 +9,7 @@ import os
 
 from trainers.gnn.config import GnnConfig
 from trainers.runtime import config as cfgmod
+from trainers.runtime.config import number
 
 CONFIG = GnnConfig
 HELP = "the graph-coloring GNN (seed 002): Potts loss, repair, ONNX; colors DIMACS graphs"
@@ -50,12 +51,13 @@ def _color(args) -> int:
 def add_verbs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("data", help="generate the graph dataset (train/val)")
     p.add_argument("--out", default="data/graphs", help="dataset folder (default: data/graphs)")
-    p.add_argument("--train", type=int, default=2000, help="training graphs (default: 2000)")
-    p.add_argument("--val", type=int, default=200, help="validation graphs (default: 200)")
-    p.add_argument("--min-nodes", type=int, default=20, help="smallest graph (default: 20)")
-    p.add_argument("--max-nodes", type=int, default=300, help="largest graph (default: 300)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1), help="generator processes")
+    p.add_argument("--train", type=number(int, min=1), default=2000, help="training graphs (default: 2000)")
+    p.add_argument("--val", type=number(int, min=1), default=200, help="validation graphs (default: 200)")
+    p.add_argument("--min-nodes", type=number(int, min=2), default=20, help="smallest graph (default: 20)")
+    p.add_argument("--max-nodes", type=number(int, min=2), default=300, help="largest graph (default: 300)")
+    p.add_argument("--seed", type=number(int, min=0), default=0)
+    p.add_argument("--workers", type=number(int, min=1), default=max(1, (os.cpu_count() or 2) - 1),
+                   help="generator processes")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_data)
 
@@ -66,12 +68,12 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export ONNX, checked by onnxruntime on graphs of other sizes")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoint", default="best", help="best, latest or a step number (default: best)")
-    p.add_argument("--tolerance", type=float, default=1e-4)
+    p.add_argument("--tolerance", type=number(float, gt=0), default=1e-4, help="largest allowed abs difference")
     p.set_defaults(func=_export)
 
     p = sub.add_parser("color", help="color a graph file (DIMACS .col or edge list) with an exported model + repair")
     p.add_argument("--model", required=True, help="model.onnx from `trainers gnn export` (export.json beside it)")
     p.add_argument("--graph", required=True, help="DIMACS .col (1-based) or edge list 'u v' (0-based)")
     p.add_argument("--output", default=None, help="write 'node color' lines here")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random node features")
+    p.add_argument("--seed", type=number(int, min=0), default=0, help="seed of the random node features")
     p.set_defaults(func=_color)

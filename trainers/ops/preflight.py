@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trainers.errors import UsageError
 from trainers.registry import trainer_config
+from trainers.runtime.config import number
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 MIN_SHM_BYTES = 1 << 30  # Docker's 64 MB default breaks NCCL and DataLoader workers
@@ -231,7 +232,7 @@ def _report(checks: list[Check], json_path: str | None) -> int:
 
 
 def add_args(p) -> None:
-    p.add_argument("--expect-gpus", type=int, default=None, help="fail when fewer GPUs are present")
+    p.add_argument("--expect-gpus", type=number(int, min=1), default=None, help="fail when fewer GPUs are present")
     p.add_argument("--out", default=".", help="output folder whose disk is checked (default: .)")
     p.add_argument("--trainer", default="forecast", help="the trainer about to run: its model sizes the disk check")
     p.add_argument("--no-nccl", dest="nccl", action="store_false", help="skip the all-reduce bandwidth test")

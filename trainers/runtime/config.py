@@ -11,17 +11,90 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trainers.errors import UsageError
 
 
-def option(default: Any, help: str, resume_safe: bool = False, choices: tuple | None = None) -> Any:
+def option(default: Any, help: str, resume_safe: bool = False, choices: tuple | None = None, *,
+           min: float | None = None, gt: float | None = None, max: float | None = None,
+           lt: float | None = None) -> Any:
+    """A config field: its flag's help, whether it may change on resume, and the values it accepts.
+    Numbers are checked in one place (`check_values`): floats must be finite, and within
+    [min, max] / (gt, lt) where given."""
+    bounds = {k: v for k, v in (("min", min), ("gt", gt), ("max", max), ("lt", lt)) if v is not None}
     return dataclasses.field(default=default, metadata={"help": help, "resume_safe": resume_safe,
-                                                        "choices": choices})
+                                                        "choices": choices, "bounds": bounds})
+
+
+_BOUND_TEXT = {"min": ">= {}", "gt": "> {}", "max": "<= {}", "lt": "< {}"}
+
+
+def describe_bounds(tp: type, bounds: dict) -> str:
+    kind = "an integer" if tp is int else "a finite number"
+    parts = [_BOUND_TEXT[k].format(v) for k, v in bounds.items()]
+    return kind + (" " + " and ".join(parts) if parts else "")
+
+
+def number_problem(value: Any, tp: type, bounds: dict) -> str | None:
+    """Why `value` is not an acceptable number of type `tp` within `bounds` (None: it is)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "is not a number"
+    if tp is int and not isinstance(value, int):
+        return "is not an integer"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number"
+    tests = {"min": value >= bounds.get("min", value), "gt": "gt" not in bounds or value > bounds["gt"],
+             "max": value <= bounds.get("max", value), "lt": "lt" not in bounds or value < bounds["lt"]}
+    return None if all(tests.values()) else "is out of range"
+
+
+def number(tp: type = float, **bounds) -> Callable[[str], Any]:
+    """An argparse `type=` for plain (non-dataclass) flags: parses, then applies the same rules."""
+    def parse(text: str):
+        try:
+            value = tp(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {describe_bounds(tp, bounds)}") from None
+        if number_problem(value, tp, bounds):
+            raise argparse.ArgumentTypeError(f"{text} is not allowed: need {describe_bounds(tp, bounds)}")
+        return value
+    parse.__name__ = tp.__name__  # argparse names the type in its messages
+    parse.kind, parse.bounds = tp, bounds  # for the tests that walk every numeric flag
+    return parse
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_values(cfg: Any) -> None:
+    """Every field's value against its type, bounds and choices; the first problem as a UsageError
+    naming the flag, the value and what would be accepted (one line)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        tp, optional = _base_type(hints[f.name])
+        if value is None and optional:
+            continue
+        choices = f.metadata.get("choices")
+        if choices and value not in choices:
+            raise UsageError(f"{flag_of(f.name)} {value!r} is not one of: {', '.join(map(str, choices))}")
+        if tp in (int, float):
+            bounds = f.metadata.get("bounds", {})
+            if number_problem(value, tp, bounds):
+                raise UsageError(f"{flag_of(f.name)} {value} is not allowed: need {describe_bounds(tp, bounds)}")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`error: argument --lr: ...`) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
 def _base_type(tp: Any) -> tuple[type, bool]:
@@ -36,23 +109,25 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp, optional = _base_type(hints[f.name])
-        flag = "--" + f.name.replace("_", "-")
         meta = f.metadata
         default_text = "off" if f.default is None else f.default
         choices = f"; one of: {', '.join(meta['choices'])}" if meta.get("choices") else ""
-        help_text = f"{meta.get('help', '')}{choices} (default: {default_text})"
+        bounds = f"; {describe_bounds(tp, meta['bounds'])}" if meta.get("bounds") else ""
+        help_text = f"{meta.get('help', '')}{choices}{bounds} (default: {default_text})"
         if tp is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=help_text)
+            parser.add_argument(flag_of(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=f.default, help=help_text)
         else:
-            # Choices are checked by the config's validate(), which names the bad value in one line.
-            parser.add_argument(flag, dest=f.name, type=tp, default=f.default, help=help_text,
+            # Ranges and choices are checked by check_values, which names the bad value in one line.
+            parser.add_argument(flag_of(f.name), dest=f.name, type=tp, default=f.default, help=help_text,
                                 metavar=tp.__name__.upper())
 
 
 def from_args(cls: type, args: argparse.Namespace):
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
-    return cls(**values)
+    cfg = cls(**values)
+    check_values(cfg)
+    return cfg
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -1,0 +1,94 @@
+"""One rule for every number: every numeric flag of every command refuses NaN, infinities and values
+below its lower bound with one line and exit code 2, before anything is written."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from trainers.cli import build_parser, main
+from trainers.registry import trainer_module
+
+# Numeric options that may be negative on purpose (every other one has a lower bound).
+NEGATIVE_ALLOWED = {"--synthetic-momentum"}
+
+
+def numeric_flags() -> list[tuple[list[str], str, type, dict]]:
+    """(command words, flag, int|float, bounds) for every numeric flag of every command."""
+    out = []
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, parser in sub.choices.items():
+        verbs = next((a for a in parser._actions if a.dest == "verb"), None)
+        leaves = [([name, v], p) for v, p in verbs.choices.items()] if verbs else [([name], parser)]
+        for words, leaf in leaves:
+            fields = {}
+            if words[-1] == "train":
+                cls = trainer_module(words[0], "cli").CONFIG
+                fields = {"--" + f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}
+            for action in leaf._actions:
+                if not action.option_strings or action.type is None:
+                    continue
+                flag = action.option_strings[0]
+                if hasattr(action.type, "bounds"):
+                    out.append((words, flag, action.type.kind, action.type.bounds))
+                elif action.type in (int, float) and flag in fields:
+                    out.append((words, flag, action.type, fields[flag].metadata.get("bounds", {})))
+                elif action.type in (int, float):
+                    raise AssertionError(f"{' '.join(words)} {flag} is a number without bounds: use runtime.config.number")
+    return out
+
+
+def required_args(words: list[str], tmp_path) -> list[str]:
+    leaf = build_parser()
+    for w in words:
+        leaf = next(a for a in leaf._actions if a.dest in ("command", "verb")).choices[w]
+    return [x for a in leaf._actions if a.required and a.option_strings
+            for x in (a.option_strings[0], str(tmp_path / "nonexistent"))]
+
+
+def run(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+FLAGS = numeric_flags()
+
+
+def test_every_numeric_flag_is_covered():
+    flags = {(" ".join(w), f) for w, f, _, _ in FLAGS}
+    assert ("forecast train", "--lr") in flags and ("gnn data", "--max-nodes") in flags
+    assert ("forecast export", "--tolerance") in flags and ("fetch-sp500", "--years") in flags
+    unbounded = {f for _, f, _, b in FLAGS if not {"min", "gt"} & set(b)}
+    assert unbounded == NEGATIVE_ALLOWED
+
+
+@pytest.mark.parametrize("words,flag,kind,bounds", FLAGS, ids=[f"{' '.join(w)} {f}" for w, f, _, _ in FLAGS])
+def test_nan_inf_and_out_of_range_are_one_line_exit_2_and_write_nothing(words, flag, kind, bounds, tmp_path, capsys,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bad = ["nan", "inf", "-inf"]
+    low = bounds.get("min", bounds.get("gt"))
+    if low is not None:
+        bad.append(str(low - 1 if kind is int else (low - 1.5 if low >= 1 else -1.0)))
+    if kind is int:
+        bad.append("2.5")
+    for value in bad:
+        argv = [*words, *required_args(words, tmp_path), f"{flag}={value}"]  # = : argparse reads "-inf" as a flag
+        assert run(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and flag in err[0] and value in err[0], (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_messages_say_what_would_be_accepted(capsys):
+    assert run(["forecast", "train", "--lr", "nan"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --lr nan is not allowed: need a finite number > 0"
+    assert run(["gnn", "train", "--dropout", "1.0"]) == 2
+    assert "need a finite number >= 0 and < 1" in capsys.readouterr().err
+    assert run(["forecast", "export", "--run-dir", "x", "--tolerance", "nan"]) == 2
+    assert "--tolerance: nan is not allowed: need a finite number > 0" in capsys.readouterr().err
+    assert math.isnan(float("nan"))  # (the values above are parsed by Python, which accepts 'nan')
