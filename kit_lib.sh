@@ -243,6 +243,12 @@ phase_train() {
   [[ -z "$USD_PER_GPU_HOUR" ]] || args+=(--usd-per-gpu-hour "$USD_PER_GPU_HOUR")
   [[ -z "$MAX_HOURS" ]] || args+=(--max-hours "$MAX_HOURS")
   [[ -z "$BUDGET_USD" ]] || args+=(--budget-usd "$BUDGET_USD")
+  if on_node0 && [[ "$DRY_RUN" -eq 0 ]]; then
+    # Every check training makes before its first write (options, data, the run folder's config and
+    # lock), in one process: a usage error stops here instead of being retried --max-restarts times.
+    TRAINERS_CHECK_ONLY=1 "$PY" -m trainers "$TRAINER" train "${args[@]}" "${TRAIN_ARGS[@]}" "${EXTRA[@]}" \
+      || die "training would refuse to start (above); nothing was launched"
+  fi
   run "$PY" -m torch.distributed.run "${launch[@]}" -m trainers "$TRAINER" train "${args[@]}" "${TRAIN_ARGS[@]}" \
     "${EXTRA[@]}"
 }

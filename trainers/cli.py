@@ -15,7 +15,7 @@ import argparse
 import importlib
 import sys
 
-from trainers.errors import CheckFailed, UsageError
+from trainers.errors import CheckFailed, CheckPassed, UsageError
 from trainers.registry import SHARED_COMMANDS, TRAINERS
 from trainers.runtime.config import OneLineParser
 
@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, CheckFailed) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except CheckPassed as exc:
+        print(f"check passed: {exc}", file=sys.stderr)
+        return 0
 
 
 if __name__ == "__main__":

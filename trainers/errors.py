@@ -15,3 +15,9 @@ class CheckFailed(Exception):
     """A check the kit runs on its own output failed (e.g. ONNX differs from PyTorch). One line, exit 1."""
 
     exit_code = 1
+
+
+class CheckPassed(Exception):
+    """`TRAINERS_CHECK_ONLY=1`: everything a run checks before its first write passed; nothing written."""
+
+    exit_code = 0

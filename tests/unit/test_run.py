@@ -5,68 +5,16 @@ signal, results merged and written before the evaluation, throughput accounting.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import torch
 
+from toy_trainer import cfg_for, toy_loop
 from trainers.runtime import rng
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.config import option
-from trainers.runtime.options import RunOptions
-from trainers.runtime.run import Run
-from trainers.runtime.rundir import single_process_context
-from trainers.runtime.stops import StopReason
-
-
-@dataclass
-class ToyConfig(RunOptions):
-    run_dir: str = option("runs/toy", "run folder")
-    seed: int = option(0, "seed")
-
-
-def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, evaluate=None, summary=None,
-             draws: list | None = None):
-    """A minimal trainer: a linear model, SGD, a 'position' that counts samples."""
-    ctx = single_process_context()
-    torch.manual_seed(cfg.seed)
-    model = torch.nn.Linear(3, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Run(cfg, ctx, "toy", {"model": model, "optimizer": opt}, total_steps, unit="samples") as run:
-        start = run.resume()
-        seen = (start.position or {"seen": 0})["seen"]
-        step = start.step
-        if draws is not None:
-            draws.append(("start", torch.rand(1).item(), np.random.rand(), random.random()))
-        while step < total_steps:
-            x = torch.randn(4, 3)
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            step += 1
-            seen += 4
-            if step == signal_at:
-                os.kill(os.getpid(), signal.SIGTERM)
-            if run.should_log(step):
-                run.log_train(step, {"loss": float(loss.detach())})
-            if run.should_eval(step, end_of_epoch=step % 3 == 0):
-                with run.timing("evaluation"):
-                    run.evaluated(step, float(loss.detach()))
-            reason = run.step_done(step, {"seen": seen}, items=4)
-            if reason != StopReason.NONE:
-                if draws is not None:
-                    draws.append(("stop", torch.rand(1).item(), np.random.rand(), random.random()))
-                break
-        return run.finish(summary or {"model": {"parameters": 4}}, evaluate=evaluate), model
-
-
-def cfg_for(tmp_path, **kw) -> ToyConfig:
-    return ToyConfig(run_dir=str(tmp_path / "run"), log_every=1, **kw)
 
 
 def test_a_stop_on_a_checkpoint_step_saves_once(tmp_path, monkeypatch):

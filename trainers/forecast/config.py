@@ -30,7 +30,8 @@ PRESETS: dict[str, ForecasterShape] = {
 
 @dataclass
 class ForecastConfig(RunOptions):
-    run_dir: str = option("runs/forecast", "run folder: checkpoints, logs, results (resumed if it holds a run)")
+    run_dir: str = option("runs/forecast", "run folder: checkpoints, logs, results (resumed if it holds a run)",
+                          resume_safe=True)  # where the folder is now: it may have been moved
     # data
     source: str = option("synthetic", "market data: synthetic, yfinance (fetch missing into the cache), cache, "
                          "or file:PATH (long-format CSV/parquet)")

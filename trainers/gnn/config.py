@@ -12,7 +12,7 @@ N_DEGREE_FEATURES = 2  # log degree and relative degree (trainers.gnn.features)
 
 @dataclass
 class GnnConfig(RunOptions):
-    run_dir: str = option("runs/gnn", "run folder (resumed if it holds a run)")
+    run_dir: str = option("runs/gnn", "run folder (resumed if it holds a run)", resume_safe=True)
     data_dir: str = option("data/graphs", "graph dataset written by `trainers gnn data`", resume_safe=True)
     hidden: int = option(64, "hidden width", min=1)
     layers: int = option(4, "message-passing layers", min=1)

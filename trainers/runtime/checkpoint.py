@@ -11,7 +11,13 @@ Layout of one checkpoint at optimizer step N (in `<run>/checkpoints/`):
 Every file is written to a temporary name, fsynced and renamed, so a kill at any moment leaves
 either the old file or the new one. Resume picks the newest checkpoint whose checksums verify on
 every rank, and falls back to older ones (with a warning) when the newest is corrupt.
-For multi-node runs the run folder must be on a filesystem every node sees.
+
+Every read of a file we wrote can meet garbage: a meta that is not valid JSON, or not an object, is
+taken out of the complete set (renamed `.unusable`, kept for a post-mortem) with a warning, and
+never stops a save, a prune, "best" or an evaluation. Only when *every* checkpoint is unusable does
+a start refuse (one line), instead of silently starting over from step 0: `--restart` moves the
+evidence aside and starts fresh. For multi-node runs the run folder must be on a filesystem every
+node sees.
 """
 
 from __future__ import annotations
@@ -20,22 +26,19 @@ import json
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainers.runtime.dist import (
-    DistContext,
-    all_gather_object,
-    all_reduce_max,
-    barrier,
-    broadcast_object,
-)
+from trainers.errors import UsageError
+from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_max, barrier, broadcast_object
 from trainers.runtime.files import atomic_write, atomic_write_json, sha256_file
 
 _META_RE = re.compile(r"^meta_(\d{8})\.json$")
+_STEP_FILE_RE = re.compile(r"^(model|rank\d{3}|meta)_(\d{8})\.(pt|json)$")
 
 
 def atomic_torch_save(path: Path, obj: Any) -> str:
@@ -72,23 +75,49 @@ class CheckpointManager:
         return self.dir / f"meta_{step:08d}.json"
 
     def complete_steps(self) -> list[int]:
-        """Steps with a meta file (complete checkpoints), newest first."""
+        """Steps with a readable meta file (complete checkpoints), newest first."""
+        return [step for step in self._meta_steps() if self.meta(step) is not None]
+
+    def _meta_steps(self) -> list[int]:
         if not self.dir.is_dir():
             return []
-        steps = [int(m.group(1)) for p in self.dir.iterdir() if (m := _META_RE.match(p.name))]
-        return sorted(steps, reverse=True)
+        return sorted((int(m.group(1)) for p in self.dir.iterdir() if (m := _META_RE.match(p.name))), reverse=True)
 
     def read_meta(self, step: int) -> dict[str, Any]:
-        return json.loads(self.meta_path(step).read_text())
+        """The meta record; raises ValueError when it is not a JSON object with a file list."""
+        record = json.loads(self.meta_path(step).read_text())
+        if not isinstance(record, dict) or not isinstance(record.get("files"), dict):
+            raise ValueError(f"{self.meta_path(step).name} is not a checkpoint record")
+        return record
+
+    def meta(self, step: int) -> dict[str, Any] | None:
+        """The meta record, or None when it is unreadable: then it is quarantined (by rank 0) with a
+        warning, so one bad file never blocks saving, pruning, best or evaluation."""
+        try:
+            return self.read_meta(step)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            if not self.meta_path(step).exists():
+                return None  # pruned meanwhile
+            if self.ctx.is_main:
+                self.log.warning("checkpoint meta %s is unreadable (%s); set aside as .unusable",
+                                 self.meta_path(step).name, exc)
+                self._quarantine(step)
+            return None
 
     def best_step(self) -> int | None:
-        """The complete checkpoint with the lowest recorded metric (None if none has one)."""
+        """The complete checkpoint with the lowest recorded finite metric (None if none has one)."""
         scored = []
         for step in self.complete_steps():
-            metric = self.read_meta(step).get("metric")
-            if metric is not None:
+            metric = (self.meta(step) or {}).get("metric")
+            if isinstance(metric, (int, float)) and metric == metric:
                 scored.append((metric, -step, step))
         return min(scored)[2] if scored else None
+
+    def evidence_of_a_run(self) -> list[str]:
+        """Names of meta files (usable or set aside): a run was here and checkpointed."""
+        if not self.dir.is_dir():
+            return []
+        return sorted(p.name for p in self.dir.iterdir() if p.name.startswith("meta_"))
 
     # ---- save --------------------------------------------------------------------------------
     def save(self, step: int, shared: dict[str, Any], rank_state: dict[str, Any], meta: dict[str, Any]) -> None:
@@ -108,7 +137,8 @@ class CheckpointManager:
             record = dict(meta, step=step, world_size=self.ctx.world_size, files=all_files)
             atomic_write_json(self.meta_path(step), record)
         keep = broadcast_object(self.ctx, self._keep_set() if self.ctx.is_main else None)
-        self._prune(keep)
+        if self.ctx.is_main:
+            self._prune(keep)
         barrier(self.ctx)
 
     def _keep_set(self) -> list[int]:
@@ -120,18 +150,14 @@ class CheckpointManager:
         return sorted(keep)
 
     def _prune(self, keep: list[int]) -> None:
+        """Rank 0, after every rank has written: drop every file of a step not kept, whatever rank
+        (or earlier world size) wrote it; the meta first, so a half-deleted checkpoint never looks
+        complete."""
         keep_set = set(keep)
-        if self.ctx.is_main:
-            for step in self.complete_steps():
-                if step not in keep_set:
-                    # meta first: a half-deleted checkpoint must never look complete
-                    self.meta_path(step).unlink(missing_ok=True)
-                    self.model_path(step).unlink(missing_ok=True)
-        own = re.compile(rf"^rank{self.ctx.rank:03d}_(\d{{8}})\.pt$")
-        for p in self.dir.iterdir():
-            m = own.match(p.name)
-            if m and int(m.group(1)) not in keep_set:
-                p.unlink(missing_ok=True)
+        files = [(p, int(m.group(2)), m.group(1)) for p in self.dir.iterdir() if (m := _STEP_FILE_RE.match(p.name))]
+        for path, step, kind in sorted(files, key=lambda f: f[2] != "meta"):
+            if step not in keep_set:
+                path.unlink(missing_ok=True)
 
     def _quarantine(self, step: int) -> None:
         """Take an unusable checkpoint out of the complete set (its meta renamed, bytes kept for a
@@ -140,16 +166,36 @@ class CheckpointManager:
         if meta.exists():
             os.replace(meta, meta.with_name(meta.name + ".unusable"))
 
+    def set_aside(self) -> Path | None:
+        """`--restart`: move the whole checkpoints folder aside (kept), so a run starts fresh."""
+        if not self.dir.is_dir():
+            return None
+        target = self.dir.with_name(f"{self.dir.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(self.dir, target)
+        return target
+
     def load_verified(self, step: int, map_location) -> dict[str, Any]:
         """The model file of a complete checkpoint, after checking its SHA-256 against the meta."""
-        from trainers.errors import UsageError
-
         name = self.model_path(step).name
-        expected = self.read_meta(step).get("files", {}).get(name)
-        if not self.model_path(step).is_file() or sha256_file(self.model_path(step)) != expected:
+        record = self.meta(step)
+        expected = (record or {}).get("files", {}).get(name)
+        if expected is None or not self.model_path(step).is_file() or sha256_file(self.model_path(step)) != expected:
             raise UsageError(f"checkpoint {self.dir / name} is missing or fails its SHA-256 check; "
                              f"pick another with --checkpoint")
         return torch.load(self.model_path(step), map_location=map_location, weights_only=True)
+
+    def verify(self, step: int) -> str | None:
+        """Every file of a checkpoint against its meta; the first problem, or None when all match."""
+        record = self.meta(step)
+        if record is None:
+            return f"meta_{step:08d}.json is unreadable"
+        for name, expected in record["files"].items():
+            path = self.dir / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if sha256_file(path) != expected:
+                return f"{name} fails its SHA-256 check"
+        return None
 
     # ---- resume ------------------------------------------------------------------------------
     def _verify_local(self, step: int, meta: dict[str, Any]) -> str | None:
@@ -169,13 +215,15 @@ class CheckpointManager:
         return None
 
     def resume(self, map_location: torch.device) -> Resumed | None:
-        """Collective: the newest checkpoint that verifies on every rank, loaded; None if none."""
-        candidates = broadcast_object(self.ctx, self.complete_steps() if self.ctx.is_main else None)
+        """Collective: the newest checkpoint that verifies on every rank, loaded; None when the
+        folder holds no checkpoint. Raises UsageError (on every rank) when it holds checkpoints and
+        none of them is usable: starting over from step 0 must be asked for (`--restart`)."""
+        candidates = broadcast_object(self.ctx, self._meta_steps() if self.ctx.is_main else None)
         for step in candidates:
             try:
                 meta = self.read_meta(step)
                 problem = self._verify_local(step, meta)
-            except (OSError, ValueError) as exc:  # unreadable or half-written meta
+            except (OSError, ValueError, UnicodeDecodeError) as exc:  # unreadable or half-written meta
                 meta, problem = {}, f"meta unreadable: {exc}"
             bad_anywhere = all_reduce_max(self.ctx, [1.0 if problem else 0.0])[0] > 0
             if bad_anywhere:
@@ -184,6 +232,7 @@ class CheckpointManager:
                                      step, self.ctx.rank, problem)
                 elif self.ctx.is_main:
                     self.log.warning("checkpoint step %d is unusable on another rank; trying an older one", step)
+                barrier(self.ctx)  # every rank has read it before rank 0 sets it aside
                 if self.ctx.is_main:
                     self._quarantine(step)
                 continue
@@ -196,4 +245,9 @@ class CheckpointManager:
                                  "positions cannot be mapped, the interrupted epoch restarts",
                                  step, meta.get("world_size"), self.ctx.world_size)
             return Resumed(step, shared, rank_state, meta)
+        evidence = broadcast_object(self.ctx, self.evidence_of_a_run() if self.ctx.is_main else None)
+        if evidence:
+            raise UsageError(f"every checkpoint in {self.dir} is unusable ({', '.join(evidence[:4])}"
+                             f"{' ...' if len(evidence) > 4 else ''}); nothing was changed. To start this run over "
+                             f"from step 0 add --restart (the checkpoints are moved aside, not deleted)")
         return None

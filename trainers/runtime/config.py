@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import types
 import typing
 from pathlib import Path
@@ -152,13 +153,31 @@ def saved_config(run_dir: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise UsageError(f"{path} is not valid JSON ({exc}); move the folder away or pick another --run-dir")
+        saved = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc}); move the folder away or pick another --run-dir") from None
+    if not isinstance(saved, dict):
+        raise UsageError(f"{path} holds a {type(saved).__name__}, not a config; move the folder away or pick "
+                         f"another --run-dir")
+    return saved
+
+
+def check_folder_writable(folder: Path, flag: str = "--run-dir") -> None:
+    """A folder we are about to create or write: not a file, and creatable/writable by us."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {folder} is a file, not a folder; pick a folder path")
+    probe = folder if folder.exists() else next((p for p in folder.parents if p.exists()), None)
+    if probe is None or not probe.is_dir():
+        raise UsageError(f"{flag} {folder} cannot be created: {probe} is not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {folder} cannot be written: no permission on {probe}; pick a folder you own")
 
 
 def check_run_dir_compatible(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
-    """Refuse to reuse a run folder that holds a run of a different config. Returns the saved config."""
+    """Refuse a run folder we cannot write, or one that holds a run of a different config. Returns
+    the saved config."""
+    check_folder_writable(run_dir)
     saved = saved_config(run_dir)
     if saved is None:
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -76,6 +77,23 @@ def _fresh_store_after_restart(rank: int, world_size: int, timeout: datetime.tim
     return {"store": dist.PrefixStore(f"trainers/attempt{attempt}/", base), "rank": rank, "world_size": world_size}
 
 
+def end_with_parent() -> bool:
+    """A torchrun worker gets SIGTERM when its agent dies (Linux PR_SET_PDEATHSIG), so a `kill -9`
+    of the agent cannot leave orphaned workers writing the run folder: they checkpoint and exit
+    through the usual signal path. True when set up."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, int(signal.SIGTERM), 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+        return False
+    if os.getppid() == 1:  # the agent died before we got here: we are already an orphan
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
 @contextlib.contextmanager
 def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[DistContext]:
     """Init the process group from torchrun's environment; always tear it down.
@@ -84,6 +102,7 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
     job (and torchrun can restart it) instead of leaving the GPUs idle forever.
     Without torchrun's variables this runs as a single process with no process group.
     """
+    end_with_parent()
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)

@@ -64,3 +64,16 @@ def finite_json(value: Any) -> Any:
 def atomic_write_json(path: Path, obj: Any) -> None:
     clean = finite_json(obj)
     atomic_write(path, lambda f: json.dump(clean, f, indent=2, sort_keys=True, allow_nan=False), mode="w")
+
+
+def remove_stale_temp_files(folder: Path) -> list[Path]:
+    """Temp files our atomic writes leave when killed mid-write (`.<name>.<random>.tmp`), in `folder`
+    and its checkpoints. Call only while holding the folder's lock (a live writer's temp file is
+    never touched)."""
+    removed = []
+    for where in (Path(folder), Path(folder) / "checkpoints"):
+        if where.is_dir():
+            for p in where.glob(".*.tmp"):
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed

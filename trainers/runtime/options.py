@@ -26,6 +26,8 @@ class RunOptions:
     budget_usd: float | None = option(None, "money budget in USD (needs --usd-per-gpu-hour)", resume_safe=True, gt=0)
     usd_per_gpu_hour: float | None = option(None, "price of one GPU (or CPU worker) hour, for cost", resume_safe=True,
                                             min=0)
+    restart: bool = option(False, "start this run folder over from step 0: its checkpoints are moved aside (kept), "
+                           "not resumed", resume_safe=True)
 
     def validate_run_options(self) -> None:
         """Every field's type, range and choices (one rule for every trainer), then the budget."""

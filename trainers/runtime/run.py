@@ -33,6 +33,9 @@ What it guarantees, for every trainer alike:
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,17 +43,23 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from trainers.errors import CheckPassed, UsageError
 from trainers.runtime import config as cfgmod
 from trainers.runtime import rng
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.dist import DistContext, barrier
+from trainers.runtime.dist import DistContext, barrier, broadcast_object
 from trainers.runtime.faults import maybe_inject
+from trainers.runtime.files import atomic_write_json, remove_stale_temp_files
 from trainers.runtime.flops import peak_tflops
 from trainers.runtime.info import device_name, peak_memory_bytes, run_facts
+from trainers.runtime.lock import FolderLock, describe_holder, held_by_other
 from trainers.runtime.logs import progress
 from trainers.runtime.results import merge_results, read_results, run_record
 from trainers.runtime.rundir import open_run_dir
 from trainers.runtime.stops import EarlyStopping, StopAgreement, StopReason
+
+HEARTBEAT = "heartbeat.json"
+HEARTBEAT_S = 30.0
 
 
 class Stateful(Protocol):
@@ -110,10 +119,12 @@ class Run:
         self._last_saved_step = -1
         self._pending_log: tuple[int, dict] | None = None
         self._clock = _Clock()
+        self._last_beat = 0.0
         self._exit = contextlib.ExitStack()
 
     # ---- lifetime ------------------------------------------------------------------------------
     def __enter__(self) -> "Run":
+        self._take_lock()
         self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx)
         self._exit.callback(self.metrics.close)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", self.ctx, self.cfg.keep_last, self.log)
@@ -129,6 +140,34 @@ class Run:
     def __exit__(self, *exc) -> None:
         self._exit.close()
 
+    def _take_lock(self) -> None:
+        """Collective: rank 0 locks the run folder for the job's life (one job per folder); every rank
+        gets the same one-line refusal when another job holds it. Leftover temp files of a killed
+        writer are removed once the lock is ours. `TRAINERS_CHECK_ONLY=1` stops here: every check a
+        run makes before its first write has passed (the deploy kit runs this before torchrun, so a
+        usage error is not retried --max-restarts times)."""
+        check_only = os.environ.get("TRAINERS_CHECK_ONLY") == "1"
+        problem = None
+        if self.ctx.is_main:
+            try:
+                if check_only:
+                    holder = held_by_other(self.run_dir)
+                    if holder:
+                        raise UsageError(f"--run-dir {self.run_dir} is in use by {describe_holder(holder)}")
+                else:
+                    lock = FolderLock(self.run_dir, hint=" (`bash deploy_8gpu.sh stop`)")
+                    lock.acquire(warn=lambda msg: print(f"warning: {msg}", file=sys.stderr))
+                    self._exit.callback(lock.release)
+                    remove_stale_temp_files(self.run_dir)
+            except UsageError as exc:
+                problem = str(exc)
+        problem = broadcast_object(self.ctx, problem)
+        if problem:
+            self._exit.close()
+            raise UsageError(problem)
+        if check_only:
+            raise CheckPassed(f"{self.trainer}: every check before training passed for {self.run_dir}")
+
     @property
     def signal_name(self) -> str | None:
         return self.stopper.signal_name
@@ -137,6 +176,12 @@ class Run:
     def resume(self) -> Start:
         """Collective. Restores the newest verified checkpoint into `states`, the run's counters and
         this rank's RNG; on a fresh start seeds this rank's own RNG streams instead."""
+        if self.cfg.restart:
+            aside = self.ckpt.set_aside() if self.ctx.is_main else None
+            barrier(self.ctx)
+            if aside is not None:
+                self.log.warning("--restart: starting over from step 0; the old checkpoints are in %s", aside)
+                (self.run_dir / HEARTBEAT).unlink(missing_ok=True)
         resumed = self.ckpt.resume(self.ctx.device)
         if resumed is None:
             rng.seed_everything(rng.rank_seed(self.cfg.seed, self.ctx.rank))
@@ -145,7 +190,7 @@ class Run:
             for name, obj in self.states.items():
                 obj.load_state_dict(resumed.shared["states"][name])
             saved = resumed.shared["run"]
-            self.stopper.elapsed_before_s = saved["elapsed_s"]
+            self.stopper.elapsed_before_s = self._elapsed_including_lost_time(saved["elapsed_s"])
             self.early = EarlyStopping(self.cfg.patience, getattr(self.cfg, "min_delta", 0.0), **saved["early_stopping"])
             self.initial_metric, self.last_metric = saved["initial_metric"], saved["last_metric"]
             self.best_step = saved["best_step"]
@@ -164,6 +209,30 @@ class Run:
         self.bar.update(start.step)
         self._clock.window_start = time.perf_counter()
         return start
+
+    def _elapsed_including_lost_time(self, checkpoint_elapsed: float) -> float:
+        """The budget counts time an earlier attempt spent after its last checkpoint (it crashed or
+        was killed): its heartbeat says how long it ran. Collective (rank 0 reads, all agree)."""
+        beat = None
+        if self.ctx.is_main:
+            try:
+                beat = json.loads((self.run_dir / HEARTBEAT).read_text()).get("elapsed_s")
+            except (OSError, ValueError, AttributeError):
+                beat = None
+        beat = broadcast_object(self.ctx, beat)
+        if isinstance(beat, (int, float)) and beat > checkpoint_elapsed:
+            self.log.info("counting %.0f s an earlier attempt spent after its last checkpoint", beat - checkpoint_elapsed)
+            return float(beat)
+        return checkpoint_elapsed
+
+    def _heartbeat(self, step: int, force: bool = False) -> None:
+        """Rank 0 records the elapsed time every HEARTBEAT_S seconds (what a crash would otherwise lose)."""
+        now = time.monotonic()
+        if not self.ctx.is_main or (not force and now - self._last_beat < HEARTBEAT_S):
+            return
+        self._last_beat = now
+        atomic_write_json(self.run_dir / HEARTBEAT, {"elapsed_s": self.stopper.elapsed_s(), "step": step,
+                                                     "time": time.time(), "pid": os.getpid()})
 
     # ---- cadence -------------------------------------------------------------------------------
     def should_log(self, step: int) -> bool:
@@ -229,6 +298,7 @@ class Run:
             self._save(step, position, self._metric_to_save[1])
         elif step % self.cfg.ckpt_every == 0:
             self._save(step, position, None)
+        self._heartbeat(step)
         reason = self.stopper.agree()
         if reason == StopReason.NONE and self.total_steps is not None and step >= self.total_steps:
             reason = StopReason.COMPLETED
@@ -268,6 +338,7 @@ class Run:
         self.ckpt.save(step, shared, rank_state, {"metric": metric, "metric_name": self.metric_name,
                                                   "trainer": self.trainer, "config": cfgmod.to_dict(self.cfg)})
         self._last_saved_step = step
+        self._heartbeat(step, force=True)
         dt = time.perf_counter() - t0
         self._clock.phases["checkpoint"] += dt
         self._clock.excluded_in_window += dt

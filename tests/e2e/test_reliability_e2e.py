@@ -1,0 +1,86 @@
+"""One job per run folder, across processes: a second writer is refused in one line; workers end
+when their torchrun agent is killed, so no orphan keeps writing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_DATA, read_results, run_cli, torchrun_cmd, wait_for
+from trainers.runtime.lock import held_by_other
+
+pytestmark = pytest.mark.slow
+
+LONG = ["forecast", "train", *TINY_DATA, "--epochs", "500", "--batch-size", "64", "--patience", "0",
+        "--ckpt-every", "3"]
+
+
+def env() -> dict:
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    e.pop("TRAINERS_FAULT", None)
+    return e
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_second_training_on_a_busy_folder_is_refused_and_the_first_is_unharmed(tmp_path):
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "trainers", *LONG, "--run-dir", str(run_dir)],
+                             stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        wait_for(lambda: list((run_dir / "checkpoints").glob("meta_*.json")), 120, first)
+        second = run_cli([*LONG, "--run-dir", str(run_dir)])
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 2 and len(lines) == 1, second.stderr
+        assert f"is in use by pid {first.pid}" in lines[0]
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0, first.stderr.read()[-2000:]
+    finally:
+        first.kill()
+    assert read_results(run_dir)["training"]["stop_reason"] == "signal"
+    assert "checksum mismatch" not in (run_dir / "training.log").read_text()
+
+
+def test_killing_the_torchrun_agent_ends_its_workers_with_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    agent = subprocess.Popen(torchrun_cmd([*LONG, "--run-dir", str(run_dir)]), stderr=subprocess.PIPE, text=True,
+                             env=env(), start_new_session=True)
+    try:
+        wait_for(lambda: list((run_dir / "checkpoints").glob("meta_*.json")), 120, agent)
+        workers = children(agent.pid)
+        assert len(workers) == 2
+        os.kill(agent.pid, signal.SIGKILL)  # what `kill -9` of the launcher does
+        agent.wait()
+        deadline = time.monotonic() + 30
+        while any(alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(w) for w in workers), "orphaned workers kept running"
+    finally:
+        os.killpg(agent.pid, signal.SIGKILL) if agent.poll() is None else None
+    assert held_by_other(run_dir) is None  # nobody writes the folder any more: a relaunch may take it
+    proc = run_cli([*LONG, "--run-dir", str(run_dir), "--max-hours", "1e-9"], check=True)
+    assert "resumed from checkpoint" in (run_dir / "training.log").read_text(), proc.stderr[-2000:]
