@@ -38,6 +38,7 @@ parse_flags "$@"
 check_common_flags
 trainer_defaults
 set_paths
+[[ "$DRY_RUN" -eq 1 ]] || lock_job
 start_log
 
 echo "deploy_8gpu.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) ($(uname -sm)); repo $REPO @ $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"

@@ -127,6 +127,22 @@ set_paths() {  # the output folder and everything in it that belongs to this tra
   TARBALL="$OUT/$TRAINER.tar.gz"
 }
 
+# ---- one deploy per trainer and output folder ----------------------------------------------------
+lock_job() {  # held for the whole deploy (and by the processes it starts): a second one is refused
+  JOB_LOCK="$OUT/.deploy-$TRAINER.lock"
+  if ! command -v flock >/dev/null 2>&1; then
+    echo "warning: flock (util-linux) not found: a second deploy into $OUT is refused only when it reaches training" >&2
+    return 0
+  fi
+  exec 9<>"$JOB_LOCK"
+  if ! flock -n 9; then
+    local holder
+    holder=$(cat "$JOB_LOCK" 2>/dev/null || true)
+    die "a deploy of $TRAINER into $OUT is already running (${holder:-pid unknown}); follow it with \`bash deploy_8gpu.sh status --trainer $TRAINER --out $OUT\` or stop it with \`... stop\`"
+  fi
+  printf 'pid %s on %s since %s\n' "$$" "$(hostname)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$JOB_LOCK"
+}
+
 # ---- logging and phases --------------------------------------------------------------------------
 start_log() {  # everything to the terminal and $LOG; stderr stays stderr
   exec > >(tee -a "$LOG") 2> >(tee -a "$LOG" >&2)

@@ -24,13 +24,14 @@ class ToyConfig(RunOptions):
 
 
 def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, evaluate=None, summary=None,
-             draws: list | None = None):
+             draws: list | None = None, data_fingerprint: str | None = None):
     """A minimal trainer: a linear model, SGD, a 'position' that counts samples."""
     ctx = single_process_context()
     torch.manual_seed(cfg.seed)
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Run(cfg, ctx, "toy", {"model": model, "optimizer": opt}, total_steps, unit="samples") as run:
+    with Run(cfg, ctx, "toy", {"model": model, "optimizer": opt}, total_steps, unit="samples",
+             data_fingerprint=data_fingerprint) as run:
         start = run.resume()
         seen = (start.position or {"seen": 0})["seen"]
         step = start.step

@@ -12,12 +12,24 @@ Under torchrun: `torchrun ... -m trainers forecast train ...`.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
 from trainers.errors import CheckFailed, CheckPassed, UsageError
 from trainers.registry import SHARED_COMMANDS, TRAINERS
 from trainers.runtime.config import OneLineParser
+
+FILESYSTEM_ERRORS = {
+    errno.ENOSPC: "free space on that volume or point the run at a bigger one; earlier files are intact",
+    errno.EDQUOT: "raise the quota or use another volume; earlier files are intact",
+    errno.EACCES: "fix its permissions or pick a path you own",
+    errno.EPERM: "fix its permissions or pick a path you own",
+    errno.EROFS: "that volume is read-only: pick a writable path",
+    errno.ENOTDIR: "a part of that path is a file, not a folder",
+    errno.EISDIR: "that path is a folder where a file is needed",
+    errno.ENOENT: "that path does not exist (moved or deleted while running?)",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     except CheckPassed as exc:
         print(f"check passed: {exc}", file=sys.stderr)
         return 0
+    except OSError as exc:
+        if exc.errno not in FILESYSTEM_ERRORS:
+            raise
+        # A place the user pointed us at: one line naming it and the fix (what was written stays).
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"error: cannot use{where}: {exc.strerror}; {FILESYSTEM_ERRORS[exc.errno]}", file=sys.stderr)
+        return UsageError.exit_code
 
 
 if __name__ == "__main__":

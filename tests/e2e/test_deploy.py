@@ -228,3 +228,29 @@ def test_help_lists_the_common_and_the_trainers_own_flags(tmp_path):
     assert proc.returncode == 0 and "--max-hours H" in proc.stdout and "--max-nodes N" in proc.stdout
     proc, _ = deploy(tmp_path, "--help")
     assert "--preset NAME" in proc.stdout and "--trainer NAME" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_second_deploy_into_a_busy_output_folder_is_refused(tmp_path):
+    import signal
+    import time
+
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TRAINERS_FAULT"))}
+    e.update(PATH=bin_dir(tmp_path, True), FAKE_GPUS="0", TRAINERS_PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    out = tmp_path / "out"
+    first = subprocess.Popen(["bash", str(ROOT / "deploy_8gpu.sh"), "--demo", "--out", str(out), "--", *TINY_DATA,
+                              "--epochs", "500"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=e,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (out / "forecast" / "checkpoints").is_dir():
+            assert first.poll() is None, (out / "deploy-forecast.log").read_text()[-3000:]
+            time.sleep(0.2)
+        second = subprocess.run(["bash", str(ROOT / "deploy_8gpu.sh"), "--demo", "--out", str(out)],
+                                capture_output=True, text=True, env=e, timeout=60)
+        assert second.returncode == 2
+        assert "a deploy of forecast into" in second.stderr and "already running (pid" in second.stderr
+        assert "deploy_8gpu.sh status" in second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.wait(timeout=60)

@@ -77,6 +77,30 @@ def test_export_and_package_give_a_tarball_sha256sum_accepts(reference_run, tmp_
     assert out.shape == (5,)
 
 
+def test_package_refuses_to_vouch_for_corrupt_bytes(reference_run, tmp_path):
+    """A byte-flipped best checkpoint or a junk-appended model.onnx is never packed (sha256sum -c would say OK)."""
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(reference_run, run)
+    if not (run / "model.onnx").exists():
+        run_cli(["forecast", "export", "--run-dir", str(run), "--latency-iters", "2"], check=True)
+    best = read_results(run)["evaluation"]["checkpoint_step"]
+    model = run / "checkpoints" / f"model_{best:08d}.pt"
+    good = model.read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    model.write_bytes(bytes(bad))
+    proc = run_cli(["package", "--run-dir", str(run), "--output", str(tmp_path / "a.tar.gz")])
+    assert proc.returncode == 1 and f"model_{best:08d}.pt fails its SHA-256 check" in proc.stderr
+    model.write_bytes(good)
+    with open(run / "model.onnx", "ab") as f:
+        f.write(b"junk")
+    proc = run_cli(["package", "--run-dir", str(run), "--output", str(tmp_path / "b.tar.gz")])
+    assert proc.returncode == 1 and "not the file its export checked" in proc.stderr
+    assert not list(tmp_path.glob("*.tar.gz"))
+
+
 def test_external_sigterm_then_corrupt_newest_then_budget_stop(tmp_path):
     """SIGTERM from outside (what a pod stop sends) -> clean exit with a checkpoint; the newest checkpoint
     is corrupted -> the next start falls back to the previous; --max-hours tiny -> stops with results."""

@@ -150,3 +150,41 @@ def test_bad_gnn_input(tmp_path, capsys, args, needle):
     assert main(["gnn", "train", "--run-dir", str(tmp_path / "r"), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_a_dataset_is_never_overwritten_in_place_and_a_failed_generation_leaves_the_old_one(tmp_path, monkeypatch):
+    import trainers.gnn.graphs as graphs
+
+    out = tmp_path / "d"
+    first = write_dataset(out, 6, 2, seed=1, min_nodes=10, max_nodes=20, workers=1, progress=False)
+    with pytest.raises(UsageError, match="already holds a graph dataset"):
+        write_dataset(out, 6, 2, seed=2, min_nodes=10, max_nodes=20, workers=1, progress=False)
+
+    def boom(args):
+        raise RuntimeError("killed mid-generation")
+
+    monkeypatch.setattr(graphs, "_generate", boom)
+    with pytest.raises(RuntimeError):
+        write_dataset(out, 6, 2, seed=2, min_nodes=10, max_nodes=20, workers=1, progress=False, overwrite=True)
+    assert GraphSplit(out, "train").fingerprint == first["fingerprint"]  # the old one, whole
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != ".d.lock") == ["d"]  # no half-written folder
+    monkeypatch.undo()
+    second = write_dataset(out, 6, 2, seed=2, min_nodes=10, max_nodes=20, workers=1, progress=False, overwrite=True)
+    assert second["fingerprint"] != first["fingerprint"]
+    assert GraphSplit(out, "train").fingerprint == second["fingerprint"]
+
+
+def test_a_header_cannot_claim_more_nodes_than_its_file_could_hold(tmp_path):
+    import time
+
+    (tmp_path / "huge.col").write_text("p edge 100000000 1\ne 1 2\n")
+    t0 = time.perf_counter()
+    with pytest.raises(UsageError, match="declares 100,000,000 nodes, more than this reader accepts"):
+        read_graph(tmp_path / "huge.col")
+    assert time.perf_counter() - t0 < 1.0
+    (tmp_path / "huge.txt").write_text("0 1\n1 90000000\n")
+    with pytest.raises(UsageError, match="largest node number implies"):
+        read_graph(tmp_path / "huge.txt")
+    (tmp_path / "bin.col").write_bytes(b"p edge 3 1\n\xff\xfe\n")
+    with pytest.raises(UsageError, match="not a text file"):
+        read_graph(tmp_path / "bin.col")

@@ -124,15 +124,16 @@ def test_rate_limited_tickers_are_retried_alone(tmp_path):
 
 def test_partial_failure_records_each_outcome_with_its_reason(tmp_path):
     fake = FakeYahoo({"BBB": "empty", "CCC": "error:YFTzMissingError('possibly delisted; no timezone found')",
-                      "DDD": "missing"})
-    report = fetch(tmp_path, ["AAA", "BBB", "CCC", "DDD"], fake)
+                      "DDD": "missing", "EEE": "error:YFException('unexpected response from Yahoo')"})
+    report = fetch(tmp_path, ["AAA", "BBB", "CCC", "DDD", "EEE"], fake)
     o = report.outcomes
     assert o["AAA"]["status"] == "ok"
     assert o["BBB"]["status"] == "empty" and o["DDD"]["status"] == "empty"
-    assert o["CCC"]["status"] == "failed" and "delisted" in o["CCC"]["reason"]
-    assert (report.fetched, report.empty, report.failed) == (1, 2, 1)
+    assert o["CCC"]["status"] == "empty" and "delisted" in o["CCC"]["reason"]  # Yahoo's answer: no rows
+    assert o["EEE"]["status"] == "failed" and "unexpected response" in o["EEE"]["reason"]
+    assert (report.fetched, report.empty, report.failed) == (1, 3, 1)
     meta = json.loads((tmp_path / "cache" / "metadata.json").read_text())
-    assert meta["tickers"]["CCC"]["reason"] == o["CCC"]["reason"]
+    assert meta["tickers"]["CCC"]["reason"] == o["CCC"]["reason"] and meta["tickers"]["AAA"]["source"] == "yfinance"
 
 
 def test_a_batch_that_keeps_failing_marks_its_tickers_failed_and_the_rest_goes_on(tmp_path):
@@ -231,23 +232,74 @@ def test_split_download_accepts_yfinance_layouts():
     assert split_download(pd.DataFrame(), ["AAA"]) == {"AAA": None}
 
 
-def test_real_client_asks_for_adjusted_daily_bars_and_keeps_yfinance_errors(monkeypatch):
+def test_real_client_asks_for_adjusted_daily_bars(monkeypatch):
     import yfinance
-    import yfinance.shared as shared
 
     seen = {}
 
     def fake_download(tickers, **kw):
         seen.update(kw, tickers=tickers)
-        shared._ERRORS.clear()
-        shared._ERRORS["BAD"] = "YFTzMissingError('$BAD: possibly delisted')"
         return yf_frame(["AAA"])
 
     monkeypatch.setattr(yfinance, "download", fake_download)
-    frame = yfinance_downloader(["AAA", "BAD"], START, END)
+    frame = yfinance_downloader(["AAA"], START, END)
     assert seen["auto_adjust"] is True and seen["interval"] == "1d" and seen["group_by"] == "ticker"
     assert seen["start"] == START and seen["end"] == END and seen["progress"] is False
-    assert frame.attrs["errors"] == {"BAD": "YFTzMissingError('$BAD: possibly delisted')"}
+    assert frame.attrs["errors"] == {}
+
+
+def yahoo_history(behaviour: dict):
+    """Stand-in for yfinance.Ticker.history, the per-ticker call inside the real `yf.download()` (1.x):
+    'ok' -> bars, 'empty' -> no rows with yfinance's soft 'delisted' error, an exception -> raised."""
+    import types
+
+    def history(self, **kw):
+        how = behaviour.get(self.ticker, "ok")
+        if isinstance(how, BaseException):
+            raise how
+        if how == "empty":
+            self._price_history = types.SimpleNamespace(_last_error=f"${self.ticker}: possibly delisted; no price "
+                                                                    f"data found (1d {START} -> {END})")
+            return pd.DataFrame(columns=FIELDS, index=pd.DatetimeIndex([], name="Date"))
+        self._price_history = types.SimpleNamespace(_last_error=None)
+        return bars_for(self.ticker).tz_localize("America/New_York")
+    return history
+
+
+def test_yfinance_1x_errors_are_read_from_its_log_and_classified(monkeypatch):
+    """yfinance 1.x no longer fills shared._ERRORS: its download() logs `['BAD']: <repr>`. Run the real
+    download() with the network faked one level down and check what the client reports."""
+    import curl_cffi.requests.exceptions as curl
+    import yfinance
+    from yfinance.exceptions import YFRateLimitError
+
+    from trainers.market.fetch import is_transient
+
+    monkeypatch.setattr(yfinance.Ticker, "history", yahoo_history({
+        "NET": curl.ConnectionError("Failed to perform, curl: (6) Could not resolve host: query2.finance.yahoo.com"),
+        "RATE": YFRateLimitError(), "GONE": "empty"}))
+    frame = yfinance_downloader(["AAA", "NET", "RATE", "GONE"], START, END)
+    errors = frame.attrs["errors"]
+    assert set(errors) == {"NET", "RATE", "GONE"}
+    assert "Could not resolve host" in errors["NET"] and "Rate limited" in errors["RATE"]
+    assert is_transient(errors["NET"]) and is_transient(errors["RATE"]) and not is_transient(errors["GONE"])
+    parts = split_download(frame, ["AAA", "NET", "RATE", "GONE"])
+    assert parts["AAA"] is not None and len(parts["AAA"]) > 300 and parts["GONE"] is None
+
+
+def test_network_errors_through_the_real_client_are_retried_with_backoff_then_failed_with_their_cause(tmp_path,
+                                                                                                   monkeypatch):
+    import curl_cffi.requests.exceptions as curl
+    import yfinance
+
+    monkeypatch.setattr(yfinance.Ticker, "history", yahoo_history({
+        "NET": curl.ConnectionError("Failed to perform, curl: (7) Failed to connect: Connection refused"),
+        "GONE": "empty"}))
+    sleeps: list[float] = []
+    report = fetch(tmp_path, ["AAA", "NET", "GONE"], yfinance_downloader, sleeps=sleeps, retries=2)
+    assert report.outcomes["AAA"]["status"] == "ok" and report.outcomes["GONE"]["status"] == "empty"
+    assert report.outcomes["NET"]["status"] == "failed" and "Connection refused" in report.outcomes["NET"]["reason"]
+    assert len(sleeps) == 2 and sleeps[1] > sleeps[0] / 2  # two retries of NET alone, backing off
 
 
 def test_fetch_command_flags_reach_the_fetcher(tmp_path):

@@ -163,3 +163,38 @@ def test_checkpoint_manager_verify_names_the_bad_file(tmp_path):
     data[-5] ^= 0xFF
     path.write_bytes(bytes(data))
     assert m.verify(2) == "model_00000002.pt fails its SHA-256 check"
+
+
+def test_a_resume_on_changed_data_is_refused_in_one_line(tmp_path):
+    cfg = cfg_for(tmp_path, ckpt_every=2, patience=0)
+    toy_loop(cfg, total_steps=2, data_fingerprint="a" * 64)
+    with pytest.raises(UsageError, match=r"was trained on other data \(fingerprint aaaaaaaaaaaa\.\.\., now bbbb"):
+        toy_loop(cfg, total_steps=4, data_fingerprint="b" * 64)
+    results, _ = toy_loop(cfg, total_steps=4, data_fingerprint="a" * 64)
+    assert results["training"]["steps"] == 4
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_the_previous_checkpoint_survives(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from trainers.cli import main
+    from trainers.gnn.graphs import write_dataset
+
+    data = tmp_path / "graphs"
+    write_dataset(data, 8, 2, seed=0, min_nodes=10, max_nodes=20, workers=1, progress=False)
+    run = tmp_path / "run"
+    args = ["gnn", "train", "--data-dir", str(data), "--run-dir", str(run), "--epochs", "2", "--graphs-per-batch", "2",
+            "--hidden", "8", "--layers", "1", "--ckpt-every", "2", "--device", "cpu"]
+    assert main([*args, "--max-hours", "1e-9"]) == 0  # stops after its first step, with a checkpoint
+    good = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    real = CheckpointManager.save
+
+    def full(self, step, *a):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.model_path(step)))
+
+    monkeypatch.setattr(CheckpointManager, "save", full)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: cannot use ") and "No space left on device" in err[-1] and "model_" in err[-1]
+    monkeypatch.setattr(CheckpointManager, "save", real)
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == good

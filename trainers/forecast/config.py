@@ -39,7 +39,8 @@ class ForecastConfig(RunOptions):
     tickers: str | None = option(None, "comma-separated symbols, e.g. AAPL,MSFT,BRK-B")
     tickers_file: str | None = option(None, "file of symbols, one per line (or a CSV with a symbol column)")
     cache_dir: str = option("cache/sp500", "parquet price cache of the yfinance and cache sources", resume_safe=True)
-    years: float = option(25.0, "history to use when --start is not given", gt=0)
+    years: float | None = option(None, "history to use when --start is not given (default: 25 years from "
+                                 "yfinance or a cache; a file's whole history)", gt=0)
     start: str | None = option(None, "first date (YYYY-MM-DD); fixed in config.json on the first run")
     end: str | None = option(None, "end date, exclusive (default: today); fixed in config.json on the first run")
     min_history_days: int = option(252, "tickers with fewer valid bars are excluded", min=1)

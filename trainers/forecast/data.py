@@ -41,8 +41,11 @@ def data_request(cfg: ForecastConfig) -> DataRequest:
 
 
 def fix_date_range(cfg: ForecastConfig, saved: dict | None) -> None:
-    """Real data: pin start/end on the first run so a resume next week reads the same dates."""
+    """Real data: pin start/end on the first run so a resume next week reads the same dates. A
+    file is used whole unless --start/--end/--years say otherwise (its dates do not move)."""
     if cfg.source == "synthetic":
+        return
+    if cfg.source.startswith("file:") and not (cfg.start or cfg.end or cfg.years):
         return
     if saved is not None:
         cfg.start = cfg.start or saved.get("start")

@@ -141,10 +141,10 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto") -
     from trainers.runtime.logs import get_logger
     from trainers.runtime.precision import precision_for
     from trainers.runtime.results import merge_results
-    from trainers.runtime.rundir import load_checkpoint_states, load_run_config
+    from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
 
     cfg = load_run_config(Path(run_dir), ForecastConfig)
-    with distributed(device, cfg.collective_timeout_s) as ctx:
+    with distributed(device, cfg.collective_timeout_s) as ctx, exclusive(Path(run_dir), ctx):
         log = get_logger(ctx.rank, None)
         step, states = load_checkpoint_states(Path(run_dir), checkpoint, str(ctx.device))
         store, _ = load_store(cfg, log=print if ctx.is_main else (lambda _msg: None))

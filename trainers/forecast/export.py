@@ -22,7 +22,7 @@ from trainers.onnx import (
 )
 from trainers.runtime.files import atomic_write_json, sha256_file
 from trainers.runtime.results import merge_results, read_results
-from trainers.runtime.rundir import load_checkpoint_states, load_run_config
+from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
 
 EXPORT_BATCH = 2  # the example batch the graph is traced with; checks use other sizes
 CHECK_BATCHES = (1, 7, 64)
@@ -47,6 +47,11 @@ def export_run(run_dir: Path, checkpoint: str = "best", tolerance: float = 1e-4,
         raise UsageError(f"--latency-iters {latency_iters} must be >= 1")
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, ForecastConfig)
+    with exclusive(run_dir):
+        return _export(run_dir, cfg, checkpoint, tolerance, latency_iters)
+
+
+def _export(run_dir: Path, cfg: ForecastConfig, checkpoint: str, tolerance: float, latency_iters: int) -> dict:
     step, states = load_checkpoint_states(run_dir, checkpoint)
     model = build_model(cfg)
     model.load_state_dict(states["model"])

@@ -19,7 +19,7 @@ def _data(args) -> int:
     from trainers.gnn.graphs import write_dataset
 
     meta = write_dataset(args.out, args.train, args.val, args.seed, args.min_nodes, args.max_nodes, args.workers,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, overwrite=args.overwrite)
     print(json.dumps({s: {k: v for k, v in m.items() if k in ("graphs", "nodes", "edges")}
                       for s, m in meta["splits"].items()}))
     return 0
@@ -59,6 +59,8 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=number(int, min=1), default=max(1, (os.cpu_count() or 2) - 1),
                    help="generator processes")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a dataset already in --out (runs that trained on it will refuse to resume)")
     p.set_defaults(func=_data)
 
     p = sub.add_parser("train", help="train; under torchrun for several workers; resumes when --run-dir holds a run")

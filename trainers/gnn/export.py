@@ -16,7 +16,7 @@ from trainers.gnn.train import build_model
 from trainers.onnx import check_parity, check_tolerance, export_program
 from trainers.runtime.files import atomic_write_json, sha256_file
 from trainers.runtime.results import merge_results
-from trainers.runtime.rundir import load_checkpoint_states, load_run_config
+from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
 
 INPUTS = ["x", "edge_index", "color_mask"]
 
@@ -33,6 +33,11 @@ def export_run(run_dir: Path, checkpoint: str = "best", tolerance: float = 1e-4)
     check_tolerance(tolerance)
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, GnnConfig)
+    with exclusive(run_dir):
+        return _export(run_dir, cfg, checkpoint, tolerance)
+
+
+def _export(run_dir: Path, cfg: GnnConfig, checkpoint: str, tolerance: float) -> dict:
     step, states = load_checkpoint_states(run_dir, checkpoint)
     model = build_model(cfg)
     model.load_state_dict(states["model"])

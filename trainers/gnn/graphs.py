@@ -8,12 +8,16 @@ Barabási–Albert, n-queens and Mycielski graphs (chromatic numbers known).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from trainers.errors import UsageError
+from trainers.runtime.config import check_folder_writable
+from trainers.runtime.files import atomic_write_json, sha256_file
+from trainers.runtime.lock import FolderLock
 
 
 @dataclass
@@ -138,12 +142,32 @@ def conflicts(edges: np.ndarray, color: np.ndarray) -> int:
 
 # ---- DIMACS .col and edge lists -----------------------------------------------------------------------
 
+MAX_NODES = 5_000_000  # what one graph may have: its arrays are O(nodes) in memory
+MAX_NODES_PER_BYTE = 64  # a header may not claim far more nodes than its file could describe
+MAX_GRAPH_BYTES = 1 << 30
+
+
+def _check_size(p: Path, n: int, file_bytes: int, what: str) -> None:
+    limit = min(MAX_NODES, MAX_NODES_PER_BYTE * max(file_bytes, 16))
+    if n > limit:
+        raise UsageError(f"{p}: {what} {n:,} nodes, more than this reader accepts for a {file_bytes:,}-byte file "
+                         f"(at most {limit:,}: {MAX_NODES:,} in all, {MAX_NODES_PER_BYTE} per byte of file)")
+
+
 def read_graph(path: str | Path) -> Graph:
-    """DIMACS `.col` (`p edge N E`, `e u v`, 1-based) or a plain edge list (`u v` per line, 0-based)."""
+    """DIMACS `.col` (`p edge N E`, `e u v`, 1-based) or a plain edge list (`u v` per line, 0-based).
+    What a file may claim is bounded (MAX_NODES, and nodes per byte of file), so a two-line file
+    cannot make us allocate gigabytes."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"graph file {path}: no such file")
-    lines = p.read_text().splitlines()
+    size = p.stat().st_size
+    if size > MAX_GRAPH_BYTES:
+        raise UsageError(f"{p}: {size:,} bytes is more than this reader accepts ({MAX_GRAPH_BYTES:,})")
+    try:
+        lines = p.read_text().splitlines()
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{p}: not a text file ({exc.reason} at byte {exc.start})") from None
     is_dimacs = p.suffix == ".col" or any(line.startswith("p ") for line in lines)
     return _read_dimacs(p, lines) if is_dimacs else _read_edge_list(p, lines)
 
@@ -158,6 +182,7 @@ def _read_dimacs(p: Path, lines: list[str]) -> Graph:
             if len(parts) != 4 or parts[1] not in ("edge", "col") or not parts[2].isdigit() or not parts[3].isdigit():
                 raise UsageError(f"{p}:{i}: bad problem line {line!r}; expected 'p edge NODES EDGES'")
             n, declared = int(parts[2]), int(parts[3])
+            _check_size(p, n, p.stat().st_size, "the header declares")
         elif parts[0] == "e":
             if n is None:
                 raise UsageError(f"{p}:{i}: edge before the 'p edge NODES EDGES' line")
@@ -190,6 +215,7 @@ def _read_edge_list(p: Path, lines: list[str]) -> Graph:
         raise UsageError(f"{p}: no edges")
     arr = np.array(edges, dtype=np.int64)
     n = int(arr.max()) + 1
+    _check_size(p, n, p.stat().st_size, "the largest node number implies")
     return Graph(p.stem, n, _canonical(n, arr))
 
 
@@ -229,8 +255,15 @@ def _generate(args) -> tuple[str, int, np.ndarray, int | None]:
 
 
 def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int, max_nodes: int,
-                  workers: int = 1, progress: bool = True) -> dict:
-    """Generate once into `out/{train,val}_{edges,offsets,nodes}.npy` + metadata.json."""
+                  workers: int = 1, progress: bool = True, overwrite: bool = False) -> dict:
+    """Generate once into `out/{train,val}_{edges,offsets,nodes}.npy` + metadata.json.
+
+    Written into a temporary folder beside `out` and renamed into place when complete, so a run never
+    reads a half-written dataset; one generator per folder at a time (a lock beside it). A folder
+    that already holds a dataset is left alone unless `overwrite`; the metadata records a
+    fingerprint of the arrays, which a training run checks on resume."""
+    import shutil
+    import tempfile
     from concurrent.futures import ProcessPoolExecutor
 
     from tqdm import tqdm
@@ -239,23 +272,54 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
         raise UsageError(f"need >= 1 train and val graph and 2 <= --min-nodes <= --max-nodes "
                          f"(got {n_train}, {n_val}, {min_nodes}, {max_nodes})")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"seed": seed, "min_nodes": min_nodes, "max_nodes": max_nodes, "splits": {}}
-    for split, count, offset in (("train", n_train, 0), ("val", n_val, n_train)):
-        jobs = [(offset + i, seed, min_nodes, max_nodes) for i in range(count)]
-        with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
-            results = list(tqdm(pool.map(_generate, jobs, chunksize=16), total=count, disable=not progress,
-                                desc=f"graphs/{split}"))
-        nodes = np.array([r[1] for r in results], dtype=np.int64)
-        edge_counts = np.array([len(r[2]) for r in results], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(edge_counts)])
-        edges = np.concatenate([r[2] for r in results]) if offsets[-1] else np.zeros((0, 2), np.int64)
-        for name, arr in (("edges", edges.astype(np.int32)), ("offsets", offsets), ("nodes", nodes)):
-            np.save(out / f"{split}_{name}.npy", arr)
-        meta["splits"][split] = {"graphs": count, "nodes": int(nodes.sum()), "edges": int(offsets[-1]),
-                                 "names": [r[0] for r in results], "upper_k": [r[3] for r in results]}
-    (out / "metadata.json").write_text(json.dumps(meta, indent=1))
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder")
+    check_folder_writable(out, "--out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FolderLock(out.parent, "--out", lock_name=f".{out.name}.lock", shown=out):
+        if (out / "metadata.json").exists() and not overwrite:
+            raise UsageError(f"--out {out} already holds a graph dataset; use it as it is (--data-dir {out}), pick "
+                             f"another --out, or add --overwrite (runs that used it will refuse to resume)")
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        try:
+            meta = {"seed": seed, "min_nodes": min_nodes, "max_nodes": max_nodes, "splits": {}}
+            for split, count, offset in (("train", n_train, 0), ("val", n_val, n_train)):
+                jobs = [(offset + i, seed, min_nodes, max_nodes) for i in range(count)]
+                with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
+                    results = list(tqdm(pool.map(_generate, jobs, chunksize=16), total=count, disable=not progress,
+                                        desc=f"graphs/{split}"))
+                nodes = np.array([r[1] for r in results], dtype=np.int64)
+                edge_counts = np.array([len(r[2]) for r in results], dtype=np.int64)
+                offsets = np.concatenate([[0], np.cumsum(edge_counts)])
+                edges = np.concatenate([r[2] for r in results]) if offsets[-1] else np.zeros((0, 2), np.int64)
+                for name, arr in (("edges", edges.astype(np.int32)), ("offsets", offsets), ("nodes", nodes)):
+                    np.save(staging / f"{split}_{name}.npy", arr)
+                meta["splits"][split] = {"graphs": count, "nodes": int(nodes.sum()), "edges": int(offsets[-1]),
+                                         "names": [r[0] for r in results], "upper_k": [r[3] for r in results]}
+            meta["fingerprint"] = dataset_fingerprint(staging)
+            atomic_write_json(staging / "metadata.json", meta)
+            if out.exists():
+                old = out.with_name(f".{out.name}.old-{os.getpid()}")
+                os.replace(out, old)
+                os.replace(staging, out)
+                shutil.rmtree(old)
+            else:
+                os.replace(staging, out)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging)
     return meta
+
+
+def dataset_fingerprint(root: Path) -> str:
+    """SHA-256 over the dataset's arrays: two folders with this value hold the same graphs."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted(Path(root).glob("*.npy")):
+        h.update(path.name.encode())
+        h.update(sha256_file(path).encode())
+    return h.hexdigest()
 
 
 class _Serial:
@@ -277,10 +341,19 @@ class GraphSplit:
         root = Path(root)
         if not (root / "metadata.json").exists():
             raise UsageError(f"--data-dir {root} holds no graph dataset; generate it with `trainers gnn data`")
-        self.edges = np.load(root / f"{split}_edges.npy", mmap_mode="r")
-        self.offsets = np.load(root / f"{split}_offsets.npy")
-        self.nodes = np.load(root / f"{split}_nodes.npy")
-        self.names = json.loads((root / "metadata.json").read_text())["splits"][split]["names"]
+        try:
+            self.meta = json.loads((root / "metadata.json").read_text())
+            self.edges = np.load(root / f"{split}_edges.npy", mmap_mode="r")
+            self.offsets = np.load(root / f"{split}_offsets.npy")
+            self.nodes = np.load(root / f"{split}_nodes.npy")
+            self.names = self.meta["splits"][split]["names"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--data-dir {root}: the {split} split is unreadable ({exc}); generate the dataset "
+                             f"again with `trainers gnn data --out {root} --overwrite`") from None
+        if not (len(self.nodes) == len(self.names) == len(self.offsets) - 1 and self.offsets[-1] == len(self.edges)):
+            raise UsageError(f"--data-dir {root}: the {split} split's files do not agree with each other; generate "
+                             f"it again with `trainers gnn data --out {root} --overwrite`")
+        self.fingerprint = self.meta.get("fingerprint")
 
     def __len__(self) -> int:
         return len(self.nodes)

@@ -58,7 +58,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.999), ctx.device)
 
     with Run(cfg, ctx, "gnn", {"model": model, "optimizer": optimizer}, total_steps, unit="graphs",
-             metric_name="conflict_fraction", started_at=started_at) as run:
+             metric_name="conflict_fraction", started_at=started_at, data_fingerprint=train_set.fingerprint) as run:
         run.log.info("gnn: %s parameters, %d rank(s) on %s; %d train / %d val graphs; %d steps per epoch",
                      f"{n_params:,}", ctx.world_size, ctx.device.type, len(train_set), len(val_set),
                      cursor.steps_per_epoch)
@@ -108,7 +108,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
             return evaluation
 
         summary = {"data": {"data_dir": str(Path(cfg.data_dir).resolve()), "train_graphs": len(train_set),
-                            "val_graphs": len(val_set)},
+                            "val_graphs": len(val_set), "fingerprint": train_set.fingerprint},
                    "model": {"parameters": n_params, "hidden": cfg.hidden, "layers": cfg.layers,
                              "max_colors": cfg.max_colors},
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch}}

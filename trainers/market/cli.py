@@ -35,6 +35,8 @@ def add_fetch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--end", default=None, help="end date YYYY-MM-DD, exclusive (default: today)")
     p.add_argument("--cache-dir", default="cache/sp500", help="parquet cache folder (default: cache/sp500)")
     p.add_argument("--refresh", action="store_true", help="download every ticker again, even when cached")
+    p.add_argument("--mix-sources", action="store_true",
+                   help="let a cache that holds prices from another source take these too (each ticker keeps its label)")
     p.add_argument("--batch-size", type=number(int, min=1), default=50, help="tickers per download request (default: 50)")
     p.add_argument("--max-workers", type=number(int, min=1), default=4, help="requests in flight at once (default: 4)")
     p.add_argument("--retries", type=number(int, min=0), default=4, help="retries per batch with exponential backoff (default: 4)")

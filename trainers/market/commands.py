@@ -40,7 +40,8 @@ def run_fetch(args: argparse.Namespace, downloader=yfinance_downloader) -> dict:
         start, end = DataRequest(start=args.start, end=args.end, years=args.years).date_range()
         settings = FetchSettings(start=start, end=end, batch_size=args.batch_size, max_workers=args.max_workers,
                                  retries=args.retries, min_rows=args.min_history_days, refresh=args.refresh)
-        report = fetch_prices(tickers, cache, settings, downloader, progress=not args.no_progress)
+        report = fetch_prices(tickers, cache, settings, downloader, progress=not args.no_progress,
+                              mix_sources=args.mix_sources)
     else:
         if args.source == "synthetic":
             frame = synthetic_market(args.synthetic_tickers, args.synthetic_days, seed=args.data_seed)
@@ -48,9 +49,9 @@ def run_fetch(args: argparse.Namespace, downloader=yfinance_downloader) -> dict:
         else:
             frame = read_user_file(args.source[5:])
             label = f"file:{Path(args.source[5:]).resolve()}"
-        report = fill_cache(frame, cache, label, args.min_history_days)
+        report = fill_cache(frame, cache, label, args.min_history_days, mix_sources=args.mix_sources)
         print(f"fetch: {report.summary()} (source {label})")
-    return {"cache_dir": str(cache.root), "fetched": report.fetched, "cached": report.cached, "failed": report.failed,
+    return {"cache_dir": str(cache.root), "sources": PriceCache.sources(cache.metadata()), "fetched": report.fetched, "cached": report.cached, "failed": report.failed,
             "empty": report.empty, "excluded": report.excluded, "rows": report.rows,
             "seconds": round(report.seconds, 2),
             "not_ok": {t: o.get("reason") for t, o in report.outcomes.items() if o.get("status") != "ok"}}

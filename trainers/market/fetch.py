@@ -17,10 +17,13 @@ carry per-ticker error messages. Tests pass a fake; `yfinance_downloader` is the
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import fcntl
 import json
+import logging
 import random
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -33,6 +36,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from trainers.errors import UsageError
+from trainers.market.universe import SYMBOL_HINT, check_symbols, is_symbol
 from trainers.market.validate import validate_bars
 from trainers.runtime.files import atomic_write, atomic_write_json
 
@@ -49,17 +53,66 @@ def _is_rate_limit(message: str) -> bool:
     return "ratelimit" in m.replace(" ", "") or "too many requests" in m or "429" in m
 
 
-def yfinance_downloader(tickers: list[str], start: str, end: str) -> pd.DataFrame:
-    """The real client: split- and dividend-adjusted daily bars (auto_adjust=True)."""
-    import yfinance as yf
-    import yfinance.shared as shared
+# What a transient failure looks like in yfinance 1.x's error messages (the repr of the exception
+# its download caught): the network, timeouts, the server. Retried with backoff; anything else
+# (delisted, no data, unknown symbol) is the ticker's answer and is not.
+_TRANSIENT = ("connectionerror", "connection reset", "connection refused", "connection aborted", "timeout",
+              "timed out", "could not resolve", "temporary failure", "network is unreachable", "max retries",
+              "curl: (", "sslerror", "ssl:", "remotedisconnected", "proxyerror", "http error 5", "500 server",
+              "502", "503", "504", "name or service not known")
 
-    frame = yf.download(tickers, start=start, end=end, interval="1d", auto_adjust=True, actions=False,
-                        group_by="ticker", threads=False, progress=False, multi_level_index=True, timeout=30)
-    errors = dict(getattr(shared, "_ERRORS", {}) or {})
+
+_NO_DATA = ("delisted", "no price data", "no data found", "not found", "pricesmissing", "tzmissing", "no timezone")
+
+
+def is_no_data(message: str) -> bool:
+    """Yahoo's answer that the symbol has no rows (delisted, unknown, no data in the range)."""
+    m = message.lower()
+    return any(k in m for k in _NO_DATA)
+
+
+def is_transient(message: str) -> bool:
+    m = message.lower()
+    return _is_rate_limit(m) or any(k in m for k in _TRANSIENT)
+
+
+class _YahooErrors(logging.Handler):
+    """yfinance >= 1.0 no longer fills `yfinance.shared._ERRORS`: `download()` logs each failure on
+    the `yfinance` logger as `['AAPL', 'MSFT']: <repr of the exception>`. Collect those records."""
+
+    def __init__(self):
+        super().__init__(level=logging.ERROR)
+        self.errors: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = re.match(r"^(\[.*?\]):\s*(.+)$", record.getMessage(), re.S)
+        if not m:
+            return
+        try:
+            symbols = ast.literal_eval(m.group(1))
+        except (ValueError, SyntaxError):
+            return
+        for symbol in symbols if isinstance(symbols, list) else []:
+            self.errors[str(symbol).upper()] = m.group(2).strip()
+
+
+def yfinance_downloader(tickers: list[str], start: str, end: str) -> pd.DataFrame:
+    """The real client: split- and dividend-adjusted daily bars (auto_adjust=True); each ticker's
+    error, as yfinance reports it, in `frame.attrs["errors"]`."""
+    import yfinance as yf
+
+    collector = _YahooErrors()
+    logger = logging.getLogger("yfinance")
+    logger.addHandler(collector)
+    try:
+        frame = yf.download(tickers, start=start, end=end, interval="1d", auto_adjust=True, actions=False,
+                            group_by="ticker", threads=False, progress=False, multi_level_index=True, timeout=30)
+    finally:
+        logger.removeHandler(collector)
     if frame is None:
         frame = pd.DataFrame()
-    frame.attrs["errors"] = {t: str(e) for t, e in errors.items() if t in tickers}
+    wanted = {t.upper(): t for t in tickers}  # batches run in threads: keep this batch's tickers only
+    frame.attrs["errors"] = {wanted[t]: e for t, e in collector.errors.items() if t in wanted}
     return frame
 
 
@@ -139,48 +192,114 @@ def years_ago(years: float, today: dt.date | None = None) -> str:
 
 
 class PriceCache:
-    """`<root>/prices/<SYMBOL>.parquet` + `<root>/metadata.json`."""
+    """`<root>/prices/<SYMBOL>.parquet` + `<root>/metadata.json`.
+
+    Provenance belongs to each record, not to the container: every ticker's index entry carries the
+    source it came from (`yfinance`, `synthetic (...)`, `file:/path`), and so does its parquet file
+    (schema metadata). A read checks the two agree, so bars written by a fill that was killed before
+    the index caught up are never read under another source's label. A cache holds one source unless
+    a fill is told to mix (`--mix-sources`); a run reports every source it read.
+    """
 
     def __init__(self, root: Path):
         self.root = Path(root)
         self.prices = self.root / "prices"
 
     def path(self, ticker: str) -> Path:
+        if not is_symbol(ticker):  # a symbol becomes a file name: never build a path from other text
+            raise UsageError(f"{ticker!r} is not a symbol; {SYMBOL_HINT}")
         return self.prices / f"{ticker}.parquet"
 
     def metadata(self) -> dict:
         p = self.root / "metadata.json"
         if not p.exists():
-            return {"source": "yfinance", "adjusted": True, "tickers": {}}
-        return json.loads(p.read_text())
+            return {"tickers": {}}
+        try:
+            meta = json.loads(p.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{p} is unreadable ({exc}); fetch into a new --cache-dir (this one is left as it is)") \
+                from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("tickers"), dict):
+            raise UsageError(f"{p} is not a price-cache index; fetch into a new --cache-dir")
+        return meta
 
     def write_metadata(self, meta: dict) -> None:
+        meta["sources"] = self.sources(meta)
         atomic_write_json(self.root / "metadata.json", meta)
 
-    def write_bars(self, ticker: str, bars: pd.DataFrame) -> None:
-        atomic_write(self.path(ticker), lambda f: bars.to_parquet(f, index=False))
+    @staticmethod
+    def sources(meta: dict) -> dict[str, int]:
+        """{source label: tickers} over the usable entries."""
+        out: dict[str, int] = {}
+        for entry in meta.get("tickers", {}).values():
+            if entry.get("status") == "ok":
+                label = entry.get("source") or meta.get("source") or "unknown"  # (older caches: one label)
+                out[label] = out.get(label, 0) + 1
+        return out
 
-    def read(self, tickers: list[str] | None = None) -> pd.DataFrame:
-        """The cached long table for `tickers` (default: every ticker whose status is ok)."""
+    def check_single_source(self, meta: dict, source: str, mix: bool) -> None:
+        """Refuse to add `source` to a cache that holds another one, unless mixing was asked for."""
+        others = sorted(label for label in self.sources(meta) if label != source)
+        if others and not mix:
+            raise UsageError(f"--cache-dir {self.root} holds prices from {', '.join(others)}; filling it from "
+                             f"{source} would mix sources in one cache. Use another --cache-dir, or "
+                             f"--mix-sources to keep both (each ticker keeps its own label)")
+
+    def write_bars(self, ticker: str, bars: pd.DataFrame, source: str) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(bars, preserve_index=False)
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"trainers_source": source.encode()})
+        atomic_write(self.path(ticker), lambda f: pq.write_table(table, f))
+
+    def file_source(self, ticker: str) -> str | None:
+        import pyarrow.parquet as pq
+
+        md = pq.read_schema(self.path(ticker)).metadata or {}
+        value = md.get(b"trainers_source")
+        return value.decode() if value is not None else None
+
+    def read(self, tickers: list[str] | None = None, warn: Callable[[str], None] = print) -> pd.DataFrame:
+        """The cached long table for `tickers` (default: every ticker whose status is ok). Each
+        ticker's file must carry the source its entry names; one that does not is left out, named."""
         meta = self.metadata()
-        ok = [t for t, m in meta.get("tickers", {}).items() if m.get("status") == "ok"]
+        entries = meta.get("tickers", {})
+        ok = [t for t, m in entries.items() if m.get("status") == "ok" and is_symbol(t)]
         wanted = ok if tickers is None else [t for t in tickers if t in ok]
-        if not wanted:
-            return pd.DataFrame(columns=["date", "ticker", *FIELDS])
+        read_sources: dict[str, int] = {}
+        kept = []
+        for t in sorted(wanted):
+            try:
+                on_disk = self.file_source(t)
+            except OSError as exc:
+                warn(f"warning: {t}: {self.path(t)} is unreadable ({exc}); left out (refetch it with --refresh)")
+                continue
+            label = entries[t].get("source") or meta.get("source") or "unknown"
+            if on_disk is not None and on_disk != label:
+                warn(f"warning: {t}: the file holds {on_disk} prices but the index says {label} (an interrupted "
+                     f"fill?); left out (refetch it with --refresh)")
+                continue
+            kept.append(t)
+            read_sources[label] = read_sources.get(label, 0) + 1
+        if not kept:
+            frame = pd.DataFrame(columns=["date", "ticker", *FIELDS])
+            frame.attrs["sources"] = {}
+            return frame
         import numpy as np
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        wanted = sorted(wanted)
-        tables = [pq.read_table(self.path(t)) for t in wanted]  # one Arrow concat, one conversion
-        frame = pa.concat_tables(tables).to_pandas()
-        codes = np.repeat(np.arange(len(wanted)), [t.num_rows for t in tables])
-        frame.insert(1, "ticker", pd.Categorical.from_codes(codes, categories=wanted))
+        tables = [pq.read_table(self.path(t)) for t in kept]  # one Arrow concat, one conversion
+        frame = pa.concat_tables([t.replace_schema_metadata(None) for t in tables]).to_pandas()
+        codes = np.repeat(np.arange(len(kept)), [t.num_rows for t in tables])
+        frame.insert(1, "ticker", pd.Categorical.from_codes(codes, categories=kept))
+        frame.attrs["sources"] = read_sources
         return frame
 
     @contextmanager
     def lock(self):
-        """One fetcher per cache at a time (other ranks/processes wait, then find it fresh)."""
+        """One writer per cache at a time (other ranks/processes wait, then find it fresh)."""
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self.root / ".fetch.lock", "w") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
@@ -201,23 +320,31 @@ def _is_fresh(entry: dict | None, s: FetchSettings, now: dt.datetime) -> bool:
     return (now - fetched).total_seconds() < s.max_age_hours * 3600
 
 
+YFINANCE = "yfinance"
+
+
 def fetch_prices(tickers: list[str], cache: PriceCache, settings: FetchSettings, downloader: Downloader,
                  sleep: Callable[[float], None] = time.sleep, rng: random.Random | None = None,
                  now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
-                 progress: bool = True, log: Callable[[str], None] = print) -> FetchReport:
+                 progress: bool = True, log: Callable[[str], None] = print, mix_sources: bool = False) -> FetchReport:
     s = settings
     if s.batch_size < 1 or s.max_workers < 1 or s.retries < 0:
         raise UsageError("--batch-size and --max-workers must be >= 1, --retries >= 0")
+    check_symbols(tickers, "tickers to fetch")
     rng = rng or random.Random()
     started = time.monotonic()
     report = FetchReport()
     with cache.lock():
         meta = cache.metadata()
+        cache.check_single_source(meta, YFINANCE, mix_sources)
+        meta.setdefault("source", YFINANCE)
+        meta.setdefault("adjusted", True)  # split- and dividend-adjusted (auto_adjust=True)
         entries = meta.setdefault("tickers", {})
         t_now = now()
         todo = []
         for t in tickers:
-            if _is_fresh(entries.get(t), s, t_now) and cache.path(t).exists():
+            if _is_fresh(entries.get(t), s, t_now) and entries[t].get("source", YFINANCE) == YFINANCE \
+                    and cache.path(t).exists():
                 report.cached += 1
                 report.rows += int(entries[t].get("rows", 0))
                 report.outcomes[t] = dict(entries[t], cached=True)
@@ -228,7 +355,7 @@ def fetch_prices(tickers: list[str], cache: PriceCache, settings: FetchSettings,
         bar = tqdm(total=len(tickers), initial=report.cached, disable=not progress, desc="fetch", unit="ticker")
 
         def record(ticker: str, outcome: dict) -> None:
-            outcome["fetched_at"] = now().isoformat()
+            outcome["fetched_at"], outcome["source"] = now().isoformat(), YFINANCE
             outcome["requested_start"], outcome["requested_end"] = s.start, s.end
             entries[ticker] = outcome
             report.outcomes[ticker] = outcome
@@ -253,12 +380,12 @@ def fetch_prices(tickers: list[str], cache: PriceCache, settings: FetchSettings,
                 with lock:
                     for t in pending:
                         bars, err = parts.get(t), errors.get(t, "")
-                        if bars is None and err and _is_rate_limit(err):
-                            retry.append(t)
+                        if bars is None and err and is_transient(err):
+                            retry.append(t)  # rate limit or network: again, after a backoff
                             last_error = err
                             continue
                         if bars is None:
-                            status = "failed" if err else "empty"
+                            status = "failed" if err and not is_no_data(err) else "empty"
                             record(t, {"status": status, "reason": err or "no rows returned", "rows": 0})
                             if status == "failed":
                                 report.failed += 1
@@ -271,7 +398,7 @@ def fetch_prices(tickers: list[str], cache: PriceCache, settings: FetchSettings,
                                        "validation": checks})
                             report.excluded += 1
                             continue
-                        cache.write_bars(t, clean)
+                        cache.write_bars(t, clean, YFINANCE)
                         record(t, {"status": "ok", "rows": int(len(clean)), "validation": checks,
                                    "first_date": clean["date"].min().strftime("%Y-%m-%d"),
                                    "last_date": clean["date"].max().strftime("%Y-%m-%d")})
@@ -308,28 +435,38 @@ def fetch_prices(tickers: list[str], cache: PriceCache, settings: FetchSettings,
 
 
 def fill_cache(frame: pd.DataFrame, cache: PriceCache, source_label: str, min_rows: int,
-               now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> FetchReport:
-    """Write a long table (synthetic stand-in or a user's file) into the cache, validated per ticker.
-    The cache's metadata records the source, so a later `--source cache` knows what it reads."""
+               now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc), mix_sources: bool = False,
+               batch: int = 50) -> FetchReport:
+    """Write a long table (synthetic stand-in or a user's file) into the cache, validated per ticker,
+    each ticker labelled with `source_label`. Entries already there are kept; the index is written
+    atomically after every `batch` tickers, so a kill loses at most one batch of index updates (and
+    the files written meanwhile carry their own label, so they are never read as another source)."""
     started = time.monotonic()
     report = FetchReport()
+    check_symbols(sorted(frame["ticker"].astype(str).unique()), f"tickers from {source_label}")
     with cache.lock():
-        meta = {"source": source_label, "adjusted": None, "tickers": {}}
-        for ticker, bars in frame.groupby("ticker", sort=True):
+        meta = cache.metadata()
+        cache.check_single_source(meta, source_label, mix_sources)
+        meta.setdefault("source", source_label)
+        entries = meta.setdefault("tickers", {})
+        for i, (ticker, bars) in enumerate(frame.groupby("ticker", sort=True, observed=True)):
             clean, checks = validate_bars(bars.drop(columns="ticker"), min_rows)
             if checks["excluded"]:
-                meta["tickers"][ticker] = {"status": "excluded", "reason": checks["reason"], "rows": 0,
-                                           "validation": checks}
+                entries[ticker] = {"status": "excluded", "reason": checks["reason"], "rows": 0,
+                                   "validation": checks, "source": source_label}
                 report.excluded += 1
-                continue
-            cache.write_bars(ticker, clean)
-            meta["tickers"][ticker] = {"status": "ok", "rows": int(len(clean)), "validation": checks,
-                                       "first_date": clean["date"].min().strftime("%Y-%m-%d"),
-                                       "last_date": clean["date"].max().strftime("%Y-%m-%d"),
-                                       "fetched_at": now().isoformat(), "source": source_label}
-            report.fetched += 1
-            report.rows += int(len(clean))
-        report.outcomes = meta["tickers"]
+            else:
+                cache.write_bars(ticker, clean, source_label)
+                entries[ticker] = {"status": "ok", "rows": int(len(clean)), "validation": checks,
+                                   "first_date": clean["date"].min().strftime("%Y-%m-%d"),
+                                   "last_date": clean["date"].max().strftime("%Y-%m-%d"),
+                                   "fetched_at": now().isoformat(), "source": source_label}
+                report.fetched += 1
+                report.rows += int(len(clean))
+            report.outcomes[ticker] = entries[ticker]
+            if (i + 1) % batch == 0:
+                meta["updated_at"] = now().isoformat()
+                cache.write_metadata(meta)
         meta["updated_at"] = now().isoformat()
         cache.write_metadata(meta)
     report.seconds = time.monotonic() - started

@@ -27,9 +27,11 @@ from trainers.market.fetch import (
 )
 from trainers.market.panel import normalise_columns
 from trainers.market.synthetic import synthetic_market
+from trainers.market.universe import check_symbols
 from trainers.market.validate import validate_long_table
 
 SOURCES = ("synthetic", "yfinance", "cache", "file:PATH")
+DEFAULT_YEARS = 25.0
 
 
 def check_source(source: str) -> None:
@@ -47,7 +49,7 @@ class DataRequest:
     cache_dir: str = "cache/sp500"
     start: str | None = None
     end: str | None = None
-    years: float = 25.0
+    years: float | None = None  # None: 25 years for yfinance, the whole history for a file
     min_rows: int = 252
     synthetic_tickers: int = 64
     synthetic_days: int = 2520
@@ -56,7 +58,7 @@ class DataRequest:
 
     def date_range(self) -> tuple[str, str]:
         end = self.end or (dt.date.today() + dt.timedelta(days=1)).isoformat()  # yfinance's end is exclusive
-        start = self.start or years_ago(self.years, dt.date.fromisoformat(end[:10]))
+        start = self.start or years_ago(self.years or DEFAULT_YEARS, dt.date.fromisoformat(end[:10]))
         if start >= end:
             raise UsageError(f"--start {start} must be before --end {end}")
         return start, end
@@ -77,9 +79,12 @@ def read_user_file(path: str) -> pd.DataFrame:
     except (ValueError, OSError) as exc:
         raise UsageError(f"--source file:{path} could not be read: {str(exc).splitlines()[0]}") from None
     try:
-        return normalise_columns(frame, f"--source file:{path}")
+        frame = normalise_columns(frame, f"--source file:{path}")
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--source file:{path} has unparseable values: {str(exc).splitlines()[0]}") from None
+    frame["ticker"] = frame["ticker"].astype(str).str.strip().str.upper()
+    check_symbols(sorted(frame["ticker"].unique()), f"--source file:{path}")
+    return frame
 
 
 def load_source(req: DataRequest, log=print) -> tuple[pd.DataFrame, dict]:
@@ -89,7 +94,7 @@ def load_source(req: DataRequest, log=print) -> tuple[pd.DataFrame, dict]:
     if req.source == "synthetic":
         frame = synthetic_market(n_tickers=req.synthetic_tickers, n_days=req.synthetic_days, seed=req.synthetic_seed,
                                  momentum=req.synthetic_momentum)
-        info.update(source=frame.attrs["source"], synthetic=True)
+        info.update(source=frame.attrs["source"], synthetic=True, sources={frame.attrs["source"]: req.synthetic_tickers})
         if req.tickers is not None:
             raise UsageError("--tickers/--tickers-file select real symbols; the synthetic market has its own "
                              "(use --synthetic-tickers N)")
@@ -101,9 +106,10 @@ def load_source(req: DataRequest, log=print) -> tuple[pd.DataFrame, dict]:
             if missing:
                 log(f"warning: {len(missing)} requested ticker(s) are not in the file: {', '.join(missing[:10])}")
             frame = frame[frame["ticker"].isin(req.tickers)]
-        if req.start or req.end:
+        if req.start or req.end or req.years:  # a file's whole history unless told otherwise
             start, end = req.date_range()
             frame = frame[(frame["date"] >= start) & (frame["date"] < end)]
+        info["sources"] = {f"file:{Path(req.source[5:]).resolve()}": int(frame["ticker"].nunique())}
     else:
         cache = PriceCache(Path(req.cache_dir))
         if req.source == "yfinance":
@@ -119,9 +125,9 @@ def load_source(req: DataRequest, log=print) -> tuple[pd.DataFrame, dict]:
         if not meta.get("tickers"):
             raise UsageError(f"--cache-dir {req.cache_dir} holds no cached prices; run `trainers fetch-sp500` "
                              f"first (or train with --source synthetic or --source file:PATH)")
-        frame = cache.read(req.tickers)
-        info["cache_source"] = meta.get("source", "yfinance")
-        info["synthetic"] = meta.get("source", "").startswith("synthetic")
+        frame = cache.read(req.tickers, warn=log)
+        info["sources"] = dict(frame.attrs.get("sources", {}))  # every source this run reads, per ticker count
+        info["synthetic"] = any(label.startswith("synthetic") for label in info["sources"])
         if req.start or req.end:
             start, end = req.date_range()
             frame = frame[(frame["date"] >= start) & (frame["date"] < end)]

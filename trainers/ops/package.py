@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tarfile
 import tempfile
 from pathlib import Path
 
-from trainers.errors import UsageError
+from trainers.errors import CheckFailed, UsageError
 from trainers.runtime.checkpoint import CheckpointManager
+from trainers.runtime.config import check_folder_writable
 from trainers.runtime.files import sha256_file
+from trainers.runtime.lock import describe_holder, held_by_other
 from trainers.runtime.rundir import resolve_checkpoint, single_process_context
 
 REQUIRED = ("config.json", "results.json", "model.onnx")
@@ -25,12 +28,30 @@ def package_files(run_dir: Path) -> list[Path]:
         raise UsageError(f"--run-dir {run_dir} lacks {', '.join(missing)}{hint}")
     ckpt = CheckpointManager(run_dir / "checkpoints", single_process_context(), 1, logging.getLogger("package"))
     step = resolve_checkpoint(ckpt, "best")
+    problem = ckpt.verify(step)
+    if problem:
+        raise CheckFailed(f"will not pack {ckpt.dir}: {problem}; pick a good checkpoint (`trainers <trainer> export "
+                          f"--checkpoint STEP`) or retrain")
+    verify_onnx(run_dir)
     files = [Path(n) for n in REQUIRED + OPTIONAL if (run_dir / n).is_file()]
     files += [ckpt.model_path(step).relative_to(run_dir), ckpt.meta_path(step).relative_to(run_dir)]
     tb = run_dir / "tensorboard"
     if tb.is_dir():
         files += sorted(p.relative_to(run_dir) for p in tb.rglob("*") if p.is_file())
     return files
+
+
+def verify_onnx(run_dir: Path) -> None:
+    """model.onnx must be the bytes its export checked (export.json records their SHA-256)."""
+    try:
+        record = json.loads((run_dir / "export.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckFailed(f"will not pack {run_dir / 'model.onnx'}: its export record export.json is missing or "
+                          f"unreadable ({exc}); run `trainers <trainer> export` again") from None
+    expected = record.get("sha256") if isinstance(record, dict) else None
+    if expected is None or sha256_file(run_dir / "model.onnx") != expected:
+        raise CheckFailed(f"will not pack {run_dir / 'model.onnx'}: it is not the file its export checked "
+                          f"(SHA-256 differs from export.json); run `trainers <trainer> export` again")
 
 
 def package_run(run_dir: Path, output: Path | None = None) -> dict:
@@ -40,6 +61,13 @@ def package_run(run_dir: Path, output: Path | None = None) -> dict:
     output = Path(output) if output else run_dir.parent / f"{run_dir.name}.tar.gz"
     if output.resolve().is_relative_to(run_dir):
         raise UsageError(f"--output {output} is inside the run folder; put the tarball beside it")
+    if output.is_dir():
+        raise UsageError(f"--output {output} is a folder; give the tarball's file name, e.g. {output / 'run.tar.gz'}")
+    check_folder_writable(output.parent, "--output")
+    holder = held_by_other(run_dir)
+    if holder:
+        raise UsageError(f"--run-dir {run_dir} is still being written by {describe_holder(holder)}; package it "
+                         f"when that job has ended")
     files = package_files(run_dir)
     sums = "".join(f"{sha256_file(run_dir / f)}  {f.as_posix()}\n" for f in files)
     root = run_dir.name

@@ -39,11 +39,13 @@ def describe_holder(note: dict) -> str:
 
 
 class FolderLock:
-    def __init__(self, folder: Path, what: str = "--run-dir", hint: str = ""):
+    def __init__(self, folder: Path, what: str = "--run-dir", hint: str = "", lock_name: str = LOCK_NAME,
+                 shown: Path | None = None):
         self.folder = Path(folder)
+        self.shown = Path(shown) if shown else self.folder  # the path messages name
         self.what = what
         self.hint = hint
-        self.path = self.folder / LOCK_NAME
+        self.path = self.folder / lock_name
         self._fd: int | None = None
 
     def read_note(self) -> dict:
@@ -64,13 +66,13 @@ class FolderLock:
             os.close(fd)
             note = self.read_note()
             holder = describe_holder(note) if note else "another process"
-            raise UsageError(f"{self.what} {self.folder} is in use by {holder}; wait for that job to end or "
+            raise UsageError(f"{self.what} {self.shown} is in use by {holder}; wait for that job to end or "
                              f"stop it{self.hint}, or use another folder") from None
         stale = self.read_note()
         if stale and warn is not None:
             alive = stale.get("host") == socket.gethostname() and _alive(int(stale.get("pid", -1)))
             why = "it is still running but holds no lock" if alive else "it is not running"
-            warn(f"{self.what} {self.folder}: taking over the lock left by {describe_holder(stale)}: {why}")
+            warn(f"{self.what} {self.shown}: taking over the lock left by {describe_holder(stale)}: {why}")
         note = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
                 "command": " ".join(sys.argv[:3])[:200]}
         os.ftruncate(fd, 0)

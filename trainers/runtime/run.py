@@ -59,6 +59,7 @@ from trainers.runtime.rundir import open_run_dir
 from trainers.runtime.stops import EarlyStopping, StopAgreement, StopReason
 
 HEARTBEAT = "heartbeat.json"
+DATA_RECORD = "data.json"  # the fingerprint of the data a run started with
 HEARTBEAT_S = 30.0
 
 
@@ -98,7 +99,8 @@ class _Clock:
 class Run:
     def __init__(self, cfg, ctx: DistContext, trainer: str, states: dict[str, Stateful], total_steps: int | None,
                  unit: str = "samples", metric_name: str = "loss", eval_every: int = 0,
-                 flops_per_item: float | None = None, started_at: float | None = None):
+                 flops_per_item: float | None = None, started_at: float | None = None,
+                 data_fingerprint: str | None = None):
         self.cfg = cfg
         self.ctx = ctx
         self.trainer = trainer
@@ -108,6 +110,7 @@ class Run:
         self.metric_name = metric_name
         self.eval_every = eval_every
         self.flops_per_item = flops_per_item
+        self.data_fingerprint = data_fingerprint
         self.run_dir = Path(cfg.run_dir)
         self.started_at = started_at if started_at is not None else time.time()
         self.step = 0
@@ -126,6 +129,7 @@ class Run:
     def __enter__(self) -> "Run":
         self._take_lock()
         self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx)
+        self._record_data()
         self._exit.callback(self.metrics.close)
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", self.ctx, self.cfg.keep_last, self.log)
         self.early = EarlyStopping(self.cfg.patience, getattr(self.cfg, "min_delta", 0.0))
@@ -150,6 +154,7 @@ class Run:
         problem = None
         if self.ctx.is_main:
             try:
+                self._check_data_unchanged()
                 if check_only:
                     holder = held_by_other(self.run_dir)
                     if holder:
@@ -209,6 +214,25 @@ class Run:
         self.bar.update(start.step)
         self._clock.window_start = time.perf_counter()
         return start
+
+    def _check_data_unchanged(self) -> None:
+        """A run trains on one dataset: a resume whose data fingerprint differs from the one the run
+        started with is refused (its positions and checkpoints index into the old data)."""
+        if self.data_fingerprint is None:
+            return
+        path = self.run_dir / DATA_RECORD
+        try:
+            saved = json.loads(path.read_text()).get("fingerprint") if path.exists() else None
+        except (OSError, ValueError, AttributeError):
+            saved = None
+        if saved is not None and saved != self.data_fingerprint:
+            raise UsageError(f"--run-dir {self.run_dir} was trained on other data (fingerprint {saved[:12]}..., now "
+                             f"{self.data_fingerprint[:12]}...); resume with the data it started with, or use a new "
+                             f"--run-dir")
+
+    def _record_data(self) -> None:
+        if self.data_fingerprint is not None and self.ctx.is_main and not (self.run_dir / DATA_RECORD).exists():
+            atomic_write_json(self.run_dir / DATA_RECORD, {"fingerprint": self.data_fingerprint})
 
     def _elapsed_including_lost_time(self, checkpoint_elapsed: float) -> float:
         """The budget counts time an earlier attempt spent after its last checkpoint (it crashed or

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -17,9 +18,31 @@ import torch
 from trainers.errors import UsageError
 from trainers.runtime import config as cfgmod
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.dist import DistContext, barrier
+from trainers.runtime.dist import DistContext, barrier, broadcast_object
 from trainers.runtime.files import atomic_write_json
+from trainers.runtime.lock import FolderLock
 from trainers.runtime.logs import MetricsWriter, get_logger
+
+
+@contextlib.contextmanager
+def exclusive(run_dir: Path, ctx: DistContext | None = None):
+    """Hold the run folder's lock for a command that writes into it (evaluate, export): refused in
+    one line, on every rank, while training (or another command) holds it."""
+    ctx = ctx or single_process_context()
+    lock, problem = None, None
+    if ctx.is_main:
+        try:
+            lock = FolderLock(Path(run_dir)).acquire()
+        except UsageError as exc:
+            problem = str(exc)
+    problem = broadcast_object(ctx, problem)
+    if problem:
+        raise UsageError(problem)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def single_process_context(device: str = "cpu") -> DistContext:
