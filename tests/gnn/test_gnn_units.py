@@ -188,3 +188,5 @@ def test_a_header_cannot_claim_more_nodes_than_its_file_could_hold(tmp_path):
     (tmp_path / "bin.col").write_bytes(b"p edge 3 1\n\xff\xfe\n")
     with pytest.raises(UsageError, match="not a text file"):
         read_graph(tmp_path / "bin.col")
+    with pytest.raises(UsageError, match="is a folder"):
+        read_graph(tmp_path)

@@ -159,6 +159,8 @@ def read_graph(path: str | Path) -> Graph:
     What a file may claim is bounded (MAX_NODES, and nodes per byte of file), so a two-line file
     cannot make us allocate gigabytes."""
     p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"graph file {path} is a folder; give a DIMACS .col or edge-list file")
     if not p.is_file():
         raise UsageError(f"graph file {path}: no such file")
     size = p.stat().st_size

@@ -27,6 +27,7 @@ from trainers.market.universe import (
     to_yfinance_symbol,
     validate_universe,
 )
+from trainers.runtime.config import check_folder_writable
 from trainers.runtime.files import atomic_write
 
 
@@ -34,6 +35,7 @@ def run_fetch(args: argparse.Namespace, downloader=yfinance_downloader) -> dict:
     check_source(args.source)
     if args.source == "cache":
         raise UsageError("--source cache reads the cache; fetch-sp500 fills it: use yfinance, synthetic or file:PATH")
+    check_folder_writable(Path(args.cache_dir), "--cache-dir")
     cache = PriceCache(Path(args.cache_dir))
     if args.source == "yfinance":
         tickers = resolve_tickers(args.tickers, args.tickers_file, args.universe)

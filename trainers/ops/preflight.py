@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trainers.errors import UsageError
 from trainers.registry import trainer_config
-from trainers.runtime.config import number
+from trainers.runtime.config import check_folder_writable, number
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 MIN_SHM_BYTES = 1 << 30  # Docker's 64 MB default breaks NCCL and DataLoader workers
@@ -251,6 +251,10 @@ def main(args) -> int:
         raise UsageError(f"--sizes-mb {args.sizes_mb!r} must be comma-separated integers") from None
     if not sizes or min(sizes) < 1:
         raise UsageError(f"--sizes-mb {args.sizes_mb!r} must list message sizes >= 1 MB")
+    if args.json:
+        check_folder_writable(Path(args.json).parent, "--json")
+        if Path(args.json).is_dir():
+            raise UsageError(f"--json {args.json} is a folder; give a file name")
     cfg = trainer_config(args.trainer, args.train_options)
     cfg.validate()
     need = checkpoint_bytes(model_parameters(args.trainer, cfg), cfg.keep_last) * 2  # ONNX + tarball copy it again

@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import json
 import math
-import os
+import tempfile
 import types
 import typing
 from pathlib import Path
@@ -163,15 +163,21 @@ def saved_config(run_dir: Path) -> dict[str, Any] | None:
 
 
 def check_folder_writable(folder: Path, flag: str = "--run-dir") -> None:
-    """A folder we are about to create or write: not a file, and creatable/writable by us."""
+    """A folder we are about to create or write: not a file, and creatable by us. Probed for real
+    with an unnamed temporary file in its nearest existing folder (nothing visible is left), since
+    permission bits do not tell root about read-only volumes or /proc."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{flag} {folder} is a file, not a folder; pick a folder path")
-    probe = folder if folder.exists() else next((p for p in folder.parents if p.exists()), None)
+    probe = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if probe is None or not probe.is_dir():
         raise UsageError(f"{flag} {folder} cannot be created: {probe} is not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {folder} cannot be written: no permission on {probe}; pick a folder you own")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{flag} {folder} cannot be written ({probe}: {exc.strerror}); pick a folder you can "
+                         f"write") from None
 
 
 def check_run_dir_compatible(run_dir: Path, cfg: Any) -> dict[str, Any] | None:
