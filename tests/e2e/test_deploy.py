@@ -14,8 +14,8 @@ import pytest
 from conftest import FAKES, ROOT, TINY_DATA, read_results
 
 SCRIPTS = ["deploy_8gpu.sh", "run_multigpu.sh", "kit_lib.sh", "gnn_training/run.sh", "build_and_push.sh",
-           "docker/entrypoint.sh", ".ci/run", "tests/fakes/nvidia-smi", *sorted(str(p.relative_to(ROOT)) for p in
-                                                                   (ROOT / "trainers").glob("*/deploy.sh"))]
+           "docker/entrypoint.sh", "docker/smoke.sh", ".ci/run", "tests/fakes/nvidia-smi",
+           *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "trainers").glob("*/deploy.sh"))]
 
 
 def bin_dir(tmp_path: Path, with_nvidia_smi: bool = True, extra: dict | None = None) -> str:

@@ -1,0 +1,364 @@
+#!/usr/bin/env bash
+# Container smoke test (opt-in, not part of CI): build docker/Dockerfile with podman on a stand-in CPU
+# base image and run the image as a user would, to a verified tarball.
+#
+#   sudo bash docker/smoke.sh [--out FILE] [--work DIR] [--rebuild-base] [--no-gnn] [--verbose]
+#
+# Steps: 1. the stand-in base (Debian bookworm via debootstrap + python3/pip + the CPU torch wheel),
+# built once and cached as an image; 2. docker/Dockerfile built on it (--build-arg BASE_IMAGE=...);
+# 3. inside the image: the entrypoint's dispatch (help, shell -c, a command, exit codes, SIGTERM through
+# tini), `preflight` (no GPU: exit 1 and its --demo hint), `deploy --demo` and `gnn --demo` into a host
+# folder mounted at /workspace; on the host, `sha256sum -c` of each tarball and of the SHA256SUMS inside
+# it, and results.json's world_size 2, device cpu. A summary goes to --out as JSON.
+#
+# It does not prove the real base image (pytorch/pytorch CUDA, conda), CUDA, NCCL, GPUs or multi-node.
+# Needs root (rootful podman), podman + runc + debootstrap, python3 on the host, and network access to
+# a Debian mirror and PyPI. Environment: TORCH_SPEC (default torch==2.13.0), TORCH_INDEX_URL (where
+# pip finds it; default: the host's pip configuration), DEBIAN_MIRROR.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT_JSON="$REPO/bench/results/docker_smoke.json"
+WORK="${SMOKE_WORK:-/var/tmp/trainers-smoke}"
+ARGS=("$@")
+REBUILD_BASE=0
+GNN=1
+VERBOSE=0
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
+DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+ROOTFS_IMAGE="localhost/trainers-smoke-rootfs:bookworm"
+TORCH_TAG="${TORCH_SPEC//==/-}"
+BASE_IMAGE="localhost/trainers-smoke-base:bookworm-${TORCH_TAG//[^A-Za-z0-9_.-]/-}-cpu"
+IMAGE="localhost/trainers:smoke"
+# Small data: the whole forecaster pipeline in a few minutes on 2 CPU cores.
+FORECAST_ARGS=(--synthetic-tickers 16 --synthetic-days 800 --window 32 --horizon 5 --epochs 1)
+GNN_ARGS=(--train 64 --val 16 --max-nodes 60 --epochs 1)
+
+die() { echo "error: $*" >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) [[ $# -ge 2 && -n "$2" ]] || die "--out needs a file name"; OUT_JSON="$2"; shift 2 ;;
+    --work) [[ $# -ge 2 && -n "$2" ]] || die "--work needs a folder"; WORK="$2"; shift 2 ;;
+    --rebuild-base) REBUILD_BASE=1; shift ;;
+    --no-gnn) GNN=0; shift ;;
+    -v|--verbose) VERBOSE=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (use --out FILE, --work DIR, --rebuild-base, --no-gnn, --verbose)" ;;
+  esac
+done
+
+[[ "$(id -u)" -eq 0 ]] || die "must be run as root (it drives rootful podman and debootstrap): sudo bash docker/smoke.sh"
+for tool in podman runc debootstrap; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool not found: apt-get install podman runc debootstrap"
+done
+command -v python3 >/dev/null 2>&1 || die "python3 not found on the host (it fetches the torch wheel and checks JSON): apt-get install python3 python3-pip"
+[[ "$WORK" == /* && "$WORK" != / ]] || die "--work '$WORK' must be an absolute path other than /"
+mkdir -p "$WORK" "$(dirname "$OUT_JSON")" 2>/dev/null || die "cannot create $WORK or $(dirname "$OUT_JSON")"
+OUT_JSON="$(cd "$(dirname "$OUT_JSON")" && pwd)/$(basename "$OUT_JSON")"
+
+# runc and cgroupfs: what works on machines without systemd (crun/systemd cgroups may not); the same
+# ulimits for build and run (the defaults inherited here can be too low or too high for runc).
+PODMAN=(podman --runtime runc --cgroup-manager=cgroupfs)
+LIMITS=(--ulimit nofile=20000:20000 --ulimit nproc=4096:4096)
+WS="$WORK/workspace"     # mounted at /workspace: what the container writes, checked from the host
+LOGS="$WORK/logs"
+CHECKS="$LOGS/checks.tsv"
+BASE_RECORD="$WORK/base-image.tsv"  # how the cached base image was built (its steps, by the run that built it)
+CONTAINERS=()
+STARTED=$EPOCHREALTIME
+
+# Fresh outputs every run (the cached base image is the only thing kept), so a rerun proves it again.
+rm -rf "${WS:?}" "${WORK:?}/extract" "${LOGS:?}" "${WORK:?}/base"
+mkdir -p "$WS" "$WORK/extract" "$LOGS"
+: > "$CHECKS"
+
+# ---- helpers -------------------------------------------------------------------------------------
+quote() { local s; s=$(printf '%q ' "$@"); echo "${s% }"; }
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+image_id() { "${PODMAN[@]}" image inspect --format '{{.Id}}' "$1" 2>/dev/null | cut -c1-12; }
+image_size() { "${PODMAN[@]}" image inspect --format '{{.Size}}' "$1" 2>/dev/null; }
+
+cleanup() {  # every container this run named, whatever state it is in
+  local name
+  for name in "${CONTAINERS[@]}"; do
+    "${PODMAN[@]}" rm -f --ignore "$name" >/dev/null 2>&1 || true
+  done
+}
+trap cleanup EXIT
+trap 'echo "error: docker/smoke.sh stopped at line $LINENO ($BASH_COMMAND); logs in $LOGS" >&2' ERR
+
+container() {  # container SUFFIX: C = a name for a container of this run (removed at exit; a leftover now)
+  C="trainers-smoke-$1"
+  "${PODMAN[@]}" rm -f --ignore "$C" >/dev/null 2>&1 || true
+  CONTAINERS+=("$C")
+}
+
+record() {  # record NAME PASSED SECONDS EXIT COMMAND DETAIL: one row of the summary
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "${6//$'\t'/ }" >> "$CHECKS"
+}
+
+# step NAME WANT_EXIT COMMAND...: run it, output to $LOGS/NAME.log, and require that exit status.
+# Sets STEP_LOG, STEP_S, STEP_CMD for the checks and the record that follow.
+step() {
+  local name="$1" want="$2" rc=0 t0
+  shift 2
+  STEP_LOG="$LOGS/$name.log" STEP_CMD="$(quote "$@")"
+  echo "--> $name: $STEP_CMD"
+  t0=$EPOCHREALTIME
+  if [[ "$VERBOSE" -eq 1 ]]; then
+    "$@" 2>&1 | tee "$STEP_LOG" || rc=${PIPESTATUS[0]}
+  else
+    "$@" > "$STEP_LOG" 2>&1 || rc=$?
+  fi
+  STEP_S=$(since "$t0")
+  [[ "$rc" -eq "$want" ]] || fail "$name" "$rc" "exited $rc, expected $want"
+  STEP_RC=$rc
+}
+
+expect() {  # expect NAME TEXT: the last step's output must contain TEXT
+  grep -qF -- "$2" "$STEP_LOG" || fail "$1" "$STEP_RC" "output lacks '$2'"
+}
+
+pass() {  # pass NAME DETAIL: the last step passed
+  record "$1" true "$STEP_S" "$STEP_RC" "$STEP_CMD" "$2"
+  printf '    ok  %-22s %6s s  %s\n' "$1" "$STEP_S" "$2"
+}
+
+fail() {  # fail NAME EXIT WHY: record it, write the summary, stop
+  record "$1" false "${STEP_S:-0}" "$2" "${STEP_CMD:-}" "$3"
+  echo "--- last lines of ${STEP_LOG:-(no log)}:" >&2
+  [[ -z "${STEP_LOG:-}" || ! -f "$STEP_LOG" ]] || tail -n 25 "$STEP_LOG" >&2
+  summary false
+  echo "error: smoke step '$1' failed: $3 (log: ${STEP_LOG:-none}; summary: $OUT_JSON)" >&2
+  exit 1
+}
+
+json_get() {  # json_get FILE KEY...: a value from a JSON file, e.g. json_get results.json training device
+  python3 -c 'import functools, json, sys; print(functools.reduce(lambda d, k: d[k], sys.argv[2:], json.load(open(sys.argv[1]))))' "$@"
+}
+
+summary() {  # summary PASSED: the JSON record of this run at $OUT_JSON
+  S_PASSED="$1" S_DATE="$(date -u +%Y-%m-%dT%H:%M:%SZ)" S_TOTAL="$(since "$STARTED")" \
+  S_COMMAND="$(quote bash docker/smoke.sh "${ARGS[@]}")" S_COMMIT="$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)" \
+  S_DIRTY="$(git -C "$REPO" status --porcelain 2>/dev/null | grep -c . || true)" \
+  S_OS="$(. /etc/os-release 2>/dev/null && echo "${PRETTY_NAME:-unknown}")" \
+  S_PODMAN="$("${PODMAN[@]}" version --format '{{.Client.Version}}' 2>/dev/null || echo unknown)" \
+  S_RUNTIME="$(runc --version 2>/dev/null | head -n1)" S_FLAGS="$(quote "${PODMAN[@]}") ... $(quote "${LIMITS[@]}")" \
+  S_BASE="$BASE_IMAGE" S_BASE_ID="$(image_id "$BASE_IMAGE" || true)" S_BASE_SIZE="$(image_size "$BASE_IMAGE" || true)" \
+  S_BASE_BUILT="$BASE_BUILT" S_BASE_S="$BASE_S" S_WHEEL="${WHEEL_NAME:-}" \
+  S_IMAGE="$IMAGE" S_IMAGE_ID="$(image_id "$IMAGE" || true)" S_IMAGE_SIZE="$(image_size "$IMAGE" || true)" \
+  S_IMAGE_S="${IMAGE_S:-0}" S_VERSIONS="${VERSIONS:-}" \
+  python3 - "$CHECKS" "$OUT_JSON" "$BASE_RECORD" <<'PY'
+import json, os, platform, sys
+
+e = os.environ
+
+
+def read_checks(path):
+    rows = [line.rstrip("\n").split("\t") for line in open(path) if line.strip()]
+    return [{"name": r[0], "passed": r[1] == "true", "seconds": float(r[2]),
+             "exit": int(r[3]) if r[3].lstrip("-").isdigit() else None, "command": r[4], "detail": r[5]}
+            for r in rows if r[0] != "id"]
+
+
+checks = read_checks(sys.argv[1])
+built_by = None
+if e["S_BASE_BUILT"] != "1" and os.path.exists(sys.argv[3]):
+    _, _, seconds, date = open(sys.argv[3]).readline().rstrip("\n").split("\t")
+    built_by = {"date": date, "build_seconds": float(seconds), "steps": read_checks(sys.argv[3])}
+record = {
+    "benchmark": "docker_smoke",
+    "passed": e["S_PASSED"] == "true" and all(c["passed"] for c in checks),
+    "date": e["S_DATE"],
+    "total_seconds": float(e["S_TOTAL"]),
+    "command": e["S_COMMAND"],
+    "git_commit": e["S_COMMIT"],
+    "git_changed_files": int(e["S_DIRTY"] or 0),  # the image holds the working tree: 0 means exactly git_commit
+    "machine": {"os": e["S_OS"], "kernel": platform.release(), "arch": platform.machine(), "cpus": os.cpu_count()},
+    "podman": e["S_PODMAN"],
+    "runtime": e["S_RUNTIME"],
+    "podman_flags": e["S_FLAGS"],
+    "base_image": {"name": e["S_BASE"], "id": e["S_BASE_ID"] or None, "size_bytes": int(e["S_BASE_SIZE"] or 0) or None,
+                   "built_this_run": e["S_BASE_BUILT"] == "1", "build_seconds": float(e["S_BASE_S"]),
+                   "torch_wheel": e["S_WHEEL"], "built_by_an_earlier_run": built_by,
+                   "what": "stand-in for pytorch/pytorch:*-cuda*: Debian bookworm (debootstrap minbase), python3, "
+                           "pip, python-is-python3, the CPU torch wheel, PEP 668 marker removed"},
+    "image": {"name": e["S_IMAGE"], "id": e["S_IMAGE_ID"] or None, "size_bytes": int(e["S_IMAGE_SIZE"] or 0) or None,
+              "build_seconds": float(e["S_IMAGE_S"]), "dockerfile": "docker/Dockerfile", "versions": e["S_VERSIONS"]},
+    "checks": checks,
+    "not_proven": ["the real base image pytorch/pytorch:*-cuda* (conda Python, CUDA libraries, Ubuntu packages)",
+                   "CUDA, NCCL, GPUs, --gpus device passthrough, /dev/shm sizing under NCCL",
+                   "multi-node rendezvous between containers",
+                   "Docker Engine and BuildKit themselves (podman/buildah built and ran it)"],
+}
+with open(sys.argv[2], "w") as f:
+    f.write(json.dumps(record, indent=2) + "\n")
+PY
+}
+
+verify_tarball() {  # verify_tarball TRAINER: on the host, both checksum lists and results.json's run facts
+  local name="$1" tarball="$WS/output/$1.tar.gz" extract="$WORK/extract/$1" world device
+  STEP_LOG="$LOGS/verify-$name.log" STEP_CMD="(cd $WS/output && sha256sum -c $name.tar.gz.sha256); tar -xzf; (cd $name && sha256sum -c SHA256SUMS)"
+  STEP_RC=0
+  local t0=$EPOCHREALTIME
+  [[ -f "$tarball" && -f "$tarball.sha256" ]] || fail "verify-$name" 1 "$tarball or its .sha256 is missing"
+  (cd "$WS/output" && sha256sum -c "$name.tar.gz.sha256") > "$STEP_LOG" 2>&1 || fail "verify-$name" 1 "sha256sum -c $name.tar.gz.sha256 failed"
+  mkdir -p "$extract"
+  tar -xzf "$tarball" -C "$extract" >> "$STEP_LOG" 2>&1 || fail "verify-$name" 1 "tar -xzf $tarball failed"
+  (cd "$extract/$name" && sha256sum -c SHA256SUMS) >> "$STEP_LOG" 2>&1 || fail "verify-$name" 1 "sha256sum -c SHA256SUMS inside $name.tar.gz failed"
+  [[ -f "$extract/$name/model.onnx" ]] || fail "verify-$name" 1 "the tarball has no model.onnx"
+  world=$(json_get "$extract/$name/results.json" training world_size) || fail "verify-$name" 1 "results.json unreadable"
+  device=$(json_get "$extract/$name/results.json" training device) || fail "verify-$name" 1 "results.json unreadable"
+  [[ "$world" == 2 && "$device" == cpu ]] || fail "verify-$name" 1 "results.json says world_size $world, device $device (wanted 2, cpu)"
+  STEP_S=$(since "$t0")
+  pass "verify-$name" "tarball $(stat -c %s "$tarball") B, $(wc -l < "$extract/$name/SHA256SUMS") files OK by sha256sum -c SHA256SUMS, world_size 2, device cpu"
+}
+
+echo "trainers container smoke: repo $REPO, work $WORK, $("${PODMAN[@]}" --version)"
+
+# ---- 1. the stand-in base image ----------------------------------------------------------------
+BASE_BUILT=0 BASE_S=0
+if [[ "$REBUILD_BASE" -eq 0 ]] && "${PODMAN[@]}" image exists "$BASE_IMAGE"; then
+  echo "--> base: $BASE_IMAGE cached ($(image_id "$BASE_IMAGE")); --rebuild-base to build it again"
+  [[ "$(head -n1 "$BASE_RECORD" 2>/dev/null | cut -f2)" == "$(image_id "$BASE_IMAGE")" ]] || rm -f "$BASE_RECORD"
+  WHEEL_NAME=$("${PODMAN[@]}" image inspect --format '{{index .Labels "trainers.smoke.torch-wheel"}}' "$BASE_IMAGE")
+else
+  t0=$EPOCHREALTIME
+  ctx="$WORK/base"
+  mkdir -p "$ctx/wheel" "$ctx/ca"
+  # the wheel pip would install for the container's Python (bookworm: CPython 3.11) on this architecture
+  pip_args=(download "$TORCH_SPEC" --no-deps --only-binary=:all: --python-version 3.11 --implementation cp
+            --abi cp311 --platform "manylinux_2_28_$(uname -m)" -d "$ctx/wheel")
+  [[ -z "$TORCH_INDEX_URL" ]] || pip_args+=(--index-url "$TORCH_INDEX_URL")
+  step base-wheel 0 python3 -m pip "${pip_args[@]}"
+  wheels=("$ctx"/wheel/torch-*.whl)
+  WHEEL_NAME=$(basename "${wheels[0]}")
+  [[ -f "${wheels[0]}" ]] || fail base-wheel 1 "pip download $TORCH_SPEC gave no torch wheel in $ctx/wheel"
+  [[ "$WHEEL_NAME" == *+cpu* ]] || echo "warning: $WHEEL_NAME is not a +cpu build; its install pulls the CUDA libraries (set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu)" >&2
+  pass base-wheel "$WHEEL_NAME"
+
+  step base-debootstrap 0 debootstrap --variant=minbase --include=python3,python3-pip,python-is-python3,ca-certificates \
+    bookworm "$ctx/rootfs" "$DEBIAN_MIRROR"
+  pass base-debootstrap "bookworm minbase + python3, python3-pip, python-is-python3 from $DEBIAN_MIRROR"
+  old_rootfs=$(image_id "$ROOTFS_IMAGE" || true)
+  step base-import 0 bash -c "set -o pipefail; tar -C $(quote "$ctx/rootfs") -c . | $(quote "${PODMAN[@]}") import - $(quote "$ROOTFS_IMAGE")"
+  rm -rf "${ctx:?}/rootfs"
+  [[ -z "$old_rootfs" || "$old_rootfs" == "$(image_id "$ROOTFS_IMAGE")" ]] || "${PODMAN[@]}" rmi "$old_rootfs" >/dev/null 2>&1 || true
+  pass base-import "$ROOTFS_IMAGE $(image_id "$ROOTFS_IMAGE")"
+
+  # Certificate authorities this host adds (e.g. a TLS-inspecting egress proxy) so pip in the
+  # containers trusts what the host trusts; nothing is copied where the host adds none.
+  find /usr/local/share/ca-certificates -maxdepth 1 -name '*.crt' -exec cp {} "$ctx/ca/" \; 2>/dev/null || true
+  touch "$ctx/ca/.keep"
+  cat > "$ctx/Containerfile" <<EOF
+FROM $ROOTFS_IMAGE
+LABEL trainers.smoke.torch-wheel="$WHEEL_NAME"
+COPY ca/ /usr/local/share/ca-certificates/
+COPY wheel/$WHEEL_NAME /tmp/
+# The real base (conda) lets pip install into its Python; Debian's PEP 668 marker forbids that for
+# the system Python, so the stand-in removes it to behave like the real base (stand-in only).
+RUN rm -f /usr/lib/python3*/EXTERNALLY-MANAGED /usr/local/share/ca-certificates/.keep \\
+    && update-ca-certificates \\
+    && pip install --no-cache-dir /tmp/$WHEEL_NAME \\
+    && rm /tmp/$WHEEL_NAME \\
+    && python -c "import torch; print('torch', torch.__version__)"
+CMD ["bash"]
+EOF
+  old_id=$(image_id "$BASE_IMAGE" || true)
+  step base-build 0 "${PODMAN[@]}" build --force-rm --format docker "${LIMITS[@]}" -t "$BASE_IMAGE" "$ctx"
+  [[ -z "$old_id" || "$old_id" == "$(image_id "$BASE_IMAGE")" ]] || "${PODMAN[@]}" rmi "$old_id" >/dev/null 2>&1 || true
+  rm -rf "${ctx:?}"
+  BASE_BUILT=1 BASE_S=$(since "$t0")
+  pass base-build "$BASE_IMAGE $(image_id "$BASE_IMAGE"), $(image_size "$BASE_IMAGE") B"
+  { printf 'id\t%s\t%s\t%s\n' "$(image_id "$BASE_IMAGE")" "$BASE_S" "$(date -u +%Y-%m-%dT%H:%M:%SZ)"; grep '^base-' "$CHECKS"; } > "$BASE_RECORD"
+fi
+
+# The build below needs PyPI from inside a container: say so in one line if it cannot reach it.
+container netcheck
+step network 0 "${PODMAN[@]}" run --rm --name "$C" "${LIMITS[@]}" "$BASE_IMAGE" python -c \
+  'import urllib.request as u; print(u.urlopen("https://pypi.org/simple/pip/", timeout=30).status)'
+pass network "a container reaches https://pypi.org over TLS"
+
+# ---- 2. docker/Dockerfile, exactly as users build it -------------------------------------------
+old_id=$(image_id "$IMAGE" || true)
+t0=$EPOCHREALTIME
+# --format docker: keep Docker's behaviour for SHELL (the OCI format would ignore it). --no-cache: the
+# Dockerfile is what is under test, so apt and PyPI are asked again every run.
+step image-build 0 "${PODMAN[@]}" build --no-cache --force-rm --format docker "${LIMITS[@]}" -f "$REPO/docker/Dockerfile" \
+  --build-arg "BASE_IMAGE=$BASE_IMAGE" -t "$IMAGE" "$REPO"
+IMAGE_S=$(since "$t0")
+[[ -z "$old_id" || "$old_id" == "$(image_id "$IMAGE")" ]] || "${PODMAN[@]}" rmi "$old_id" >/dev/null 2>&1 || true
+pass image-build "$IMAGE $(image_id "$IMAGE"), $(image_size "$IMAGE") B"
+
+# ---- 3. the image as users run it --------------------------------------------------------------
+# as the README runs it (--ipc=host; /workspace a host folder); --gpus is left out: there are none
+RUN_KEEP=("${PODMAN[@]}" run "${LIMITS[@]}" --ipc=host -v "$WS:/workspace")
+RUN=("${RUN_KEEP[@]}" --rm)
+
+container help
+step entry-help 0 "${RUN[@]}" --name "$C" "$IMAGE" help
+expect entry-help "deploy [deploy_8gpu.sh options]"
+pass entry-help "help lists the commands"
+
+container shell
+# shellcheck disable=SC2016  # $PWD is the container's, expanded there
+step entry-shell 0 "${RUN[@]}" --name "$C" "$IMAGE" shell -c \
+  'echo "shell ok in $PWD"; python -c "import sys, torch, onnxruntime, trainers; print(\"python\", sys.version.split()[0], \"torch\", torch.__version__, \"onnxruntime\", onnxruntime.__version__, \"trainers\", trainers.__version__)"'
+expect entry-shell "shell ok in /workspace"
+VERSIONS=$(grep '^python ' "$STEP_LOG" | head -n1)
+pass entry-shell "$VERSIONS"
+
+container command
+step entry-command 0 "${RUN[@]}" --name "$C" "$IMAGE" trainers --help
+expect entry-command "usage: trainers"
+pass entry-command "any other word runs as a command (trainers --help)"
+
+container exit
+step entry-exit 3 "${RUN[@]}" --name "$C" "$IMAGE" bash -c 'exit 3'
+pass entry-exit "a command's exit status comes through tini and the entrypoint"
+
+container deploy-help
+step entry-deploy-help 0 "${RUN[@]}" --name "$C" "$IMAGE" deploy --help
+expect entry-deploy-help "--demo"
+pass entry-deploy-help "deploy passes its flags to deploy_8gpu.sh"
+
+# A pod stop is SIGTERM to PID 1 (tini): it must reach the command, which then exits on its own terms.
+container sigterm
+STEP_LOG="$LOGS/entry-sigterm.log" STEP_CMD="podman run -d ... bash -c 'trap \"exit 42\" TERM; sleep 600 & wait'; podman stop -t 30"
+echo "--> entry-sigterm: $STEP_CMD"
+t0=$EPOCHREALTIME
+"${RUN_KEEP[@]}" -d --name "$C" "$IMAGE" bash -c 'trap "echo got SIGTERM; exit 42" TERM; echo ready; sleep 600 & wait' \
+  > "$STEP_LOG" 2>&1 || fail entry-sigterm 1 "podman run -d failed"
+for _ in $(seq 60); do "${PODMAN[@]}" logs "$C" 2>/dev/null | grep -q ready && break; sleep 0.5; done
+"${PODMAN[@]}" stop -t 30 "$C" >> "$STEP_LOG" 2>&1 || true
+STEP_RC=$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$C" 2>/dev/null || echo unknown)
+"${PODMAN[@]}" logs "$C" >> "$STEP_LOG" 2>&1 || true
+STEP_S=$(since "$t0")
+[[ "$STEP_RC" == 42 ]] || fail entry-sigterm "$STEP_RC" "after podman stop the command exited $STEP_RC, not 42 from its SIGTERM trap (137: killed, SIGTERM never reached it)"
+"${PODMAN[@]}" rm -f --ignore "$C" >/dev/null 2>&1 || true
+pass entry-sigterm "podman stop's SIGTERM reached the command (exit 42 from its trap)"
+
+container preflight
+step preflight 1 "${RUN[@]}" --name "$C" "$IMAGE" preflight
+expect preflight "no NVIDIA GPU"
+expect preflight "--demo"
+awk -v s="$STEP_S" 'BEGIN { exit !(s < 60) }' || fail preflight 1 "took $STEP_S s, not fast"
+pass preflight "no GPU: exit 1 with the --demo hint"
+
+container deploy
+step deploy 0 "${RUN[@]}" --name "$C" "$IMAGE" deploy --demo --out /workspace/output -- "${FORECAST_ARGS[@]}"
+expect deploy "deploy finished"
+pass deploy "forecast: train (torchrun, 2 gloo workers), export, package"
+verify_tarball forecast
+
+if [[ "$GNN" -eq 1 ]]; then
+  container gnn
+  step gnn 0 "${RUN[@]}" --name "$C" "$IMAGE" gnn --demo --out /workspace/output "${GNN_ARGS[@]}"
+  expect gnn "deploy finished"
+  pass gnn "gnn: data, train (2 gloo workers), export, package"
+  verify_tarball gnn
+fi
+
+summary true
+echo "passed in $(since "$STARTED") s: image $IMAGE $(image_id "$IMAGE") ($(image_size "$IMAGE") B) on base $BASE_IMAGE; summary $OUT_JSON"
