@@ -26,6 +26,11 @@ usage() {
   trainer_usage
 }
 
+# status, attach and stop: the job-control verbs (kit_lib.sh), answered from the files a deploy writes.
+case "${1:-}" in
+  status|attach|stop) job_command "$@"; exit 0 ;;
+esac
+
 # --trainer picks the hooks that parse the trainer's own flags, so it is found first.
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
@@ -38,8 +43,16 @@ parse_flags "$@"
 check_common_flags
 trainer_defaults
 set_paths
+if should_detach; then
+  probe_job_lock
+  OLD_STATE_PID=$(grep '^pid=' "$OUT/deploy-$TRAINER.state" 2>/dev/null | cut -d= -f2 || true)
+  detach_job "$@"
+  exit 0
+fi
 [[ "$DRY_RUN" -eq 1 ]] || lock_job
 start_log
+install_signal_traps
+start_state
 
 echo "deploy_8gpu.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) ($(uname -sm)); repo $REPO @ $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo "trainer=$TRAINER out=$OUT demo=$DEMO gpus=$GPUS nnodes=$NNODES node_rank=$NODE_RANK dry_run=$DRY_RUN"

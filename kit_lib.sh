@@ -31,6 +31,8 @@ RDZV_ENDPOINT="${RDZV_ENDPOINT:-}"
 SKIP_DATA=0
 DEMO=0
 DRY_RUN=0
+MODE=auto          # auto: detach when started from a terminal; foreground; detached (the relaunched child)
+NO_PACKAGE=0
 EXTRA=()
 TRAIN_ARGS=()
 PHASE="start"
@@ -51,7 +53,16 @@ common_usage() {
   --node-rank R          this node's rank, 0..N-1                                   [NODE_RANK]
   --rdzv-endpoint H:P    rendezvous host:port (node 0's address) for --nnodes > 1   [RDZV_ENDPOINT]
   --dry-run              print each phase's commands without running them
+  --foreground           stay attached to this terminal (a hang-up then stops the job with a checkpoint);
+                         the default when not started from a terminal (container, SLURM, scripts)
+  --detach               leave the terminal even when not started from one
   -h, --help             this help
+Job control (any trainer; --out and --trainer as for the deploy):
+  bash deploy_8gpu.sh status [--out DIR] [--trainer NAME] [--json]   where it stands: phase, step, losses,
+                         speed, money, ETA, GPUs, alive or not, and the tarball when done
+  bash deploy_8gpu.sh attach [--out DIR] [--trainer NAME]            follow the log (Ctrl-C detaches only)
+  bash deploy_8gpu.sh stop [--out DIR] [--trainer NAME] [--no-package]
+                         stop training with a checkpoint; export and package still run unless --no-package
 Environment: TRAINERS_PYTHON (a Python that already has the kit installed), TORCH_SPEC,
 TORCH_INDEX_URL (what the install phase uses for torch when it is missing).
 EOF
@@ -71,6 +82,9 @@ common_flag() {  # common_flag ARGS...: parse one common flag; CONSUMED = words 
     --node-rank) need_value "$@"; NODE_RANK="$2" ;;
     --rdzv-endpoint) need_value "$@"; RDZV_ENDPOINT="$2" ;;
     --skip-data|--skip-fetch) SKIP_DATA=1; CONSUMED=1 ;;
+    --foreground) [[ "$MODE" == detached ]] || MODE=foreground; CONSUMED=1 ;;
+    --detach) [[ "$MODE" == detached ]] || MODE=detach; CONSUMED=1 ;;
+    --detached-child) MODE=detached; CONSUMED=1 ;;
     --demo) DEMO=1; CONSUMED=1 ;;
     --dry-run) DRY_RUN=1; CONSUMED=1 ;;
     *) CONSUMED=0 ;;
@@ -143,9 +157,72 @@ lock_job() {  # held for the whole deploy (and by the processes it starts): a se
   printf 'pid %s on %s since %s\n' "$$" "$(hostname)" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > "$JOB_LOCK"
 }
 
+probe_job_lock() {  # refuse before detaching when a deploy already runs (the same test lock_job makes)
+  command -v flock >/dev/null 2>&1 || return 0
+  [[ -f "$OUT/.deploy-$TRAINER.lock" ]] || return 0
+  flock -n "$OUT/.deploy-$TRAINER.lock" true ||
+    die "a deploy of $TRAINER into $OUT is already running ($(cat "$OUT/.deploy-$TRAINER.lock" 2>/dev/null)); follow it with \`bash deploy_8gpu.sh status --trainer $TRAINER --out $OUT\`"
+}
+
+# ---- the job's state, for `status` (one key=value file, replaced atomically) ---------------------------
+declare -A STATE=()
+set_state() {  # set_state KEY VALUE [KEY VALUE...]
+  while [[ $# -ge 2 ]]; do STATE[$1]="$2"; shift 2; done
+  [[ "$DRY_RUN" -eq 1 ]] && return 0
+  local file="$OUT/deploy-$TRAINER.state" key
+  {
+    for key in "${!STATE[@]}"; do printf '%s=%s\n' "$key" "${STATE[$key]//$'\n'/ }"; done
+  } > "$file.tmp.$$" && mv -f "$file.tmp.$$" "$file"
+}
+
+start_state() {
+  set_state trainer "$TRAINER" pid "$$" host "$(hostname)" started "$(date +%s)" state running phase start \
+    detached "$([[ "$MODE" == detached ]] && echo 1 || echo 0)" out "$OUT" run_dir "$RUN_DIR" log "$LOG" \
+    tarball "$TARBALL" usd_per_gpu_hour "$USD_PER_GPU_HOUR" budget_usd "$BUDGET_USD" max_hours "$MAX_HOURS" \
+    exit_code "" ended "" download ""
+}
+
+# ---- signals ---------------------------------------------------------------------------------------
+# A foreground job: SIGTERM/SIGINT/SIGHUP stop training with a checkpoint (the workers are signalled,
+# since they run in sessions of their own), then the deploy ends without exporting. A detached job
+# ignores hang-ups (nohup + TORCHELASTIC_SIGNALS_TO_HANDLE without SIGHUP + TRAINERS_ON_HANGUP=ignore).
+STOP_SIGNAL=""
+training_pid() {  # rank 0's worker pid from the run folder's lock note (else the torchrun agent's)
+  local pid=""
+  [[ -f "$RUN_DIR/.lock" ]] && pid=$(grep -o '"pid": *[0-9]*' "$RUN_DIR/.lock" 2>/dev/null | grep -o '[0-9]*$' || true)
+  if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then echo "$pid"; else echo "${TRAIN_PID:-}"; fi
+}
+
+on_stop_signal() {  # on_stop_signal NAME
+  STOP_SIGNAL="$1"
+  echo "deploy: got SIG$1 in phase '$PHASE': stopping training with a checkpoint" >&2
+  set_state stop_signal "SIG$1"
+  local pid
+  pid=$(training_pid)
+  # the same signal, so results.json names the real cause (a worker stops on each of them)
+  if [[ -n "$pid" ]]; then kill -"$1" "$pid" 2>/dev/null || true; else exit 143; fi
+}
+
+install_signal_traps() {
+  if [[ "$MODE" == detached ]]; then
+    trap '' HUP
+    # no progress bars in a log nobody watches live (status and metrics.jsonl say where it is)
+    export TRAINERS_ON_HANGUP=ignore TORCHELASTIC_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGQUIT" TRAINERS_PROGRESS=0
+  else
+    trap 'on_stop_signal HUP' HUP
+    export TRAINERS_ON_HANGUP=stop
+  fi
+  trap 'on_stop_signal TERM' TERM
+  trap 'on_stop_signal INT' INT
+}
+
 # ---- logging and phases --------------------------------------------------------------------------
-start_log() {  # everything to the terminal and $LOG; stderr stays stderr
-  exec > >(tee -a "$LOG") 2> >(tee -a "$LOG" >&2)
+start_log() {  # everything to the terminal (foreground) and $LOG; tee ignores hang-ups so the log goes on
+  if [[ "$MODE" == detached ]]; then
+    exec >>"$LOG" 2>&1
+  else
+    exec > >(trap '' HUP INT; exec tee -a "$LOG") 2> >(trap '' HUP INT; exec tee -a "$LOG" >&2)
+  fi
   trap on_exit EXIT
 }
 
@@ -153,6 +230,12 @@ on_exit() {
   local rc=$?
   if [[ $rc -ne 0 ]]; then
     echo "$(basename "$0") FAILED in phase '$PHASE' (exit $rc); the full log is $LOG" >&2
+  fi
+  if [[ "${STATE[state]:-}" == running ]]; then
+    local how=finished
+    [[ $rc -eq 0 ]] || how=failed
+    [[ -z "$STOP_SIGNAL" ]] || how=stopped
+    set_state state "$how" exit_code "$rc" ended "$(date +%s)"
   fi
 }
 
@@ -166,6 +249,7 @@ run() {  # run a command, or print it under --dry-run
 
 phase() {  # phase NAME FUNCTION: timed, logged
   PHASE="$1"
+  set_state phase "$1" phase_started "$(date +%s)"
   local started=$SECONDS
   echo "==> [$1] $(date -u +%H:%M:%S)"
   "$2"
@@ -265,17 +349,41 @@ phase_train() {
     TRAINERS_CHECK_ONLY=1 "$PY" -m trainers "$TRAINER" train "${args[@]}" "${TRAIN_ARGS[@]}" "${EXTRA[@]}" \
       || die "training would refuse to start (above); nothing was launched"
   fi
-  run "$PY" -m torch.distributed.run "${launch[@]}" -m trainers "$TRAINER" train "${args[@]}" "${TRAIN_ARGS[@]}" \
-    "${EXTRA[@]}"
+  local cmd=("$PY" -m torch.distributed.run "${launch[@]}" -m trainers "$TRAINER" train "${args[@]}" "${TRAIN_ARGS[@]}"
+             "${EXTRA[@]}")
+  if [[ "$DRY_RUN" -eq 1 ]]; then run "${cmd[@]}"; return; fi
+  # In the background and waited for, so a signal to the deploy is handled at once (forwarded to the
+  # workers as a graceful stop) instead of after training ends.
+  set_state nproc "$NPROC"
+  "${cmd[@]}" &
+  TRAIN_PID=$!
+  local rc
+  while true; do
+    rc=0
+    wait "$TRAIN_PID" || rc=$?
+    kill -0 "$TRAIN_PID" 2>/dev/null || break  # else a trapped signal interrupted the wait: wait again
+  done
+  [[ -z "$STOP_SIGNAL" ]] || die "training stopped by SIG$STOP_SIGNAL with a checkpoint (rc $rc); rerun the same command to resume"
+  return "$rc"
+}
+
+skip_if_no_package() {  # `stop --no-package` leaves a marker: the job ends after training
+  if [[ -f "$OUT/.deploy-$TRAINER.no-package" ]]; then
+    echo "stop --no-package: skipping $PHASE"
+    return 0
+  fi
+  return 1
 }
 
 phase_export() {
   on_node0 || { echo "node $NODE_RANK: export runs on node 0"; return; }
+  skip_if_no_package && return
   run "$PY" -m trainers "$TRAINER" export --run-dir "$RUN_DIR"
 }
 
 phase_package() {
   on_node0 || { echo "node $NODE_RANK: packaging runs on node 0"; return; }
+  skip_if_no_package && return
   run "$PY" -m trainers package --run-dir "$RUN_DIR" --output "$TARBALL"
   [[ "$DRY_RUN" -eq 1 ]] || (cd "$OUT" && sha256sum -c "$(basename "$TARBALL").sha256")
   if [[ "$DRY_RUN" -eq 0 ]] && declare -F trainer_report >/dev/null; then trainer_report; fi
@@ -283,6 +391,7 @@ phase_package() {
 
 phase_download() {  # the scp line (RunPod's variables when present), also in DOWNLOAD-<trainer>.txt
   on_node0 || return 0
+  skip_if_no_package && return
   local line
   if [[ -n "${RUNPOD_PUBLIC_IP:-}" && -n "${RUNPOD_TCP_PORT_22:-}" ]]; then
     line="scp -P ${RUNPOD_TCP_PORT_22} root@${RUNPOD_PUBLIC_IP}:${TARBALL} ."
@@ -298,4 +407,136 @@ phase_download() {  # the scp line (RunPod's variables when present), also in DO
     fi
     echo "then check it: sha256sum -c $(basename "$TARBALL").sha256 (copy that file too) and tar -xzf $(basename "$TARBALL")"
   } | tee "$OUT/DOWNLOAD-$TRAINER.txt"
+  set_state download "$line"
+}
+
+# ---- detach, status, attach, stop ------------------------------------------------------------------
+should_detach() {
+  [[ "$DRY_RUN" -eq 0 ]] || return 1
+  case "$MODE" in
+    detach) return 0 ;;
+    auto) [[ -t 0 && -t 1 ]] ;;
+    *) return 1 ;;
+  esac
+}
+
+detach_job() {  # detach_job ARGS...: relaunch this deploy in a session of its own and return the prompt
+  local cmd=(bash "$REPO/deploy_8gpu.sh" --detached-child "$@")
+  rm -f "$OUT/deploy-$TRAINER.state.launch"
+  if [[ -n "${TMUX:-}" ]] && command -v tmux >/dev/null 2>&1; then
+    tmux new-window -d -n "deploy-$TRAINER" "$(printf '%q ' "${cmd[@]}")"
+    echo "started in tmux window deploy-$TRAINER (it runs in the tmux server: the SSH session may end)"
+  else
+    setsid nohup "${cmd[@]}" </dev/null >>"$OUT/deploy-$TRAINER.launch.log" 2>&1 &
+  fi
+  local waited=0 state=""
+  while [[ $waited -lt 100 ]]; do  # up to 10 s for the job to take its lock and say it runs
+    if [[ -f "$OUT/deploy-$TRAINER.state" ]] && grep -q "^pid=" "$OUT/deploy-$TRAINER.state" &&
+       ! grep -q "^pid=${OLD_STATE_PID:-none}$" "$OUT/deploy-$TRAINER.state"; then
+      state=$(grep '^state=' "$OUT/deploy-$TRAINER.state" | cut -d= -f2); break
+    fi
+    sleep 0.1; waited=$((waited + 1))
+  done
+  if [[ -z "$state" ]]; then
+    cat "$OUT/deploy-$TRAINER.launch.log" >&2 2>/dev/null || true
+    die "the detached deploy did not start (see above and $OUT/deploy-$TRAINER.launch.log)"
+  fi
+  cat <<EOF_DETACHED
+deploy of $TRAINER running in the background (detached from this terminal: closing it or losing SSH is safe)
+  run folder  $OUT/$TRAINER
+  log         $OUT/deploy-$TRAINER.log
+  status      bash $REPO/deploy_8gpu.sh status --trainer $TRAINER --out $OUT
+  attach      bash $REPO/deploy_8gpu.sh attach --trainer $TRAINER --out $OUT   (Ctrl-C leaves it running)
+  stop        bash $REPO/deploy_8gpu.sh stop --trainer $TRAINER --out $OUT     (checkpoint, then export + package)
+EOF_DETACHED
+}
+
+job_command() {  # job_command status|attach|stop ARGS...
+  local verb="$1" want_json=0
+  shift
+  TRAINER=""
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --out) need_value "$@"; OUT="$2"; shift 2 ;;
+      --trainer) need_value "$@"; TRAINER="$2"; shift 2 ;;
+      --json) want_json=1; shift ;;
+      --no-package) NO_PACKAGE=1; shift ;;
+      -h|--help) usage_job; exit 0 ;;
+      *) die "unknown option '$1' for $verb (see --help)" ;;
+    esac
+  done
+  if [[ -z "$OUT" ]]; then
+    if [[ -d /workspace/output ]]; then OUT=/workspace/output; else OUT="$PWD/output"; fi
+  fi
+  [[ -d "$OUT" ]] || die "--out '$OUT' is not a folder a deploy wrote"
+  OUT="$(cd "$OUT" && pwd)"
+  if [[ -z "$TRAINER" ]]; then
+    local states=("$OUT"/deploy-*.state)
+    [[ -e "${states[0]}" ]] || die "no deploy in $OUT (no deploy-<trainer>.state); give the --out a deploy used"
+    if [[ "$verb" != status ]]; then
+      [[ ${#states[@]} -eq 1 ]] || die "$OUT holds several jobs: add --trainer NAME"
+      TRAINER="$(basename "${states[0]}" .state)"; TRAINER="${TRAINER#deploy-}"
+    fi
+  fi
+  case "$verb" in
+    status)
+      resolve_python
+      local args=(--out "$OUT")
+      [[ -z "$TRAINER" ]] || args+=(--trainer "$TRAINER")
+      [[ "$want_json" -eq 0 ]] || args+=(--json)
+      exec "$PY" -m trainers status "${args[@]}" ;;
+    attach)
+      local log="$OUT/deploy-$TRAINER.log"
+      [[ -f "$log" ]] || die "no log at $log"
+      echo "following $log (Ctrl-C stops following; the job goes on)"
+      tail -n 40 -F "$log" &
+      ATTACH_TAIL=$!
+      trap 'kill "$ATTACH_TAIL" 2>/dev/null; echo; echo "stopped following the log; the job goes on"; exit 0' INT TERM
+      wait "$ATTACH_TAIL" ;;
+    stop) stop_job ;;
+  esac
+}
+
+usage_job() {
+  echo "usage: bash deploy_8gpu.sh status|attach|stop [--out DIR] [--trainer NAME] [--json] [--no-package]"
+}
+
+stop_job() {
+  local state="$OUT/deploy-$TRAINER.state" pid phase run_dir
+  [[ -f "$state" ]] || die "no deploy of $TRAINER in $OUT"
+  pid=$(grep '^pid=' "$state" | cut -d= -f2)
+  phase=$(grep '^phase=' "$state" | cut -d= -f2)
+  run_dir=$(grep '^run_dir=' "$state" | cut -d= -f2)
+  if ! flock -n "$OUT/.deploy-$TRAINER.lock" true 2>/dev/null; then :; else
+    die "the deploy of $TRAINER in $OUT is not running (see \`bash deploy_8gpu.sh status --out $OUT\`)"
+  fi
+  [[ "$NO_PACKAGE" -eq 0 ]] || : > "$OUT/.deploy-$TRAINER.no-package"
+  local target=""
+  if [[ "$phase" == train && -f "$run_dir/.lock" ]]; then
+    target=$(grep -o '"pid": *[0-9]*' "$run_dir/.lock" | grep -o '[0-9]*$' || true)
+  fi
+  if [[ -n "$target" ]] && kill -0 "$target" 2>/dev/null; then
+    echo "stopping training (rank 0's worker, pid $target): it checkpoints and writes results$([[ "$NO_PACKAGE" -eq 1 ]] || echo ', then export and package run')"
+    kill -TERM "$target"
+  else
+    echo "stopping the deploy (pid $pid, phase $phase)"
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
+  local waited=0
+  while ! flock -n "$OUT/.deploy-$TRAINER.lock" true 2>/dev/null; do
+    sleep 1; waited=$((waited + 1))
+    [[ $((waited % 15)) -ne 0 ]] || echo "  ... still finishing (phase $(grep '^phase=' "$state" | cut -d= -f2))"
+    [[ $waited -lt 3600 ]] || die "the job did not end within an hour of the stop; see its log"
+  done
+  rm -f "$OUT/.deploy-$TRAINER.no-package"
+  resolve_python
+  "$PY" -m trainers status --out "$OUT" --trainer "$TRAINER" || true
+}
+
+resolve_python() {  # the Python that has the kit (as the install phase chose it)
+  if [[ -n "${TRAINERS_PYTHON:-}" ]]; then PY="$TRAINERS_PYTHON"
+  elif python3 -c 'import trainers' >/dev/null 2>&1; then PY=python3
+  elif [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"
+  else die "the kit is not installed yet (no $REPO/.venv); run a deploy first"
+  fi
 }

@@ -15,8 +15,9 @@ export OUT
 cmd="${1:-deploy}"
 [[ $# -gt 0 ]] && shift
 case "$cmd" in
-  deploy) exec bash "$KIT_DIR/deploy_8gpu.sh" "$@" ;;
-  gnn) exec bash "$KIT_DIR/run_multigpu.sh" "$@" ;;
+  # --foreground: the container lives as long as its main process, so the job must not detach
+  deploy) exec bash "$KIT_DIR/deploy_8gpu.sh" --foreground "$@" ;;
+  gnn) exec bash "$KIT_DIR/run_multigpu.sh" --foreground "$@" ;;
   preflight) exec python -m trainers preflight --out "$OUT" "$@" ;;
   tensorboard)
     mkdir -p "$OUT"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import sys
 
 from trainers.errors import CheckFailed, CheckPassed, UsageError
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except CheckPassed as exc:
         print(f"check passed: {exc}", file=sys.stderr)
+        return 0
+    except BrokenPipeError:  # `trainers status --json | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:
         if exc.errno not in FILESYSTEM_ERRORS:

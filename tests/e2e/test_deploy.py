@@ -151,12 +151,13 @@ def entrypoint(tmp_path, *args, kit=None):
 
 
 def test_entrypoint_dispatch(tmp_path):
-    assert entrypoint(tmp_path).stdout.strip() == "deploy called with:"
-    assert entrypoint(tmp_path, "deploy", "--demo", "--gpus", "2").stdout.strip() == "deploy called with: --demo --gpus 2"
+    assert entrypoint(tmp_path).stdout.strip() == "deploy called with: --foreground"
+    assert entrypoint(tmp_path, "deploy", "--demo", "--gpus", "2").stdout.strip() == \
+        "deploy called with: --foreground --demo --gpus 2"
     assert entrypoint(tmp_path, "shell", "-c", "echo from-shell").stdout.strip() == "from-shell"
     assert entrypoint(tmp_path, "echo", "passthrough").stdout.strip() == "passthrough"
     (tmp_path / "kit" / "run_multigpu.sh").write_text('echo "gnn called with: $*"\n')
-    assert entrypoint(tmp_path, "gnn", "--demo").stdout.strip() == "gnn called with: --demo"
+    assert entrypoint(tmp_path, "gnn", "--demo").stdout.strip() == "gnn called with: --foreground --demo"
     proc = entrypoint(tmp_path, "preflight", "--no-nccl")
     assert "gpus" in proc.stdout and "preflight:" in proc.stdout
 

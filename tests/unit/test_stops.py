@@ -58,3 +58,17 @@ def test_early_stopping_patience():
     assert not e.update(1.2)
     assert e.should_stop
     assert EarlyStopping(patience=0, bad_evals=99).should_stop is False
+
+
+@pytest.mark.parametrize("mode,stops", [("stop", True), ("ignore", False)])
+def test_a_hangup_stops_a_foreground_job_and_is_ignored_by_a_detached_one(monkeypatch, mode, stops):
+    monkeypatch.setenv("TRAINERS_ON_HANGUP", mode)
+    s = StopAgreement(single_process_context(), Budget())
+    s.install_signal_handlers()
+    try:
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert (s.agree() == StopReason.SIGNAL) is stops
+        assert (s.signal_name == "SIGHUP") is stops
+    finally:
+        s.restore_signal_handlers()
+    assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL

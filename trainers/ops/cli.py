@@ -16,6 +16,12 @@ def _preflight(args) -> int:
     return main(args)
 
 
+def _status(args) -> int:
+    from trainers.ops.status import main
+
+    return main(args)
+
+
 def _package(args) -> int:
     from trainers.ops.package import package_run
 
@@ -27,6 +33,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("preflight", help="check GPUs, driver, NCCL bandwidth, /dev/shm, disk and memory for a trainer")
     add_preflight_args(p)
     p.set_defaults(func=_preflight)
+
+    p = sub.add_parser("status", help="where a deployed job stands: phase, step, losses, speed, money, GPUs")
+    p.add_argument("--out", default="output", help="the deploy's output folder (default: output)")
+    p.add_argument("--trainer", default=None, help="which trainer's job (default: every job in --out)")
+    p.add_argument("--json", action="store_true", help="one JSON object (a list for several jobs)")
+    p.set_defaults(func=_status)
 
     p = sub.add_parser("package", help="tarball of a run with SHA256SUMS and the best checkpoint")
     p.add_argument("--run-dir", required=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -80,5 +81,7 @@ class MetricsWriter:
 
 
 def progress(total: int | None, initial: int, enabled: bool, desc: str) -> tqdm:
+    """A bar on rank 0; none when TRAINERS_PROGRESS=0 (a detached job's log is read later, not watched)."""
+    enabled = enabled and os.environ.get("TRAINERS_PROGRESS", "1") != "0"
     return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, dynamic_ncols=True,
                 mininterval=1.0)

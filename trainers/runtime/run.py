@@ -256,7 +256,8 @@ class Run:
             return
         self._last_beat = now
         atomic_write_json(self.run_dir / HEARTBEAT, {"elapsed_s": self.stopper.elapsed_s(), "step": step,
-                                                     "time": time.time(), "pid": os.getpid()})
+                                                     "total_steps": self.total_steps, "world_size": self.ctx.world_size,
+                                                     "trainer": self.trainer, "time": time.time(), "pid": os.getpid()})
 
     # ---- cadence -------------------------------------------------------------------------------
     def should_log(self, step: int) -> bool:

@@ -9,6 +9,7 @@ in that; the handler only sets a flag, the loop does the work.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -39,8 +40,14 @@ class StopAgreement:
         self.request(StopReason.SIGNAL)
 
     def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT stop the run (checkpoint, results, exit 0). SIGHUP — the terminal went
+        away — stops it too when the job runs in the foreground of that terminal, and is ignored by
+        a detached job (TRAINERS_ON_HANGUP=ignore, set by the deploy kit), which must outlive it."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+        on_hangup = os.environ.get("TRAINERS_ON_HANGUP", "stop")
+        self._previous_handlers[signal.SIGHUP] = signal.signal(
+            signal.SIGHUP, signal.SIG_IGN if on_hangup == "ignore" else self._on_signal)
 
     def restore_signal_handlers(self) -> None:
         for sig, handler in self._previous_handlers.items():

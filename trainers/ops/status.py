@@ -1,0 +1,214 @@
+"""`trainers status` (and `bash deploy_8gpu.sh status`): where a deployed job stands, from the files it
+writes — no connection to the job needed, so it works after the SSH session that started it is gone.
+
+    <out>/deploy-<trainer>.state     the deploy's phase, pid, state (running/finished/failed), paths
+    <out>/.deploy-<trainer>.lock     held (flock) while the deploy runs: alive or not
+    <run>/metrics.jsonl              the last training and validation rows
+    <run>/heartbeat.json             elapsed time across restarts, step, total steps, world size
+    <run>/results.json               the end: stop reason, evaluation, cost
+    nvidia-smi                       GPU utilisation and memory, when present
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from trainers.errors import UsageError
+
+
+def read_state(path: Path) -> dict:
+    state = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            state[key.strip()] = value.strip()
+    return state
+
+
+def lock_held(path: Path) -> bool:
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def last_rows(metrics: Path, kinds=("train", "val"), tail_bytes: int = 1 << 16) -> dict:
+    """The last row of each kind in metrics.jsonl (reads only its end: it can be large)."""
+    if not metrics.exists():
+        return {}
+    with open(metrics, "rb") as f:
+        f.seek(max(0, metrics.stat().st_size - tail_bytes))
+        lines = f.read().decode(errors="replace").splitlines()
+    out = {}
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("kind") in kinds and row["kind"] not in out:
+            out[row["kind"]] = row
+    return out
+
+
+def gpu_usage() -> list[dict] | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    gpus = []
+    for row in proc.stdout.strip().splitlines():
+        parts = [p.strip() for p in row.split(",")]
+        if len(parts) == 4 and parts[0].isdigit():
+            try:
+                gpus.append({"index": int(parts[0]), "util_pct": float(parts[1]), "mem_used_mib": float(parts[2]),
+                             "mem_total_mib": float(parts[3])})
+            except ValueError:
+                continue
+    return gpus
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def job_status(out: Path, trainer: str) -> dict:
+    state_path = out / f"deploy-{trainer}.state"
+    if not state_path.exists():
+        raise UsageError(f"no deploy of {trainer} in {out} (no {state_path.name}); start one with "
+                         f"`bash deploy_8gpu.sh --trainer {trainer} --out {out}`")
+    state = read_state(state_path)
+    alive = lock_held(out / f".deploy-{trainer}.lock")
+    run_dir = Path(state.get("run_dir") or out / trainer)
+    rows = last_rows(run_dir / "metrics.jsonl")
+    beat = _read_json(run_dir / "heartbeat.json")
+    results = _read_json(run_dir / "results.json")
+    st = {"trainer": trainer, "out": str(out), "alive": alive, "phase": state.get("phase"),
+          "state": state.get("state") if not (state.get("state") == "running" and not alive) else "lost",
+          "exit_code": int(state["exit_code"]) if state.get("exit_code", "").lstrip("-").isdigit() else None,
+          "pid": int(state["pid"]) if state.get("pid", "").isdigit() else None, "host": state.get("host"), "detached": state.get("detached") == "1",
+          "log": state.get("log"), "run_dir": str(run_dir), "tarball": state.get("tarball"),
+          "download": state.get("download") or None}
+    started = float(state.get("started", 0) or 0)
+    st["wall_s"] = (float(state.get("ended", 0) or 0) or time.time()) - started if started else None
+    train, val = rows.get("train", {}), rows.get("val", {})
+    step = max(int(train.get("step", 0)), int(beat.get("step", 0) or 0))
+    total = beat.get("total_steps") or (results.get("training") or {}).get("total_steps")
+    st.update(step=step or None, total_steps=total, last_train=_metric_values(train), last_val=_metric_values(val))
+    throughput = next((v for k, v in train.items() if k.endswith("_per_s")), None)
+    st["throughput"] = {"unit": next((k[:-6] for k in train if k.endswith("_per_s")), None), "per_s": throughput}
+    elapsed = beat.get("elapsed_s")
+    st["elapsed_s"] = elapsed
+    step_time = train.get("step_time_s")
+    training = st["state"] == "running" and st["phase"] == "train"
+    st["eta_s"] = (total - step) * step_time if (total and step and step_time and training) else None
+    price = _float(state.get("usd_per_gpu_hour"))
+    devices = int(beat.get("world_size") or state.get("nproc") or 1)
+    st["spent_usd"] = elapsed / 3600.0 * price * devices if (price is not None and elapsed is not None) else None
+    budget = _float(state.get("budget_usd"))
+    st["budget_left_usd"] = budget - st["spent_usd"] if (budget is not None and st["spent_usd"] is not None) else None
+    max_hours = _float(state.get("max_hours"))
+    st["time_left_s"] = max_hours * 3600.0 - elapsed if (max_hours is not None and elapsed is not None) else None
+    if results.get("training"):
+        st["stop_reason"] = results["training"].get("stop_reason")
+    st["gpus"] = gpu_usage()
+    return st
+
+
+def _float(text) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _metric_values(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("kind", "time") and isinstance(v, (int, float))}
+
+
+def _hms(seconds) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
+
+
+def format_status(st: dict) -> str:
+    state = st["state"]
+    lines = [f"{st['trainer']} in {st['out']}: {state.upper()}"
+             + (f" in phase {st['phase']}" if state in ("running", "lost", "failed") else "")
+             + (f" (exit {st['exit_code']})" if state == "failed" else "")
+             + (f", pid {st['pid']} on {st['host']}" if state == "running" else "")
+             + (", detached" if st["detached"] and state == "running" else "")]
+    if state == "lost":
+        lines.append("  the deploy is not running any more and did not record how it ended (killed?); rerun the "
+                     "same command to resume from the last checkpoint")
+    if st.get("step"):
+        total = f"/{st['total_steps']}" if st.get("total_steps") else ""
+        pct = f" ({100 * st['step'] / st['total_steps']:.1f}%)" if st.get("total_steps") else ""
+        lines.append(f"  step {st['step']}{total}{pct}; last train {_short(st['last_train'])}; "
+                     f"last val {_short(st['last_val'])}")
+    tp = st["throughput"]
+    if tp.get("per_s"):
+        eta = f"; ETA {_hms(st['eta_s'])}" if st["eta_s"] is not None else ""
+        lines.append(f"  throughput {tp['per_s']:,.1f} {tp['unit']}/s; elapsed {_hms(st['elapsed_s'])}{eta}")
+    money = []
+    if st["spent_usd"] is not None:
+        money.append(f"spent ${st['spent_usd']:.2f}")
+    if st["budget_left_usd"] is not None:
+        money.append(f"budget left ${st['budget_left_usd']:.2f}")
+    if st["time_left_s"] is not None:
+        money.append(f"time left {_hms(st['time_left_s'])}")
+    if money:
+        lines.append("  " + "; ".join(money))
+    for g in st["gpus"] or []:
+        lines.append(f"  GPU {g['index']}: {g['util_pct']:.0f}% busy, {g['mem_used_mib'] / 1024:.1f}/"
+                     f"{g['mem_total_mib'] / 1024:.1f} GiB")
+    if st.get("stop_reason"):
+        lines.append(f"  training stopped: {st['stop_reason']}" + (" (resume: rerun the same deploy command)"
+                                                                   if st["stop_reason"] == "signal" else ""))
+    if state == "finished" and st.get("tarball"):
+        lines.append(f"  tarball {st['tarball']}")
+        if st.get("download"):
+            lines.append(f"  download: {st['download']}")
+    lines.append(f"  log {st['log']}")
+    return "\n".join(lines)
+
+
+def _short(values: dict) -> str:
+    keep = {k: v for k, v in values.items() if k not in ("step", "epoch", "peak_memory_bytes") and
+            not k.endswith("_per_s") and k != "step_time_s" and not isinstance(v, bool)}
+    return ", ".join(f"{k} {v:.4g}" for k, v in list(keep.items())[:3]) or "-"
+
+
+def main(args) -> int:
+    out = Path(args.out)
+    trainers = [args.trainer] if args.trainer else sorted(
+        p.name[len("deploy-"):-len(".state")] for p in out.glob("deploy-*.state"))
+    if not trainers:
+        raise UsageError(f"no deploy in {out}; give the --out a deploy used")
+    statuses = [job_status(out, t) for t in trainers]
+    if args.json:
+        print(json.dumps(statuses if len(statuses) > 1 else statuses[0], indent=2, default=str))
+    else:
+        print("\n".join(format_status(s) for s in statuses))
+    return 0
