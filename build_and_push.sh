@@ -28,7 +28,7 @@ if [[ -n "$(git -C "$REPO" status --porcelain 2>/dev/null)" ]]; then COMMIT="$CO
 
 run() { if [[ "$DRY_RUN" -eq 1 ]]; then printf '+'; printf ' %q' "$@"; printf '\n'; else "$@"; fi; }
 
-build_args=()
+build_args=(--build-arg "GIT_COMMIT=$COMMIT")
 [[ -z "$BASE_IMAGE" ]] || build_args+=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
 run docker build -f "$REPO/docker/Dockerfile" "${build_args[@]}" -t "$IMAGE:$COMMIT" -t "$IMAGE:latest" "$REPO"
 if [[ "$PUSH" -eq 1 ]]; then

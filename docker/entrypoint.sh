@@ -24,6 +24,6 @@ case "$cmd" in
     exec tensorboard --logdir "$OUT" --host 0.0.0.0 --port 6006 "$@" ;;
   shell) exec bash "$@" ;;
   -h|--help|help)
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' ;;
+    sed -n '2,/^set -euo pipefail/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' ;;
   *) exec "$cmd" "$@" ;;
 esac

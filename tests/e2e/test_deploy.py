@@ -46,6 +46,11 @@ def test_shellcheck_every_script():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_dockerignore_keeps_the_heavy_and_private_folders_out_of_the_build_context():
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "runs", "output", "*.pt"} <= set(ignored)
+
+
 def test_hadolint_dockerfile():
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(hadolint).exists():
@@ -156,6 +161,8 @@ def test_entrypoint_dispatch(tmp_path):
         "deploy called with: --foreground --demo --gpus 2"
     assert entrypoint(tmp_path, "shell", "-c", "echo from-shell").stdout.strip() == "from-shell"
     assert entrypoint(tmp_path, "echo", "passthrough").stdout.strip() == "passthrough"
+    helped = entrypoint(tmp_path, "help").stdout.strip().splitlines()
+    assert helped[0].startswith("Container entrypoint") and helped[-1].strip().startswith("<anything else>")
     (tmp_path / "kit" / "run_multigpu.sh").write_text('echo "gnn called with: $*"\n')
     assert entrypoint(tmp_path, "gnn", "--demo").stdout.strip() == "gnn called with: --foreground --demo"
     proc = entrypoint(tmp_path, "preflight", "--no-nccl")
@@ -182,6 +189,7 @@ def test_build_and_push(tmp_path):
     calls = log.read_text().splitlines()
     assert proc.returncode == 0 and len(calls) == 1 and calls[0].startswith("build -f")
     assert f"-t me/trainers:{commit}" in calls[0] and "-t me/trainers:latest" in calls[0]
+    assert f"--build-arg GIT_COMMIT={commit}" in calls[0]  # results inside the image name the commit
     proc = run("--image", "me/trainers", "--push", "--base-image", "nvcr.io/nvidia/pytorch:25.01-py3",
                path=f"{fake}:{env['PATH']}")
     calls = log.read_text().splitlines()[1:]

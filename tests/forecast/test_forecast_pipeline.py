@@ -62,6 +62,7 @@ def test_export_and_package_give_a_tarball_sha256sum_accepts(reference_run, tmp_
     assert {"batch_1", "batch_256"} <= set(r["export"]["latency_cpu"])
     proc = run_cli(["package", "--run-dir", str(reference_run), "--output", str(tmp_path / "out.tar.gz")], check=True)
     info = json.loads(proc.stdout)
+    assert os.stat(info["path"]).st_mode & 0o044 == 0o044  # readable by whoever downloads it, not 0600
     with tarfile.open(info["path"]) as tar:
         tar.extractall(tmp_path / "x", filter="data")
     root = tmp_path / "x" / reference_run.name

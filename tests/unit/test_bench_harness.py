@@ -66,3 +66,11 @@ def test_train_benchmark_writes_its_json(tmp_path):
     assert row["speedup"] == pytest.approx(row["ours"]["samples_per_s"] / row["naive"]["samples_per_s"])
     assert set(row["ours"]["time_share"]) == {"data", "forward_backward", "optimizer"}
     assert sum(row["ours"]["time_share"].values()) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_the_commit_recorded_in_an_image_without_git(monkeypatch, tmp_path):
+    import trainers.runtime.info as info
+
+    monkeypatch.setattr(info, "Path", lambda *a: tmp_path / "nowhere" / "x.py")  # no checkout around the code
+    monkeypatch.setenv("TRAINERS_GIT_COMMIT", "abc1234")
+    assert info.git_commit() == "abc1234"

@@ -74,6 +74,9 @@ def package_run(run_dir: Path, output: Path | None = None) -> dict:
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600: the tarball is for people to download and read
     try:
         with tarfile.open(tmp, "w:gz") as tar:
             for f in files:

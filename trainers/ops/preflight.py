@@ -85,7 +85,8 @@ def check_gpus(expect: int | None) -> tuple[list[Check], list[GpuInfo]]:
     if not gpus:
         reason = cuda if driver is None and cuda else "no GPU listed"
         return [Check("gpus", FAIL, f"no NVIDIA GPU ({reason})",
-                      "on a machine without GPUs run `bash deploy_8gpu.sh --demo` (CPU, 2 workers, synthetic data)")], []
+                      "on a machine without GPUs run " + ("`deploy --demo` (the image's entrypoint)" if os.environ.get(
+                          "TRAINERS_IN_CONTAINER") else "`bash deploy_8gpu.sh --demo`") + " (CPU, 2 workers, synthetic data)")], []
     names = sorted({g.name for g in gpus})
     checks = [Check("gpus", PASS, f"{len(gpus)} x {', '.join(names)}, {min(g.memory_mib for g in gpus) // 1024} GiB each",
                     data={"count": len(gpus), "gpus": [asdict(g) for g in gpus]})]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import resource
 import subprocess
@@ -14,12 +15,14 @@ from trainers.runtime.dist import DistContext, all_gather_object
 
 
 def git_commit() -> str | None:
+    """The checkout's commit; in our image (no .git) the commit it was built from (TRAINERS_GIT_COMMIT)."""
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
                              capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+        return os.environ.get("TRAINERS_GIT_COMMIT") or None
+    commit = out.stdout.strip() if out.returncode == 0 else ""
+    return commit or os.environ.get("TRAINERS_GIT_COMMIT") or None
 
 
 def versions() -> dict[str, str | None]:
