@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +25,7 @@ class ToyConfig(RunOptions):
 
 
 def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, evaluate=None, summary=None,
-             draws: list | None = None, data_fingerprint: str | None = None):
+             draws: list | None = None, data_fingerprint: str | None = None, eval_seconds: float = 0.0):
     """A minimal trainer: a linear model, SGD, a 'position' that counts samples."""
     ctx = single_process_context()
     torch.manual_seed(cfg.seed)
@@ -51,6 +52,7 @@ def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, eva
                 run.log_train(step, {"loss": float(loss.detach())})
             if run.should_eval(step, end_of_epoch=step % 3 == 0):
                 with run.timing("evaluation"):
+                    time.sleep(eval_seconds)
                     run.evaluated(step, float(loss.detach()))
             reason = run.step_done(step, {"seen": seen}, items=4)
             if reason != StopReason.NONE:

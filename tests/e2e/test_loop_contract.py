@@ -160,7 +160,7 @@ def test_a_budget_stop_leaves_a_checkpoint_and_results(name, workdir):
             check=True)
     t = read_results(run_dir)["training"]
     assert t["stop_reason"] == "time_budget" and 0 < t["steps"] < t["total_steps"]
-    assert 1.8 <= t["elapsed_s_all_attempts"] < 30
+    assert 0 < t["elapsed_s_all_attempts"] <= 1.8 + 5  # stopped inside the budget (it keeps time for the end)
     assert (run_dir / "checkpoints" / f"meta_{t['steps']:08d}.json").exists()
     evaluation = read_results(run_dir)["evaluation"]
     assert "skipped" not in evaluation and "pending" not in evaluation and evaluation["checkpoint_step"] is not None

@@ -109,3 +109,28 @@ def test_early_stopping_is_an_agreed_stop_with_a_checkpoint(tmp_path, patience, 
     t = results["training"]
     assert t["stop_reason"] == expected
     assert (tmp_path / "run" / "checkpoints" / f"meta_{t['steps']:08d}.json").exists()
+
+
+def test_checkpoints_by_wall_clock_as_well_as_by_steps(tmp_path, monkeypatch):
+    saved = []
+    real = CheckpointManager.save
+    monkeypatch.setattr(CheckpointManager, "save", lambda self, step, *a: (saved.append(step), real(self, step, *a)))
+    toy_loop(cfg_for(tmp_path, ckpt_every=1000, patience=0, ckpt_every_min=1e-6), total_steps=5)
+    assert saved == [1, 2, 3, 4, 5]
+
+
+def test_a_budget_keeps_time_for_the_final_save_and_evaluation(tmp_path):
+    import time
+
+    budget_s = 3.0
+
+    def final_evaluation():
+        time.sleep(0.3)  # as slow as the periodic ones
+        return {}
+
+    t0 = time.perf_counter()
+    results, _ = toy_loop(cfg_for(tmp_path, patience=0, max_hours=budget_s / 3600), total_steps=10**6,
+                          evaluate=final_evaluation, eval_seconds=0.3)
+    wall = time.perf_counter() - t0
+    assert results["training"]["stop_reason"] == "time_budget"
+    assert wall < budget_s + 0.5, f"the run took {wall:.2f} s of a {budget_s} s budget"

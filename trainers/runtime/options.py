@@ -20,6 +20,8 @@ class RunOptions:
                            resume_safe=True, min=0)
     ckpt_every: int = option(200, "checkpoint every N optimizer steps (and at each evaluation)", resume_safe=True,
                              min=1)
+    ckpt_every_min: float | None = option(None, "also checkpoint every N minutes of wall clock (rank 0's clock, "
+                                          "agreed)", resume_safe=True, gt=0)
     keep_last: int = option(3, "checkpoints kept besides the best", resume_safe=True, min=1)
     log_every: int = option(10, "log training metrics every N steps", resume_safe=True, min=1)
     max_hours: float | None = option(None, "wall-clock budget in hours, across restarts", resume_safe=True, gt=0)

@@ -61,6 +61,7 @@ from trainers.runtime.stops import EarlyStopping, StopAgreement, StopReason
 HEARTBEAT = "heartbeat.json"
 DATA_RECORD = "data.json"  # the fingerprint of the data a run started with
 HEARTBEAT_S = 30.0
+RESERVE_FACTOR = 2.0
 
 
 class Stateful(Protocol):
@@ -123,6 +124,8 @@ class Run:
         self._pending_log: tuple[int, dict] | None = None
         self._clock = _Clock()
         self._last_beat = 0.0
+        self._last_save_time = time.monotonic()
+        self._slowest = {"checkpoint": 0.0, "evaluation": 0.0}
         self._exit = contextlib.ExitStack()
 
     # ---- lifetime ------------------------------------------------------------------------------
@@ -215,6 +218,11 @@ class Run:
         self._clock.window_start = time.perf_counter()
         return start
 
+    def _update_reserve(self) -> None:
+        """What the end of a budget must keep free: the final checkpoint and the final evaluation, at
+        twice the slowest of each measured so far (the final evaluation also covers the test split)."""
+        self.stopper.reserve_s = RESERVE_FACTOR * (self._slowest["checkpoint"] + self._slowest["evaluation"])
+
     def _check_data_unchanged(self) -> None:
         """A run trains on one dataset: a resume whose data fingerprint differs from the one the run
         started with is refused (its positions and checkpoints index into the old data)."""
@@ -277,6 +285,9 @@ class Run:
             dt = time.perf_counter() - t0
             self._clock.phases[phase] = self._clock.phases.get(phase, 0.0) + dt
             self._clock.excluded_in_window += dt
+            if phase == "evaluation":
+                self._slowest["evaluation"] = max(self._slowest["evaluation"], dt)
+                self._update_reserve()
 
     # ---- per step ------------------------------------------------------------------------------
     def log_train(self, step: int, values: dict) -> None:
@@ -319,12 +330,15 @@ class Run:
         maybe_inject(self.ctx.rank, step, self.ctx.restart_count)
         if self._pending_log is not None:
             self._close_window(step)
+        self._heartbeat(step)
+        # Rank 0's clock decides a time-based checkpoint; it rides on the stop agreement's collective.
+        every_min = getattr(self.cfg, "ckpt_every_min", None)
+        time_due = bool(self.ctx.is_main and every_min and time.monotonic() - self._last_save_time >= every_min * 60)
+        reason, time_save = self.stopper.agree(time_due)
         if self._metric_to_save is not None and self._metric_to_save[0] == step:
             self._save(step, position, self._metric_to_save[1])
-        elif step % self.cfg.ckpt_every == 0:
+        elif step % self.cfg.ckpt_every == 0 or time_save:
             self._save(step, position, None)
-        self._heartbeat(step)
-        reason = self.stopper.agree()
         if reason == StopReason.NONE and self.total_steps is not None and step >= self.total_steps:
             reason = StopReason.COMPLETED
         if reason != StopReason.NONE and self._last_saved_step != step:
@@ -363,8 +377,11 @@ class Run:
         self.ckpt.save(step, shared, rank_state, {"metric": metric, "metric_name": self.metric_name,
                                                   "trainer": self.trainer, "config": cfgmod.to_dict(self.cfg)})
         self._last_saved_step = step
+        self._last_save_time = time.monotonic()
         self._heartbeat(step, force=True)
         dt = time.perf_counter() - t0
+        self._slowest["checkpoint"] = max(self._slowest["checkpoint"], dt)
+        self._update_reserve()
         self._clock.phases["checkpoint"] += dt
         self._clock.excluded_in_window += dt
 

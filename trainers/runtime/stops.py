@@ -26,6 +26,7 @@ class StopAgreement:
         self.elapsed_before_s = elapsed_before_s  # spent by earlier attempts of the same run
         self._start = time.monotonic()
         self._local = StopReason.NONE
+        self.reserve_s = 0.0  # kept free at the end of a budget for the final save and evaluation
         self.signal_name: str | None = None
         self._previous_handlers: dict[int, object] = {}
 
@@ -54,10 +55,17 @@ class StopAgreement:
             signal.signal(sig, handler)
         self._previous_handlers.clear()
 
-    def agree(self) -> StopReason:
-        """Collective: the strongest stop reason any rank has (NONE to go on)."""
-        local = max(self._local, self.budget.exceeded(self.elapsed_s()))
-        return StopReason(int(all_reduce_max(self.ctx, [float(local)])[0]))
+    def agree(self, *flags: bool) -> StopReason | tuple:
+        """Collective: the strongest stop reason any rank has (NONE to go on). Extra `flags` (e.g.
+        "my clock says checkpoint now") ride on the same all-reduce and come back OR-ed over ranks:
+        one collective per step decides everything every rank must do together.
+
+        The budget reserves `reserve_s`: the time the final checkpoint and evaluation will take
+        (measured by the run), so the whole run, results included, ends inside the budget."""
+        local = max(self._local, self.budget.exceeded(self.elapsed_s(), self.reserve_s))
+        agreed = all_reduce_max(self.ctx, [float(local), *(float(f) for f in flags)])
+        reason = StopReason(int(agreed[0]))
+        return (reason, *(v > 0 for v in agreed[1:])) if flags else reason
 
 
 class EarlyStopping:
