@@ -25,7 +25,8 @@ class ToyConfig(RunOptions):
 
 
 def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, evaluate=None, summary=None,
-             draws: list | None = None, data_fingerprint: str | None = None, eval_seconds: float = 0.0):
+             draws: list | None = None, data_fingerprint: str | None = None, eval_seconds: float = 0.0,
+             epoch_steps: int = 3):
     """A minimal trainer: a linear model, SGD, a 'position' that counts samples."""
     ctx = single_process_context()
     torch.manual_seed(cfg.seed)
@@ -50,7 +51,7 @@ def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, eva
                 os.kill(os.getpid(), signal.SIGTERM)
             if run.should_log(step):
                 run.log_train(step, {"loss": float(loss.detach())})
-            if run.should_eval(step, end_of_epoch=step % 3 == 0):
+            if run.should_eval(step, end_of_epoch=step % epoch_steps == 0):
                 with run.timing("evaluation"):
                     time.sleep(eval_seconds)
                     run.evaluated(step, float(loss.detach()))

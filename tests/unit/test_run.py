@@ -134,3 +134,34 @@ def test_a_budget_keeps_time_for_the_final_save_and_evaluation(tmp_path):
     wall = time.perf_counter() - t0
     assert results["training"]["stop_reason"] == "time_budget"
     assert wall < budget_s + 0.5, f"the run took {wall:.2f} s of a {budget_s} s budget"
+
+
+def test_agreeing_every_n_steps_stops_at_the_next_agreement_with_a_checkpoint(tmp_path, monkeypatch):
+    from trainers.runtime import stops
+
+    calls = []
+    real = stops.all_reduce_max
+    monkeypatch.setattr(stops, "all_reduce_max", lambda ctx, values: (calls.append(1), real(ctx, values))[1])
+    results, _ = toy_loop(cfg_for(tmp_path, agree_every=4, patience=0), total_steps=50, signal_at=7)
+    t = results["training"]
+    # evaluations (every 3rd step here) always agree; so the SIGTERM at step 7 is agreed at step 9
+    assert t["stop_reason"] == "signal" and t["steps"] == 9
+    assert (tmp_path / "run" / "checkpoints" / "meta_00000009.json").exists()
+    assert len(calls) == 4  # steps 1 (the first agrees on N), 3, 6, 9: not one collective per step
+
+
+def test_adaptive_agreement_is_rare_and_still_stops_within_seconds(tmp_path, monkeypatch):
+    import time
+
+    from trainers.runtime import stops
+
+    calls = []
+    real = stops.all_reduce_max
+    monkeypatch.setattr(stops, "all_reduce_max", lambda ctx, values: (calls.append(1), real(ctx, values))[1])
+    t0 = time.perf_counter()
+    results, _ = toy_loop(cfg_for(tmp_path, agree_every=0, patience=0), total_steps=10**6, signal_at=300,
+                          epoch_steps=10**9)
+    t = results["training"]
+    assert t["stop_reason"] == "signal" and 300 <= t["steps"] <= 300 + 100
+    assert len(calls) < t["steps"] / 5  # far fewer collectives (host syncs on a GPU) than steps
+    assert time.perf_counter() - t0 < 30

@@ -70,7 +70,8 @@ class ForecastConfig(RunOptions):
     # runtime
     precision: str = option("auto", "auto: bf16 on Ampere+, fp16 + grad scaler on older GPUs, fp32 on CPU",
                             choices=PRECISIONS)
-    compile: bool = option(False, "torch.compile the model", resume_safe=True)
+    compile: bool | None = option(None, "torch.compile the train step (model + loss); default: on with CUDA, off "
+                                  "on CPU", resume_safe=True)
     # stops, checkpoints, logging
     min_delta: float = option(0.0, "improvement smaller than this does not count", resume_safe=True, min=0)
     eval_every: int = option(0, "evaluate validation loss every N steps (0: at each epoch end)", resume_safe=True,

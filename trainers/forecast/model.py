@@ -68,7 +68,10 @@ class Forecaster(nn.Module):
             nn.init.normal_(block.ff_out.weight, std=0.02 / (2 * len(self.blocks)) ** 0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.input(x) + self.pos[: x.shape[1]]
+        h = self.input(x)
+        # Keep the residual stream in the autocast dtype: adding the fp32 parameter as it is would
+        # promote every residual add and norm input to fp32 and make each Linear cast again.
+        h = h + self.pos[: x.shape[1]].to(h.dtype)
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h).mean(dim=1)).squeeze(-1)
@@ -79,6 +82,21 @@ class Forecaster(nn.Module):
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+class TrainStep(nn.Module):
+    """Model and loss as one module, so `torch.compile` sees the whole forward (and DDP wraps it):
+    the weighted sum of squared errors. `weight` is 0 for the padding that keeps every micro-batch
+    the same shape (no recompiles at the end of an epoch), 1 otherwise; `scale` is a tensor so a
+    changing global batch does not recompile either."""
+
+    def __init__(self, model: Forecaster):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor):
+        sse = (weight * (self.model(x).float() - y) ** 2).sum()
+        return sse * scale, sse.detach()
 
 
 class ReturnPredictor(nn.Module):

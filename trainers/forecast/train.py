@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainers.forecast.config import PRESETS, ForecastConfig
 from trainers.forecast.data import WindowStore, fix_date_range, load_store
 from trainers.forecast.evaluate import evaluate_splits, log_summary, validation_loss
-from trainers.forecast.model import Forecaster, count_parameters, flops_per_sample
+from trainers.forecast.model import Forecaster, TrainStep, count_parameters, flops_per_sample
 from trainers.market.windows import FEATURES
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed
@@ -46,17 +46,29 @@ def build_model(cfg: ForecastConfig, store: WindowStore | None = None) -> Foreca
     return model
 
 
-def forward_backward(train_model: torch.nn.Module, store: WindowStore, ids: torch.Tensor, device: torch.device,
-                     precision, scaler, loss_scale: float) -> torch.Tensor:
-    """One micro-batch: gather windows by index, forward under autocast, backward of the scaled
-    sum of squared errors (standardised target). Returns the unscaled SSE, detached."""
+def padded(ids: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ids` padded to `size` (repeating its first id) and the weights that make the padding count
+    for nothing: every micro-batch has one shape, so a compiled step never recompiles, and every
+    sample is still trained on exactly once per epoch."""
+    n = len(ids)
+    weight = torch.ones(size, dtype=torch.float32, device=ids.device)
+    if n == size:
+        return ids, weight
+    weight[n:] = 0.0
+    return torch.cat([ids, ids[:1].expand(size - n)]), weight
+
+
+def forward_backward(train_step: torch.nn.Module, store: WindowStore, ids: torch.Tensor, weight: torch.Tensor,
+                     device: torch.device, precision, scaler, loss_scale: torch.Tensor) -> torch.Tensor:
+    """One micro-batch: gather windows by index, forward + loss under autocast (one compiled graph
+    when compiling), backward of the scaled weighted sum of squared errors (standardised target).
+    Returns the unscaled SSE, detached, on the device (no host sync)."""
     x, y = store.gather(ids)
     y = (y - store.target_mean) / store.target_std
     with autocast(device, precision):
-        pred = train_model(x)
-    sse = ((pred.float() - y) ** 2).sum()
-    scaler.scale(sse * loss_scale).backward()
-    return sse.detach()
+        loss, sse = train_step(x, y, weight, loss_scale)
+    scaler.scale(loss).backward()
+    return sse
 
 
 def optimizer_step(model: torch.nn.Module, optimizer, scaler, grad_clip: float) -> None:
@@ -89,6 +101,7 @@ def _train(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | N
 
     precision = precision_for(ctx.device, cfg.precision)
     tf32 = enable_tf32(ctx.device)
+    compiled = cfg.compile if cfg.compile is not None else ctx.device.type == "cuda"
     torch.manual_seed(cfg.seed)  # identical init on every rank (DDP also broadcasts rank 0's weights)
     model = build_model(cfg, store).to(ctx.device)
     store.to(ctx.device)
@@ -112,27 +125,33 @@ def _train(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | N
 
         start = run.resume()
         cursor = EpochCursor(len(train_ids), ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed,
-                             **EpochCursor.start(start.position, start.position_rank0))
+                             device=ctx.device, **EpochCursor.start(start.position, start.position_rank0))
         if not start.resumed:
             run.evaluated(0, validation_loss(model, store, ctx, cfg.eval_batch_size, precision), initial=True)
-        train_model = maybe_compile(model, cfg.compile)
+        train_step = ddp = TrainStep(model)
         if ctx.distributed:
-            train_model = DDP(train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+            # Gradients live in DDP's buckets (no copy per step); the target-scale buffers never change,
+            # so they are not broadcast at every forward; the graph is the same at every step.
+            train_step = ddp = DDP(train_step, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True, broadcast_buffers=False, static_graph=True)
+        train_step = maybe_compile(train_step, compiled)
+        micro_size = cfg.batch_size  # every micro-batch padded to this: one shape for the whole run
 
         step = start.step
         window_sse = torch.zeros((), dtype=torch.float64, device=ctx.device)
         window_count = 0
         model.train()
         while step < total_steps:
-            positions, global_count = cursor.batch()
-            positions = positions.to(ctx.device)
+            positions, global_count = cursor.batch()  # on the device already: no copy per step
+            # Mean over the global batch: DDP averages over ranks, so scale by world/global.
+            scale = torch.tensor(ctx.world_size / global_count, device=ctx.device)
             micro = [part for part in torch.tensor_split(positions, cfg.grad_accum) if len(part)]
             for i, part in enumerate(micro):
                 sync_now = i == len(micro) - 1 or not ctx.distributed
-                with contextlib.nullcontext() if sync_now else train_model.no_sync():
-                    # Mean over the global batch: DDP averages over ranks, so scale by world/global.
-                    window_sse += forward_backward(train_model, store, train_ids[part], ctx.device, precision,
-                                                   scaler, ctx.world_size / global_count)
+                ids, weight = padded(train_ids[part], micro_size)
+                with contextlib.nullcontext() if sync_now else ddp.no_sync():
+                    window_sse += forward_backward(train_step, store, ids, weight, ctx.device, precision, scaler,
+                                                   scale)
             optimizer_step(model, optimizer, scaler, cfg.grad_clip)
             scheduler.step()
             step += 1
@@ -163,7 +182,7 @@ def _train(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | N
                              "flops_per_sample_train": flops},
                    "preprocessing": store.preprocessing(),
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
-                                "precision": precision.name, "tf32": tf32, "compiled": cfg.compile,
+                                "precision": precision.name, "tf32": tf32, "compiled": compiled,
                                 "global_batch": cfg.batch_size * cfg.grad_accum * ctx.world_size}}
         return run.finish(summary, evaluate=evaluate)
 

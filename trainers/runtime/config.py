@@ -111,7 +111,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
     for f in dataclasses.fields(cls):
         tp, optional = _base_type(hints[f.name])
         meta = f.metadata
-        default_text = "off" if f.default is None else f.default
+        default_text = ("auto" if tp is bool else "off") if f.default is None else f.default
         choices = f"; one of: {', '.join(meta['choices'])}" if meta.get("choices") else ""
         bounds = f"; {describe_bounds(tp, meta['bounds'])}" if meta.get("bounds") else ""
         help_text = f"{meta.get('help', '')}{choices}{bounds} (default: {default_text})"

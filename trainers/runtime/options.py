@@ -28,6 +28,9 @@ class RunOptions:
     budget_usd: float | None = option(None, "money budget in USD (needs --usd-per-gpu-hour)", resume_safe=True, gt=0)
     usd_per_gpu_hour: float | None = option(None, "price of one GPU (or CPU worker) hour, for cost", resume_safe=True,
                                             min=0)
+    agree_every: int | None = option(None, "agree on stops every N steps (0: adaptive, about once a second); "
+                                     "default: every step on CPU, adaptive on CUDA, where each agreement is a "
+                                     "host sync", resume_safe=True, min=0)
     restart: bool = option(False, "start this run folder over from step 0: its checkpoints are moved aside (kept), "
                            "not resumed", resume_safe=True)
 

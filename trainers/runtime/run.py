@@ -62,6 +62,8 @@ HEARTBEAT = "heartbeat.json"
 DATA_RECORD = "data.json"  # the fingerprint of the data a run started with
 HEARTBEAT_S = 30.0
 RESERVE_FACTOR = 2.0
+AGREE_TARGET_S = 1.0  # adaptive agreement: about once a second (a signal still stops within seconds)
+AGREE_MAX_STEPS = 100
 
 
 class Stateful(Protocol):
@@ -126,6 +128,8 @@ class Run:
         self._last_beat = 0.0
         self._last_save_time = time.monotonic()
         self._slowest = {"checkpoint": 0.0, "evaluation": 0.0}
+        self._since_agree = 0
+        self._agree_every = 1
         self._exit = contextlib.ExitStack()
 
     # ---- lifetime ------------------------------------------------------------------------------
@@ -331,10 +335,8 @@ class Run:
         if self._pending_log is not None:
             self._close_window(step)
         self._heartbeat(step)
-        # Rank 0's clock decides a time-based checkpoint; it rides on the stop agreement's collective.
-        every_min = getattr(self.cfg, "ckpt_every_min", None)
-        time_due = bool(self.ctx.is_main and every_min and time.monotonic() - self._last_save_time >= every_min * 60)
-        reason, time_save = self.stopper.agree(time_due)
+        evaluated_now = self._metric_to_save is not None and self._metric_to_save[0] == step
+        reason, time_save = self._agree(step, force=evaluated_now or step % self.cfg.ckpt_every == 0)
         if self._metric_to_save is not None and self._metric_to_save[0] == step:
             self._save(step, position, self._metric_to_save[1])
         elif step % self.cfg.ckpt_every == 0 or time_save:
@@ -345,6 +347,36 @@ class Run:
             self._save(step, position, None)
         self.reason = reason
         return reason
+
+    def _agree(self, step: int, force: bool) -> tuple[StopReason, bool]:
+        """The stop agreement, every step or every N (each is a collective and, on a GPU, a host
+        sync). Which steps agree is decided identically on every rank: a fixed N, or N agreed at the
+        previous agreement (the max of every rank's proposal: about AGREE_TARGET_S of steps), plus
+        every evaluation and step-cadence checkpoint (so early stopping and saves stay exact).
+        Rank 0's clock decides a time-based checkpoint; it rides on the same collective."""
+        self._since_agree += 1
+        last = self.total_steps is not None and step >= self.total_steps
+        if not (force or last or self._since_agree >= self._agree_every):
+            return StopReason.NONE, False
+        every_min = getattr(self.cfg, "ckpt_every_min", None)
+        time_due = bool(self.ctx.is_main and every_min and time.monotonic() - self._last_save_time >= every_min * 60)
+        proposal = self._propose_agree_every()
+        reason, (time_save, agreed_every) = self.stopper.agree_values(float(time_due), float(proposal))
+        self._since_agree = 0
+        self._agree_every = max(1, int(agreed_every))
+        return reason, time_save > 0
+
+    def _propose_agree_every(self) -> int:
+        setting = getattr(self.cfg, "agree_every", None)
+        if setting is None:
+            setting = 0 if self.ctx.device.type == "cuda" else 1
+        if setting > 0:
+            return setting
+        clock = self._clock  # adaptive: about AGREE_TARGET_S of steady steps between agreements
+        if clock.steady_steps == 0 or clock.steady_s <= 0:
+            return 1
+        per_step = clock.steady_s / clock.steady_steps
+        return int(min(AGREE_MAX_STEPS, max(1, AGREE_TARGET_S / per_step)))
 
     def _close_window(self, step: int) -> None:
         if self.ctx.device.type == "cuda":

@@ -65,16 +65,25 @@ class EpochCursor:
     """
 
     def __init__(self, n_samples: int, world_size: int, rank: int, batch_per_rank: int, seed: int,
-                 epoch: int = 0, step_in_epoch: int = 0):
+                 epoch: int = 0, step_in_epoch: int = 0, device: torch.device | str = "cpu"):
         self._args = (n_samples, world_size, rank, batch_per_rank, seed)
+        self.device = torch.device(device)
         self.epoch = epoch
         self.step_in_epoch = step_in_epoch
-        self.plan = EpochPlan(*self._args, epoch)
+        self._new_plan()
         self.steps_per_epoch = self.plan.steps
 
+    def _new_plan(self) -> None:
+        self.plan = EpochPlan(*self._args, self.epoch)
+        # This rank's whole share of the epoch goes to the device once: a step's batch is then a slice
+        # there, with no host-to-device copy per step.
+        self._share = self.plan._share.to(self.device)
+
     def batch(self) -> tuple[torch.Tensor, int]:
-        """This rank's sample positions for the current step, and how many all ranks hold."""
-        return self.plan.batch(self.step_in_epoch), self.plan.global_count(self.step_in_epoch)
+        """This rank's sample positions for the current step (on the cursor's device), and how many
+        all ranks hold."""
+        s = self.step_in_epoch
+        return self._share[self.plan._offsets[s]: self.plan._offsets[s + 1]], self.plan.global_count(s)
 
     def advance(self) -> bool:
         """Move past the current step; True when that step ended an epoch."""
@@ -82,7 +91,7 @@ class EpochCursor:
         if self.step_in_epoch < self.plan.steps:
             return False
         self.epoch, self.step_in_epoch = self.epoch + 1, 0
-        self.plan = EpochPlan(*self._args, self.epoch)
+        self._new_plan()
         return True
 
     def position(self) -> dict:

@@ -55,6 +55,12 @@ class StopAgreement:
             signal.signal(sig, handler)
         self._previous_handlers.clear()
 
+    def agree_values(self, *values: float) -> tuple[StopReason, list[float]]:
+        """Collective: the strongest stop reason, and the max over ranks of each extra value."""
+        local = max(self._local, self.budget.exceeded(self.elapsed_s(), self.reserve_s))
+        agreed = all_reduce_max(self.ctx, [float(local), *(float(v) for v in values)])
+        return StopReason(int(agreed[0])), agreed[1:]
+
     def agree(self, *flags: bool) -> StopReason | tuple:
         """Collective: the strongest stop reason any rank has (NONE to go on). Extra `flags` (e.g.
         "my clock says checkpoint now") ride on the same all-reduce and come back OR-ed over ranks:
