@@ -29,7 +29,7 @@ from record import write_record  # noqa: E402
 
 from trainers.forecast.config import PRESETS  # noqa: E402
 from trainers.forecast.data import build_store  # noqa: E402
-from trainers.forecast.model import Forecaster, count_parameters, flops_per_sample  # noqa: E402
+from trainers.forecast.model import Forecaster, TrainStep, count_parameters, flops_per_sample  # noqa: E402
 from trainers.forecast.train import forward_backward, optimizer_step  # noqa: E402
 from trainers.market.panel import to_panel  # noqa: E402
 from trainers.market.synthetic import synthetic_market  # noqa: E402
@@ -79,11 +79,13 @@ def _timed(step, steps: int, warmup: int, device: torch.device, batch: int) -> d
 def bench_ours(store, preset: str, batch: int, device, precision, compile_: bool, steps: int, warmup: int) -> dict:
     torch.manual_seed(0)
     model = Forecaster(**vars(PRESETS[preset]), n_features=len(FEATURES), window=store.window).to(device)
-    train_model = maybe_compile(model, compile_)
+    train_step = maybe_compile(TrainStep(model), compile_)
     optimizer = build_adamw(model, 3e-4, 0.1, (0.9, 0.95), device)
     scaler = make_grad_scaler(device, precision)
     ids = store.sample_ids["train"]
     g = torch.Generator(device="cpu").manual_seed(0)
+    weight = torch.ones(batch, device=device)
+    scale = torch.tensor(1.0 / batch, device=device)
 
     def step(phases: dict | None = None):
         t0 = time.perf_counter()
@@ -91,7 +93,7 @@ def bench_ours(store, preset: str, batch: int, device, precision, compile_: bool
         if phases is not None:
             _sync(device)
             t1 = time.perf_counter()
-        float(forward_backward(train_model, store, batch_ids, device, precision, scaler, 1.0 / batch))
+        float(forward_backward(train_step, store, batch_ids, weight, device, precision, scaler, scale))
         if phases is not None:
             _sync(device)
             t2 = time.perf_counter()
