@@ -131,3 +131,27 @@ def test_a_perfect_forecast_and_its_mirror():
     assert noisy["verdict"] == "skill" and noisy["long_short_minus_equal_weight"] > 0
     anti, _ = split_report(d, n, fwd, fwd, {"model": -fwd}, {}, 1, None, 10, 0.0)
     assert anti["model"]["rank_ic"]["mean"] == pytest.approx(-1.0) and anti["verdict"] == "no skill detected"
+
+
+def test_ridge_picks_its_penalty_on_validation_and_lightgbm_is_optional(monkeypatch):
+    import torch
+
+    from trainers.forecast import baselines
+    from trainers.forecast.config import ForecastConfig
+    from trainers.forecast.data import load_store
+
+    store, _ = load_store(ForecastConfig(synthetic_tickers=6, synthetic_days=500, window=10, horizon=5, target="raw"),
+                          log=lambda _m: None)
+    # a label that is an exact linear function of the window: ridge must find it (small penalty wins)
+    w = torch.randn(10, store.features.shape[-1], generator=torch.Generator().manual_seed(0))
+    for split in ("train", "val", "test"):
+        ids = store.sample_ids[split]
+        x, _ = store.gather(ids)
+        store.target[ids // 6, ids % 6] = (x * w).sum(dim=(1, 2)) * 0.01
+    info, preds = baselines.fit_ridge(store)
+    assert info["val_mse"] == min(g["val_mse"] for g in info["grid"]) and info["alpha"] == min(baselines.RIDGE_ALPHAS)
+    ids = store.sample_ids["test"]
+    truth = store.target[ids // 6, ids % 6].double().numpy()
+    assert np.corrcoef(preds["test"], truth)[0, 1] > 0.999
+    monkeypatch.setattr(baselines, "lightgbm_available", lambda: False)
+    assert baselines.fit_lightgbm(store) == ({"skipped": baselines.LIGHTGBM_MISSING}, {})

@@ -155,11 +155,16 @@ def _fmt(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _spec(name: str) -> str:
+    return "+.1%" if name.endswith("ann_return") else "+.2f" if name.endswith(("t_nw", "icir", "sharpe")) else "+.4f"
+
+
 def walk_forward_markdown(results: dict) -> str:
     wf = results["walk_forward"]
     synthetic = " (SYNTHETIC market: not real prices)" if results.get("data", {}).get("synthetic") else ""
     names = list(FOLD_METRICS)
-    header = "| fold | test dates | verdict | " + " | ".join(n.replace("_", " ") for n in names) + " |"
+    header = "| fold | test dates | verdict | " + " | ".join(n.replace("_", " ").replace("ann return", "a year")
+                                                          for n in names) + " |"
     lines = [f"# Walk-forward report{synthetic}", "",
              f"{wf['completed']} of {wf['folds']} folds evaluated{'; ' + wf['stopped'] if wf['stopped'] else ''}; "
              f"skill (Newey-West t of the test Rank IC > 2 and long-short > 0 after costs) in {wf['skill_folds']}.",
@@ -167,8 +172,8 @@ def walk_forward_markdown(results: dict) -> str:
     for r in wf["per_fold"]:
         test = (r.get("anchor_dates") or {}).get("test", ["?", "?"])
         lines.append(f"| [{r['fold']}](fold_{r['fold']}/report.md) | {test[0]} .. {test[1]} | {r['verdict']} | "
-                     + " | ".join(_fmt(r[n], "+.4f") for n in names) + " |")
+                     + " | ".join(_fmt(r[n], _spec(n)) for n in names) + " |")
     ms = wf["mean_std"]
     lines.append("| mean +- std | | | " + " | ".join(
-        f"{_fmt(ms[n]['mean'], '+.4f')} +- {_fmt(ms[n]['std'], '.4f')}" for n in names) + " |")
+        f"{_fmt(ms[n]['mean'], _spec(n))} +- {_fmt(ms[n]['std'], _spec(n).lstrip('+'))}" for n in names) + " |")
     return "\n".join(lines) + "\n"
