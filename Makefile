@@ -13,5 +13,10 @@ bench-cpu:
 	$(PYTHON) bench/inference.py --presets tiny,small --iters 50 --out bench/results/inference_cpu.json
 	$(PYTHON) bench/gnn_coloring.py --nproc 2 --out bench/results/gnn_cpu.json
 
+# One command for the whole GPU set (each line writes its JSON with device, driver, versions, commit).
 bench-gpu:
-	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --compile --out bench/results/train_gpu.json
+	$(PYTHON) bench/matmul.py --out bench/results/matmul_gpu.json
+	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --out bench/results/train_gpu_eager.json
+	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --compile --out bench/results/train_gpu_compiled.json
+	$(PYTHON) bench/profile_step.py --preset 151m
+	$(PYTHON) bench/gnn_coloring.py --nproc 1 --out bench/results/gnn_gpu.json

@@ -22,7 +22,7 @@ from naive_forecaster import NaiveForecaster  # noqa: E402
 
 from trainers.forecast.config import PRESETS  # noqa: E402
 from trainers.forecast.data import build_store  # noqa: E402
-from trainers.forecast.model import Forecaster  # noqa: E402
+from trainers.forecast.model import Forecaster, TrainStep  # noqa: E402
 from trainers.forecast.train import forward_backward, optimizer_step  # noqa: E402
 from trainers.market.panel import to_panel  # noqa: E402
 from trainers.market.synthetic import synthetic_market  # noqa: E402
@@ -64,11 +64,13 @@ def main() -> int:
     shape = PRESETS[args.preset]
 
     model = Forecaster(**vars(shape), n_features=len(FEATURES), window=120).to(device)
+    step = TrainStep(model)
     opt = build_adamw(model, 3e-4, 0.1, (0.9, 0.95), device)
     scaler = make_grad_scaler(device, precision)
+    weight, scale = torch.ones(len(ids), device=device), torch.tensor(1.0 / len(ids), device=device)
 
     def ours():
-        forward_backward(model, store, ids, device, precision, scaler, 1.0 / len(ids))
+        forward_backward(step, store, ids, weight, device, precision, scaler, scale)
         optimizer_step(model, opt, scaler, 1.0)
 
     naive = NaiveForecaster(shape.d_model, shape.n_layers, shape.n_heads, shape.d_ff, len(FEATURES), 120).to(device)
