@@ -320,8 +320,12 @@ phase_check() {  # the full preflight, sized for the trainer and options about t
     echo "demo: GPU checks skipped"
     return
   fi
+  local price=()
+  [[ -z "$USD_PER_GPU_HOUR" ]] || price=(--usd-per-gpu-hour "$USD_PER_GPU_HOUR")
+  # Also the plan: does the job fit these GPUs, and what will it take and cost (shown again at the end)
   run "$PY" -m trainers preflight --expect-gpus "$NPROC" --out "$OUT" --trainer "$TRAINER" \
-    --json "$OUT/preflight-$TRAINER.json" -- "${TRAIN_ARGS[@]}" "${EXTRA[@]}"
+    --json "$OUT/preflight-$TRAINER.json" --plan-json "$OUT/plan-$TRAINER.json" -- "${TRAIN_ARGS[@]}" "${price[@]}" \
+    "${EXTRA[@]}"
 }
 
 phase_data() {
@@ -408,6 +412,7 @@ phase_download() {  # the scp line (RunPod's variables when present), also in DO
     echo "then check it: sha256sum -c $(basename "$TARBALL").sha256 (copy that file too) and tar -xzf $(basename "$TARBALL")"
   } | tee "$OUT/DOWNLOAD-$TRAINER.txt"
   set_state download "$line"
+  "$PY" -m trainers status --out "$OUT" --trainer "$TRAINER" | grep -E "plan|real" || true
 }
 
 # ---- detach, status, attach, stop ------------------------------------------------------------------

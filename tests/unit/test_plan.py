@@ -1,0 +1,153 @@
+"""`trainers plan`: sizes counted from the model, memory checked against what autograd and AdamW
+really hold, the seeds' claims as tests, time and money, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainers.cli import main
+from trainers.forecast.model import Forecaster
+from trainers.forecast.size import activation_bytes_per_sample
+from trainers.ops.devices import DEVICES, device_for_name
+from trainers.ops.plan import compare, measured_mfu, memory, plan
+from trainers.ops.plan_cli import load_workload
+
+
+def saved_bytes_per_sample(model, make_input, autocast_dtype=None) -> float:
+    """Bytes autograd saves for backward per sample (the slope between two batch sizes, so the
+    batch-independent saves — cast weights — drop out). Parameters themselves are not counted."""
+    params = {p.data_ptr() for p in model.parameters()}
+
+    def saved(batch: int) -> int:
+        seen, total = set(), [0]
+
+        def pack(t):
+            if t.data_ptr() not in seen and t.data_ptr() not in params:
+                seen.add(t.data_ptr())
+                total[0] += t.numel() * t.element_size()
+            return t
+
+        x = make_input(batch)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if autocast_dtype is None:
+                model(x)
+            else:
+                with torch.autocast("cpu", dtype=autocast_dtype):
+                    model(x)
+        return total[0]
+
+    return (saved(6) - saved(2)) / 4
+
+
+@pytest.mark.parametrize("d,layers,heads,ff,window,dropout", [(32, 2, 4, 64, 16, 0.0), (64, 3, 4, 256, 40, 0.1)])
+@pytest.mark.parametrize("dtype,compute_bytes", [(None, 4), (torch.bfloat16, 2)])
+def test_the_forecasters_activation_estimate_matches_what_autograd_saves(d, layers, heads, ff, window, dropout, dtype,
+                                                                          compute_bytes):
+    torch.manual_seed(0)
+    model = Forecaster(d, layers, heads, ff, 5, window, dropout=dropout).train()
+    measured = saved_bytes_per_sample(model, lambda b: torch.randn(b, window, 5), dtype)
+    estimate = activation_bytes_per_sample(window, 5, d, layers, heads, ff, dropout, compute_bytes)
+    assert estimate == pytest.approx(measured, rel=0.10), (estimate, measured)
+
+
+def test_weight_grad_and_optimizer_bytes_are_what_the_state_dicts_hold():
+    w = load_workload("forecast", ["--preset", "tiny"])
+    model = Forecaster(32, 2, 4, 64, 5, 120)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 120, 5)).sum().backward()
+    opt.step()
+    weights = sum(t.numel() * t.element_size() for t in model.state_dict().values() if t.dim() > 0 and
+                  t.dtype == torch.float32) - 0  # buffers are 0-dim
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+    moments = sum(v.numel() * v.element_size() for s in opt.state.values() for k, v in s.items() if k != "step")
+    m = memory(w, "ddp", 1, compute_bytes=4)
+    assert (m["weights"], m["grads"], m["optimizer"]) == (weights, grads, moments)
+    assert w.parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_seed_000s_151m_at_2048_per_gpu_does_not_fit_80gb_and_the_fix_is_accumulation():
+    w = load_workload("forecast", ["--preset", "151m", "--batch-size", "2048"])
+    assert 150e6 < w.parameters < 153e6
+    p = plan(w, DEVICES["h100-sxm"], 8)
+    assert p.chosen is None and "2x smaller with 2x gradient accumulation" in p.fix
+    assert plan(load_workload("forecast", ["--preset", "151m", "--batch-size", "1024"]), DEVICES["h100-sxm"],
+                8).chosen == "ddp"
+
+
+def test_time_and_money_for_hours_a_budget_or_the_configs_own_job():
+    w = load_workload("forecast", ["--preset", "small", "--epochs", "10"])
+    h100 = DEVICES["h100-sxm"]
+    own = plan(w, h100, 8, usd_per_gpu_hour=3.0)
+    assert own.time["items"] == w.items_total and own.money["usd"] == pytest.approx(own.time["hours"] * 8 * 3.0)
+    bought = plan(w, h100, 8, usd_per_gpu_hour=3.0, budget_usd=24.0)
+    assert bought.time["hours"] == pytest.approx(1.0) and bought.time["items"] == pytest.approx(
+        bought.time["items_per_s"] * 3600)
+    t = own.time
+    assert t["step_s"] == pytest.approx(t["compute_s"] + t["communication_s"]) and t["communication_s"] > 0
+    assert "ASSUMED" in own.mfu["source"]  # no GPU benchmark of ours says otherwise yet
+
+
+def test_a_committed_gpu_benchmark_sets_the_mfu(tmp_path):
+    (tmp_path / "train_gpu_compiled.json").write_text(json.dumps(
+        {"device": "NVIDIA H100 80GB HBM3", "results": [{"preset": "151m", "kit": {"mfu": 0.47}}]}))
+    assert measured_mfu("forecast", DEVICES["h100-sxm"], tmp_path) == 0.47
+    assert measured_mfu("forecast", DEVICES["a100-80gb"], tmp_path) is None
+
+
+def test_compare_sorts_the_gpus_by_cost_and_puts_those_that_do_not_fit_last():
+    w = load_workload("forecast", ["--preset", "151m", "--batch-size", "1024"])
+    rows = compare(w, 8, "auto", {"h100-sxm": 2.99, "a100-80gb": 1.79, "t4": 0.35}, None, None, None)
+    priced = [r for r in rows if r["usd"] is not None and r["fits"]]
+    assert [r["usd"] for r in priced] == sorted(r["usd"] for r in priced)
+    t4 = next(r for r in rows if r["device"] == "t4")
+    assert not t4["fits"] and rows.index(t4) > rows.index(priced[-1])
+
+
+def test_device_names_as_drivers_print_them():
+    assert device_for_name("NVIDIA H100 80GB HBM3").key == "h100-sxm"
+    assert device_for_name("NVIDIA H100 PCIe").key == "h100-pcie"
+    assert device_for_name("NVIDIA A100-SXM4-40GB", 39.4).key == "a100-40gb"
+    assert device_for_name("x86_64") is None
+
+
+def test_the_plan_command(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--trainer", "forecast", "--preset", "151m", "--gpus", "8", "--usd-per-gpu-hour", "2.5",
+                 "--hours", "2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "151,286,785 parameters" in text and "plan: ddp" in text and "= $40.00" in text
+    saved = json.loads(out.read_text())
+    assert saved["chosen"] == "ddp" and saved["money"]["usd"] == pytest.approx(40.0)
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"h100-sxm": 2.99, "t4": 0.35}))
+    assert main(["plan", "--preset", "small", "--compare", "--prices", str(prices), "--hours", "1"]) == 0
+    assert "h100-sxm" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--gpu", "h999"], "--gpu 'h999' is not one of: b200, h200"),
+    (["--gpus", "0"], "--gpus: 0 is not allowed"),
+    (["--usd-per-gpu-hour", "nan"], "nan is not allowed"),
+    (["--hours", "1", "--budget-usd", "5"], "give one of"),
+    (["--preset", "huge"], "--preset 'huge' is not one of"),
+    (["--trainer", "nope"], "--trainer 'nope' is not one of"),
+    (["--bogus", "1"], "--bogus"),
+])
+def test_bad_input_is_one_line(args, needle, capsys):
+    try:
+        rc = main(["plan", *args])
+    except SystemExit as exc:  # argparse's own (one-line) errors
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_a_bad_prices_file_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"h100-sxm": -1}))
+    assert main(["plan", "--compare", "--prices", str(bad)]) == 2
+    assert "the price of h100-sxm is -1" in capsys.readouterr().err
