@@ -77,7 +77,7 @@ def base_timeframe(ts: np.ndarray, symbol: str) -> Timeframe:
 
 def calendar_of(ts: np.ndarray) -> str:
     """7 days when any bar falls on a Saturday or Sunday (crypto), else weekdays (stocks)."""
-    weekday = pd.DatetimeIndex(ts).dayofweek
+    weekday = pd.DatetimeIndex(ts).day_of_week
     return SEVEN_DAYS if (weekday >= 5).any() else WEEKDAYS
 
 
@@ -101,12 +101,15 @@ def read_bars_file(path: str) -> pd.DataFrame:
     if missing:
         raise UsageError(f"--source file:{path} lacks column(s) {', '.join(missing)}; need {', '.join(COLUMNS)}")
     out = frame[list(COLUMNS)].copy()
-    try:
-        dates = pd.to_datetime(out["date"], utc=True)  # mixed offsets -> UTC; naive times are taken as UTC
-    except (ValueError, TypeError) as exc:
-        raise UsageError(f"--source file:{path}: unparseable date ({str(exc).splitlines()[0]})") from None
+    try:  # offsets -> UTC, naive times taken as UTC; ISO dates with or without a time, else any format
+        dates = pd.to_datetime(out["date"], utc=True, format="ISO8601")
+    except (ValueError, TypeError):
+        try:
+            dates = pd.to_datetime(out["date"], utc=True, format="mixed")
+        except (ValueError, TypeError) as exc:
+            raise UsageError(f"--source file:{path}: unparseable date ({str(exc).splitlines()[0]})") from None
     out["date"] = dates.dt.tz_localize(None)
-    out["ticker"] = out["ticker"].map(to_symbol)
+    out["ticker"] = out["ticker"].astype(str)
     for c in COLUMNS[2:]:
         out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
     return out
@@ -126,6 +129,10 @@ def requested_symbols(cfg: LstmConfig) -> list[str] | None:
 def _long_table(cfg: LstmConfig, wanted: list[str] | None, log) -> tuple[pd.DataFrame, dict]:
     if cfg.source.startswith("file:"):
         frame = read_bars_file(cfg.source[5:])
+        names = {raw: to_symbol(raw) for raw in frame["ticker"].unique()}
+        if wanted is None:  # every ticker of the file becomes a folder name: each must be a symbol
+            check_symbols(list(names.values()), f"--source {cfg.source}", list(names))
+        frame["ticker"] = frame["ticker"].map(names)
         if cfg.start or cfg.end:
             if cfg.start:
                 frame = frame[frame["date"] >= pd.Timestamp(cfg.start)]

@@ -30,8 +30,9 @@ def to_symbol(text: str) -> str:
     return re.sub(r"[./]", "-", str(text).strip().upper())
 
 
-def check_symbols(symbols: list[str], where: str) -> list[str]:
-    bad = [s for s in symbols if not SYMBOL_RE.match(s)]
+def check_symbols(symbols: list[str], where: str, given: list[str] | None = None) -> list[str]:
+    """`symbols` against the grammar (`given`: the text they came from, for the message), once each."""
+    bad = [g for s, g in zip(symbols, given or symbols) if not SYMBOL_RE.match(s)]
     if bad:
         raise UsageError(f"{where}: malformed symbol(s) {', '.join(map(repr, bad[:10]))}; a symbol is letters and "
                          f"digits with at most one '-' or '=' suffix, like AAPL, BRK-B or BTC-USD")
@@ -44,7 +45,8 @@ def check_symbols(symbols: list[str], where: str) -> list[str]:
 
 
 def parse_symbols(text: str, where: str = "--symbols") -> list[str]:
-    return check_symbols([to_symbol(s) for s in re.split(r"[,\s]+", text) if s.strip()], where)
+    given = [s for s in re.split(r"[,\s]+", text) if s.strip()]
+    return check_symbols([to_symbol(s) for s in given], where, given)
 
 
 def read_symbols_file(path: str) -> list[str]:
@@ -55,8 +57,8 @@ def read_symbols_file(path: str) -> list[str]:
     lines = p.read_text().splitlines()
     header = lines[0].split(",") if lines else []
     if header and header[0].strip().lower() == "symbol":
-        return check_symbols([to_symbol(line.split(",")[0]) for line in lines[1:] if line.strip()],
-                             f"--tickers-file {path}")
+        given = [line.split(",")[0] for line in lines[1:] if line.strip()]
+        return check_symbols([to_symbol(g) for g in given], f"--tickers-file {path}", given)
     return parse_symbols(" ".join(line.split("#", 1)[0] for line in lines), f"--tickers-file {path}")
 
 

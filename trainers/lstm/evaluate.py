@@ -1,5 +1,6 @@
-"""Evaluation of one symbol's model on validation and test, beside its baselines (trainers.lstm.metrics),
-and `trainers lstm evaluate` over a job's symbols."""
+"""Evaluation of one symbol's model on validation and test, beside its baselines (trainers.lstm.metrics;
+the linear one, a logistic regression on the last bar's features, is fitted here), and `trainers lstm
+evaluate` over a job's symbols."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 
 from trainers.lstm.features import SymbolData
 from trainers.lstm.metrics import classification_metrics, long_flat_strategy
-from trainers.lstm.model import DirectionLSTM
+from trainers.lstm.model import DirectionLSTM, direction_loss
 
 
 @torch.no_grad()
@@ -28,6 +29,28 @@ def validation_loss(model: DirectionLSTM, data: SymbolData, batch_size: int) -> 
     return float(torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), data.label[anchors]))
 
 
+def fit_logistic_regression(data: SymbolData, l2: float = 1e-3, iters: int = 200) -> torch.nn.Linear:
+    """The linear anchor: logistic regression on the last bar's (normalised) features, class-weighted
+    like the model, fitted on the training split by L-BFGS from zeros (deterministic)."""
+    anchors = data.ids["train"]
+    x, y = data.features[anchors], data.label[anchors]
+    linear = torch.nn.Linear(data.n_features, 1).to(x.device)
+    torch.nn.init.zeros_(linear.weight)
+    torch.nn.init.zeros_(linear.bias)
+    pos_weight = torch.tensor(data.pos_weight, device=x.device)
+    optimizer = torch.optim.LBFGS(linear.parameters(), lr=1.0, max_iter=iters, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = direction_loss(linear(x).squeeze(-1), y, pos_weight) + l2 * linear.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return linear
+
+
 def bars_per_year(ts: np.ndarray) -> float:
     years = (ts[-1] - ts[0]) / np.timedelta64(1, "D") / 365.25
     return float((len(ts) - 1) / years) if years > 0 else float("nan")
@@ -39,11 +62,15 @@ def evaluate_symbol(model: DirectionLSTM, data: SymbolData, batch_size: int, cos
     window; probabilities only here (sigmoid of the logit)."""
     out = {}
     per_year = bars_per_year(data.ts)
+    linear = fit_logistic_regression(data)
     for split in splits:
         labelled = data.ids[split]
         p = torch.sigmoid(predict_logits(model, data, labelled, batch_size)).double().cpu().numpy()
         y = data.label[labelled].double().cpu().numpy()
-        result = classification_metrics(y, p, data.train_up_rate, bins)
+        with torch.no_grad():
+            linear_p = torch.sigmoid(linear(data.features[labelled]).squeeze(-1)).double().cpu().numpy()
+        result = classification_metrics(y, p, data.train_up_rate, bins, data.past_ret[labelled.cpu().numpy()],
+                                        linear_p)
         trade = torch.from_numpy(data.trade_ids[split]).to(labelled.device)
         p_trade = torch.sigmoid(predict_logits(model, data, trade, batch_size)).double().cpu().numpy()
         result["strategy"] = long_flat_strategy(p_trade, data.ret_1[data.trade_ids[split]], cost_bps, per_year)
@@ -55,10 +82,11 @@ def log_symbol_summary(log, symbol: str, evaluation: dict) -> None:
     for split in ("val", "test"):
         e = evaluation[split]
         m, b, s = e["model"], e["baselines"], e["strategy"]
-        log.info("%s %s: acc %.4f (majority %.4f) bal-acc %.4f AUC %s log loss %.4f (base %.4f) brier %.4f (base %.4f)"
-                 " | long/flat %+.2f%% vs buy&hold %+.2f%% | %s", symbol, split, m["accuracy"],
-                 b["majority_class_rate"], m["balanced_accuracy"],
-                 "n/a" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}", m["log_loss"], b["base_rate"]["log_loss"],
+        auc = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+        log.info("%s %s: acc %.4f (majority %.4f) bal-acc %.4f AUC %s (linear %s) log loss %.4f (base %.4f) "
+                 "brier %.4f (base %.4f) | long/flat %+.2f%% vs buy&hold %+.2f%% | %s", symbol, split, m["accuracy"],
+                 b["majority_class_rate"], m["balanced_accuracy"], auc(m["roc_auc"]),
+                 auc(b["logistic_regression"]["roc_auc"]), m["log_loss"], b["base_rate"]["log_loss"],
                  m["brier"], b["base_rate"]["brier"], 100 * s["long_flat"]["total_return"],
                  100 * s["buy_and_hold"]["total_return"], e["skill"]["verdict"])
 

@@ -172,6 +172,7 @@ class SymbolData:
     label: torch.Tensor  # [bars] 1 up / 0 down / NaN no label
     ret_h: np.ndarray  # [bars] log return over the horizon
     ret_1: np.ndarray  # [bars] log return of the next bar (what a position held for one bar earns)
+    past_ret: np.ndarray  # [bars] log return over the previous `horizon` bars (the persistence baseline)
     ids: dict[str, torch.Tensor]  # split -> labelled anchors with a complete window (train, val loss, metrics)
     trade_ids: dict[str, np.ndarray]  # split -> every anchor with a complete window (the strategy)
     window: int
@@ -229,6 +230,9 @@ def build_symbol_data(bars: Bars, cfg: LstmConfig, timeframes: list[Timeframe]) 
     feats, names = raw_features(bars, timeframes)
     ret_h, label = direction_target(bars.close, cfg.horizon, cfg.dead_zone)
     ret_1, _ = direction_target(bars.close, 1, 0.0)
+    past_ret = np.full(n, np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        past_ret[cfg.horizon:] = np.log(bars.close[cfg.horizon:] / bars.close[:-cfg.horizon])
     complete = window_complete(np.isfinite(feats).all(axis=1)[:, None], cfg.window)[:, 0]
 
     _, train_stop = plan.ranges["train"]
@@ -255,7 +259,7 @@ def build_symbol_data(bars: Bars, cfg: LstmConfig, timeframes: list[Timeframe]) 
                          f"a direction model needs both (lower --dead-zone or use more history)")
     return SymbolData(
         symbol=bars.symbol, ts=bars.ts, features=torch.from_numpy(norm.astype(np.float32)),
-        label=torch.from_numpy(label.astype(np.float32)), ret_h=ret_h, ret_1=ret_1,
+        label=torch.from_numpy(label.astype(np.float32)), ret_h=ret_h, ret_1=ret_1, past_ret=past_ret,
         ids={k: torch.from_numpy(v.astype(np.int64)) for k, v in ids.items()}, trade_ids=trade_ids,
         window=cfg.window, horizon=cfg.horizon, plan=plan, feature_names=names, feature_mean=mean.tolist(),
         feature_std=std.tolist(), timeframes=timeframes, calendar=bars.calendar,

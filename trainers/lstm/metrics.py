@@ -76,8 +76,11 @@ def calibration_table(y: np.ndarray, p: np.ndarray, bins: int) -> list[dict]:
     return rows
 
 
-def classification_metrics(y: np.ndarray, p: np.ndarray, train_up_rate: float, bins: int) -> dict:
-    """y: 1 up / 0 down; p: the model's P(up). Baselines on exactly the same rows."""
+def classification_metrics(y: np.ndarray, p: np.ndarray, train_up_rate: float, bins: int,
+                           past_return: np.ndarray | None = None, linear_p: np.ndarray | None = None) -> dict:
+    """y: 1 up / 0 down; p: the model's P(up). Baselines on exactly the same rows: the majority class,
+    the base rate as a constant probability, persistence (the sign of the return over the previous
+    horizon, and that return as a score for AUC) and a logistic regression's P(up) when given."""
     y = np.asarray(y, dtype=np.float64)
     p = np.asarray(p, dtype=np.float64)
     up_rate = float(y.mean())
@@ -93,6 +96,16 @@ def classification_metrics(y: np.ndarray, p: np.ndarray, train_up_rate: float, b
     baselines = {"majority_class_rate": max(up_rate, 1 - up_rate),
                  "train_majority_accuracy": float(np.mean(y == train_majority)),
                  "base_rate": {"probability": float(base[0]), "log_loss": log_loss(y, base), "brier": brier(y, base)}}
+    if past_return is not None:
+        up_before = (np.asarray(past_return) > 0).astype(np.float64)
+        baselines["persistence"] = {"accuracy": float(np.mean(up_before == y)),
+                                    "balanced_accuracy": balanced_accuracy(y, up_before),
+                                    "roc_auc": roc_auc(y, np.asarray(past_return, dtype=np.float64))}
+    if linear_p is not None:
+        q = np.asarray(linear_p, dtype=np.float64)
+        baselines["logistic_regression"] = {"accuracy": float(np.mean((q > 0.5) == y)),
+                                            "balanced_accuracy": balanced_accuracy(y, (q > 0.5).astype(np.float64)),
+                                            "roc_auc": roc_auc(y, q), "log_loss": log_loss(y, q), "brier": brier(y, q)}
     return {"rows": int(len(y)), "up_rate": up_rate, "model": model, "baselines": baselines,
             "calibration": calibration_table(y, p, bins), "skill": skill_verdict(model, baselines)}
 
@@ -107,6 +120,8 @@ def skill_verdict(model: dict, baselines: dict) -> dict:
     auc, se = model["roc_auc"], model["roc_auc_se"]
     if auc is None:
         reasons.append("AUC undefined (one class only)")
+    elif auc + 1.96 * se < 0.5:
+        reasons.append(f"AUC {auc:.3f} +- {1.96 * se:.3f} is below 0.5 (worse than a coin)")
     elif not auc - 1.96 * se > 0.5:
         reasons.append(f"AUC {auc:.3f} +- {1.96 * se:.3f} includes 0.5")
     if reasons:

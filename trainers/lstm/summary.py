@@ -31,6 +31,8 @@ def _split_row(e: dict) -> dict:
             "majority_class_rate": b["majority_class_rate"], "balanced_accuracy": m["balanced_accuracy"],
             "roc_auc": m["roc_auc"], "log_loss": m["log_loss"], "base_rate_log_loss": b["base_rate"]["log_loss"],
             "brier": m["brier"], "base_rate_brier": b["base_rate"]["brier"],
+            "linear_roc_auc": b["logistic_regression"]["roc_auc"], "linear_log_loss": b["logistic_regression"]["log_loss"],
+            "persistence_accuracy": b["persistence"]["accuracy"],
             "long_flat_return": s["long_flat"]["total_return"], "buy_and_hold_return": s["buy_and_hold"]["total_return"],
             "has_skill": e["skill"]["has_skill"], "verdict": e["skill"]["verdict"]}
 
@@ -169,26 +171,29 @@ def markdown(results: dict) -> str:
                   f"{_num(p.get('sum_symbol_seconds'), 1)} s / (wall time x devices)); worker utilisation "
                   f"{_num(p.get('worker_utilisation'), 3)}.", ""]
     lines += [f"Bars: {data.get('base_timeframe')}, timeframes {', '.join(data.get('timeframes', []))}; "
-              f"source {data.get('source')}. Baselines on the same rows: the majority class's rate, the "
-              f"training up-rate as a constant probability (log loss, Brier), buy-and-hold over the same bars. "
+              f"source {data.get('source')}. Baselines on the same rows: the majority class's rate, persistence "
+              f"(the sign of the previous horizon's return), a logistic regression on the last bar's features "
+              f"(linear), the training up-rate as a constant probability (base: log loss, Brier), buy-and-hold "
+              f"over the same bars (the strategy is long when P(up) > 0.5, net of --cost-bps). "
               f"A model has skill only if its log loss beats the base rate's and its AUC clears 0.5 by 1.96 "
               f"standard errors.", ""]
     for split, title in (("test", "Test (the last period; used for nothing else)"),
                          ("val", "Validation (picked the checkpoint)")):
         lines += [f"## {title}", "",
-                  "| symbol | status | steps | time s | device | acc | majority | bal. acc | AUC | log loss | base | "
-                  "Brier | base | long/flat | buy&hold | verdict |",
-                  "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| symbol | status | steps | time s | device | acc | majority | persist. | bal. acc | AUC | linear | "
+                  "log loss | base | linear | Brier | base | long/flat | buy&hold | verdict |",
+                  "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for s, r in rows.items():
             e = r.get(split)
             cells = [s, r["status"], str(r["steps"]), _num(r["seconds"], 1), str(r.get("device") or "")]
             if e:
-                cells += [_num(e["accuracy"]), _num(e["majority_class_rate"]), _num(e["balanced_accuracy"]),
-                          _num(e["roc_auc"], 3), _num(e["log_loss"]), _num(e["base_rate_log_loss"]), _num(e["brier"]),
-                          _num(e["base_rate_brier"]), _pct(e["long_flat_return"]), _pct(e["buy_and_hold_return"]),
-                          e["verdict"]]
+                cells += [_num(e["accuracy"]), _num(e["majority_class_rate"]), _num(e["persistence_accuracy"]),
+                          _num(e["balanced_accuracy"]), _num(e["roc_auc"], 3), _num(e["linear_roc_auc"], 3),
+                          _num(e["log_loss"]), _num(e["base_rate_log_loss"]), _num(e["linear_log_loss"]),
+                          _num(e["brier"]), _num(e["base_rate_brier"]), _pct(e["long_flat_return"]),
+                          _pct(e["buy_and_hold_return"]), e["verdict"]]
             else:
-                cells += [""] * 10 + [r.get("error") or ""]
+                cells += [""] * 13 + [r.get("error") or ""]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     failed = {s: r for s, r in rows.items() if r["status"] == "failed"}

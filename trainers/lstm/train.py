@@ -51,6 +51,7 @@ from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
 
+SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often while it trains
 FAIL_ENV = "TRAINERS_LSTM_FAIL"  # tests: "SYN001:always,SYN002:once" makes those symbols raise at step 2
 
 
@@ -100,6 +101,21 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
 
+    def hear_signals_inside(self) -> None:
+        """Inside a symbol's run the run's handler takes the signal; chain this worker's flag to it, so
+        an error raised while the job is being stopped is not mistaken for the symbol's failure."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            run_handler = signal.getsignal(sig)
+
+            def both(signum, frame, run_handler=run_handler):
+                self.signalled = signal.Signals(signum).name
+                if callable(run_handler):
+                    run_handler(signum, frame)
+            signal.signal(sig, both)
+
+    def stopping(self) -> bool:
+        return self.signalled is not None or self.queue.stop_record(force=True) is not None
+
     def publish_stop(self, reason: str, symbol: str | None, step: int | None, signal_name: str | None) -> dict:
         mine = {"reason": reason, "signal": signal_name, "worker": self.rank, "symbol": symbol, "step": step}
         record = self.queue.request_stop(mine)
@@ -115,8 +131,8 @@ class Worker:
             maybe_inject(self.rank, step, self.restart)
         if step == 2 and self.failures.get(symbol) in ("always", "once" if attempt == 1 else None):
             raise RuntimeError(f"{FAIL_ENV} asked {symbol} to fail at step 2 (try {attempt})")
-        if run.signal_name is not None and "received by" not in run.signal_name:
-            self.publish_stop("signal", symbol, step, run.signal_name)  # this process got it: tell the others
+        if self.signalled is not None and self.queue.stop_record() is None:
+            self.publish_stop("signal", symbol, step, self.signalled)  # this process got it: tell the others
         record = self.queue.stop_record()
         if record is None:
             over = self.budget.exceeded(self.elapsed_s())
@@ -164,6 +180,7 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
 
     with Run(cfg, single_process_context(str(device)), "lstm", {"model": model, "optimizer": optimizer}, total_steps,
              unit="samples", metric_name="loss", eval_every=cfg.eval_every) as run:
+        worker.hear_signals_inside()
         for handler in run.log.handlers:  # the job log speaks for the workers; the symbol's own log keeps all
             if type(handler) is logging.StreamHandler:
                 handler.setLevel(logging.WARNING)
@@ -240,6 +257,10 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker) -> Symb
             break
         except Exception as exc:  # noqa: BLE001 - any error of one symbol must not stop the others
             error = f"{type(exc).__name__}: {exc}"
+            if worker.stopping():  # e.g. the terminal's pipe closed with the SIGTERM: not the symbol's fault
+                worker.log.warning("%s: %s while the job was stopping; not counted as a failure, a new run "
+                                   "resumes it", symbol, error)
+                return SymbolOutcome(StopReason.SIGNAL, None, 0, None)
             if attempt == 1:
                 worker.log.warning("%s: try 1 failed (%s); trying again from its last checkpoint", symbol, error)
                 continue
@@ -364,7 +385,7 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float) -> int:
     def summary() -> dict:
         return write_job_summary(job_dir, cfg, plan, attempt, ctx, device, queue.stop_record(force=True), log)
 
-    got_signal = False
+    next_summary = time.monotonic() + SUMMARY_EVERY_S
     while True:
         if worker.signalled:
             worker.publish_stop("signal", None, None, worker.signalled)
@@ -379,17 +400,16 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float) -> int:
         index, symbol = claim
         log.info("%s: claimed (%d of %d pending)", symbol, index + 1, len(queue.pending))
         outcome = work_on(symbol, cfg, plan, worker)
-        if outcome is not None and outcome.reason == StopReason.SIGNAL and "received by" not in (outcome.signal or ""):
-            got_signal = True
-            if queue.stop_record(force=True) is None:  # published at the step already, as a rule
-                worker.publish_stop("signal", symbol, outcome.steps, outcome.signal)
-        if ctx.is_main:
-            summary()  # progress for whoever looks at results.md during a long job
+        if worker.signalled is not None and queue.stop_record(force=True) is None:  # as a rule published at
+            worker.publish_stop("signal", symbol, outcome.steps if outcome else None, worker.signalled)  # the step
+        if ctx.is_main and time.monotonic() >= next_summary:  # progress for whoever watches results.md;
+            summary()  # by the clock: rebuilding it reads every symbol's folder
+            next_summary = time.monotonic() + SUMMARY_EVERY_S
 
     queue.worker_done()
     if not ctx.is_main:
         return 0
-    signalled = got_signal or worker.signalled is not None
+    signalled = worker.signalled is not None
     done = queue.wait_for_workers(ctx.world_size, time.monotonic() + jobqueue.GRACE_S if signalled else None)
     if done < ctx.world_size:
         log.warning("%d of %d workers did not finish within %.0f s of the signal; the summary shows what is on disk",
