@@ -63,3 +63,20 @@ def test_bad_files_are_refused_before_anything_is_written(tmp_path, capsys):
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], (source, lines)
         assert not run_dir.exists()
+
+
+def test_jobs_per_gpu_binds_k_workers_to_each_gpu(monkeypatch):
+    import torch
+
+    from trainers.errors import UsageError
+    from trainers.lstm.config import LstmConfig
+    from trainers.lstm.train import worker_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda _device: None)
+    cfg = LstmConfig(jobs_per_gpu=2)
+    assert [worker_device(cfg, r).index for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    with pytest.raises(UsageError, match="start at most --jobs-per-gpu 2 x 4 = 8 workers per node"):
+        worker_device(cfg, 8)
+    assert worker_device(LstmConfig(device="cpu"), 5).type == "cpu"

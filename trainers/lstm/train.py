@@ -86,7 +86,7 @@ class Worker:
         self.attempt = attempt
         self.restart = ctx.restart_count
         self.budget = Budget(cfg.max_hours, cfg.budget_usd, cfg.usd_per_gpu_hour, attempt["devices"])
-        self.signalled: str | None = None  # a signal this process got outside a symbol's run
+        self.signalled: str | None = None  # a signal this process got (between symbols or inside one)
         self.inject_fault = _fault_is_mine(ctx.rank)
         self.failures = _failures_wanted()
 
@@ -391,8 +391,9 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float) -> int:
             worker.publish_stop("signal", None, None, worker.signalled)
         if queue.stop_record(force=True) is not None:
             break
-        if worker.budget.exceeded(worker.elapsed_s()) != StopReason.NONE:
-            worker.publish_stop(worker.budget.exceeded(worker.elapsed_s()).name.lower(), None, None, None)
+        over = worker.budget.exceeded(worker.elapsed_s())
+        if over != StopReason.NONE:  # no new symbol once the job's time or money is spent
+            worker.publish_stop(over.name.lower(), None, None, None)
             break
         claim = queue.claim()
         if claim is None:
