@@ -185,6 +185,7 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
             if type(handler) is logging.StreamHandler:
                 handler.setLevel(logging.WARNING)
         if worker.world_size > 1:  # one progress bar per worker would interleave on the terminal
+            run.bar.leave = False  # closing erases the line it drew
             run.bar.close()
             run.bar = progress(None, 0, False, "lstm")
         run.log.info("lstm %s: %s parameters on %s; %s", symbol, f"{count_parameters(model):,}", device,
