@@ -12,6 +12,8 @@ bench-cpu:
 	$(PYTHON) bench/train_throughput.py --presets tiny --steps 30 --out bench/results/train_cpu.json
 	$(PYTHON) bench/inference.py --presets tiny,small --iters 50 --out bench/results/inference_cpu.json
 	$(PYTHON) bench/gnn_coloring.py --nproc 2 --out bench/results/gnn_cpu.json
+	$(PYTHON) bench/lstm_pack.py --out bench/results/lstm_pack_cpu.json
+	$(PYTHON) bench/lstm_pack.py --steps-only --out bench/results/lstm_step_cpu.json
 
 # One command for the whole GPU set (each line writes its JSON with device, driver, versions, commit).
 bench-gpu:

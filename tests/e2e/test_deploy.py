@@ -263,3 +263,21 @@ def test_a_second_deploy_into_a_busy_output_folder_is_refused(tmp_path):
     finally:
         os.killpg(first.pid, signal.SIGTERM)
         first.wait(timeout=60)
+
+
+def test_the_lstm_packs_jobs_per_gpu_into_torchrun_workers(tmp_path):
+    proc, out = deploy(tmp_path, "--dry-run", "--trainer", "lstm", "--symbols", "AAPL,BTC-USD", "--jobs-per-gpu", "2")
+    assert proc.returncode == 0, proc.stderr
+    o = proc.stdout
+    assert "--nproc_per_node=16 --max-restarts=3 --standalone -m trainers lstm train" in o  # 2 workers x 8 GPUs
+    assert (f"--epochs 20 --source yfinance --symbols AAPL,BTC-USD --cache-dir {out}/cache/lstm --years 10 "
+            "--jobs-per-gpu 2") in o
+    assert "trainers preflight --expect-gpus 8" in o and "--trainer lstm" in o and "trainers lstm export" in o
+    proc, _ = deploy(tmp_path, "--dry-run", "--trainer", "lstm", "--demo", gpus=0)
+    assert proc.returncode == 0 and "--nproc_per_node=2" in proc.stdout and "--device cpu" in proc.stdout
+    assert "--source synthetic" in proc.stdout and "--jobs-per-gpu" not in proc.stdout.split("lstm train")[1]
+    for bad, needle in ((["--jobs-per-gpu", "0"], "--jobs-per-gpu '0' must be a number >= 1"),
+                        (["--source", "nasdaq"], "--source 'nasdaq' must be"),
+                        (["--symbols", "A", "--tickers-file", "f"], "give --symbols or --tickers-file, not both")):
+        proc, _ = deploy(tmp_path, "--dry-run", "--trainer", "lstm", *bad)
+        assert proc.returncode == 2 and needle in proc.stderr

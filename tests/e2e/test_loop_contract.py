@@ -50,11 +50,23 @@ class Contract:
     equal: list[tuple[str, ...]]  # result paths that must equal the uninterrupted run's
     prepare: Callable[[Path], list[str]] = lambda _root: []
     long_args: list[str] = field(default_factory=list)  # a run long enough to be stopped from outside
+    # The one run a stop case inspects (its steps, checkpoints, evaluation): the run folder itself, or
+    # for a job of many runs (lstm: a run per symbol) the run its results name as stopped first.
+    run_of: Callable[[Path, dict], Path] = lambda run_dir, _results: run_dir
 
     @property
     def resumed_from(self) -> int:
         return self.kill_step // self.ckpt_every * self.ckpt_every
 
+
+def _lstm_stopped_symbol(run_dir: Path, results: dict) -> Path:
+    return run_dir / "symbols" / results["training"]["stopped_by"]["symbol"]
+
+
+# 4 synthetic symbols, 10 steps each (2 epochs of 5), on 2 workers taking them from the queue. For a job
+# "equal" means: every symbol's best validation loss and the job's total steps equal the uninterrupted run's.
+LSTM_TINY = ["--synthetic-tickers", "4", "--synthetic-days", "800", "--window", "16", "--hidden", "8",
+             "--batch-size", "64", "--no-export"]
 
 CONTRACTS = {
     "forecast": Contract(
@@ -67,6 +79,11 @@ CONTRACTS = {
         steps=12, ckpt_every=2, kill_step=7, term_step=5,
         equal=[("training", "best_val", "value"), ("training", "last_val")], prepare=_gnn_data,
         long_args=["--epochs", "5000", "--graphs-per-batch", "2", "--hidden", "16", "--layers", "2", "--patience", "0"]),
+    "lstm": Contract(
+        "lstm", [*LSTM_TINY, "--epochs", "2"], steps=40, ckpt_every=2, kill_step=7, term_step=5,
+        equal=[("training", "steps"), *[("symbols", f"SYN00{i}", "best_val_loss") for i in range(4)]],
+        long_args=[*LSTM_TINY, "--symbols", "SYN000", "--epochs", "5000", "--patience", "0"],
+        run_of=_lstm_stopped_symbol),
 }
 
 
@@ -122,9 +139,10 @@ def test_sigterm_on_one_rank_stops_all_with_a_checkpoint_then_resumes(name, work
     args = [name, "train", *c.args, *c.prepare(workdir), "--run-dir", str(run_dir)]
     run_torchrun(args, env={"TRAINERS_FAULT": f"sigterm@rank1:step{c.term_step}"})  # exit 0 is checked
     r = read_results(run_dir)
-    assert r["training"]["stop_reason"] == "signal" and r["training"]["steps"] == c.term_step
+    stopped = c.run_of(run_dir, r)
+    assert r["training"]["stop_reason"] == "signal" and read_results(stopped)["training"]["steps"] == c.term_step
     assert "skipped" in r["evaluation"] and f"trainers {name} evaluate" in r["evaluation"]["skipped"]
-    assert (run_dir / "checkpoints" / f"meta_{c.term_step:08d}.json").exists()
+    assert (stopped / "checkpoints" / f"meta_{c.term_step:08d}.json").exists()
     run_torchrun(args)
     r = read_results(run_dir)
     assert r["training"]["stop_reason"] == "completed" and r["training"]["steps"] == c.steps
@@ -141,15 +159,15 @@ def test_external_sigterm_exits_zero_well_inside_the_grace_period(name, workdir)
     proc = subprocess.Popen([sys.executable, "-m", "trainers", name, "train", *c.long_args, *c.prepare(workdir),
                              "--ckpt-every", "3", "--run-dir", str(run_dir)], stderr=subprocess.PIPE, text=True,
                             env=env)
-    ckpts = run_dir / "checkpoints"
-    wait_for(lambda: ckpts.is_dir() and len(list(ckpts.glob("meta_*.json"))) >= 1, 120, proc)
+    wait_for(lambda: any(run_dir.rglob("checkpoints/meta_*.json")), 120, proc)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0, proc.stderr.read()[-3000:]
     assert time.monotonic() - t0 < 30
     r = read_results(run_dir)
     assert r["training"]["stop_reason"] == "signal" and r["training"]["signal"] == "SIGTERM"
-    assert (ckpts / f"meta_{r['training']['steps']:08d}.json").exists()
+    stopped = c.run_of(run_dir, r)
+    assert (stopped / "checkpoints" / f"meta_{read_results(stopped)['training']['steps']:08d}.json").exists()
 
 
 @pytest.mark.parametrize("name", CONTRACTS)
@@ -158,11 +176,14 @@ def test_a_budget_stop_leaves_a_checkpoint_and_results(name, workdir):
     run_dir = workdir / f"{name}-budget"
     run_cli([name, "train", *c.long_args, *c.prepare(workdir), "--max-hours", "0.0005", "--run-dir", str(run_dir)],
             check=True)
-    t = read_results(run_dir)["training"]
+    r = read_results(run_dir)
+    t = r["training"]
     assert t["stop_reason"] == "time_budget" and 0 < t["steps"] < t["total_steps"]
     assert 0 < t["elapsed_s_all_attempts"] <= 1.8 + 5  # stopped inside the budget (it keeps time for the end)
-    assert (run_dir / "checkpoints" / f"meta_{t['steps']:08d}.json").exists()
-    evaluation = read_results(run_dir)["evaluation"]
+    stopped = c.run_of(run_dir, r)
+    one = read_results(stopped)
+    assert (stopped / "checkpoints" / f"meta_{one['training']['steps']:08d}.json").exists()
+    evaluation = one["evaluation"]
     assert "skipped" not in evaluation and "pending" not in evaluation and evaluation["checkpoint_step"] is not None
 
 
