@@ -10,12 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainers.errors import UsageError
+from trainers.market.symbols import SYMBOL_HINT, is_symbol, to_yfinance_symbol
 from trainers.runtime.config import option
 from trainers.runtime.options import RunOptions
-
-# One grammar for every symbol before it names a folder: upper-case letters and digits, optionally one
-# '-' or '=' suffix (BRK-B, BTC-USD, ES=F, SYN003). No dots, slashes or spaces, so no `../x`.
-SYMBOL_RE = re.compile(r"^[A-Z0-9]{1,12}(?:[-=][A-Z0-9]{1,8})?$")
 
 # Timeframes: N minutes/hours, 1 day, 1 week (Monday to Sunday), 1 calendar month.
 TIMEFRAME_RE = re.compile(r"^([1-9][0-9]*)(m|h|d|w|M)$")
@@ -26,16 +23,17 @@ AUTO_TIMEFRAMES = {"1d": "1d,1w,1M", "1h": "1h,4h,1d", "1m": "1m,15m,1h,4h"}
 
 
 def to_symbol(text: str) -> str:
-    """' brk.b ' / 'BTC/USD' -> 'BRK-B' / 'BTC-USD' (yfinance spelling)."""
-    return re.sub(r"[./]", "-", str(text).strip().upper())
+    """' brk.b ' / 'BTC/USD' -> 'BRK-B' / 'BTC-USD' (yfinance spelling; the market package's rule, plus
+    '/' between two currencies)."""
+    text = str(text).strip().upper()
+    return to_yfinance_symbol(re.sub(r"^([A-Z0-9]+)/([A-Z]{2,4})$", r"\1-\2", text))
 
 
 def check_symbols(symbols: list[str], where: str, given: list[str] | None = None) -> list[str]:
     """`symbols` against the grammar (`given`: the text they came from, for the message), once each."""
-    bad = [g for s, g in zip(symbols, given or symbols) if not SYMBOL_RE.match(s)]
+    bad = [g for s, g in zip(symbols, given or symbols) if not is_symbol(s)]  # the market package's one grammar
     if bad:
-        raise UsageError(f"{where}: malformed symbol(s) {', '.join(map(repr, bad[:10]))}; a symbol is letters and "
-                         f"digits with at most one '-' or '=' suffix, like AAPL, BRK-B or BTC-USD")
+        raise UsageError(f"{where}: malformed symbol(s) {', '.join(map(repr, bad[:10]))}; {SYMBOL_HINT}")
     dups = sorted({s for s in symbols if symbols.count(s) > 1})
     if dups:
         raise UsageError(f"{where}: duplicate symbol(s) {', '.join(dups[:10])}; each symbol may appear once")
