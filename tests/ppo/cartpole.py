@@ -54,7 +54,7 @@ def train_cartpole(total_steps: int, seed: int = 0, num_envs: int = 8, settings:
     steps = 0
     for u in range(num_updates):
         anneal_lr(optimizer, lr, u, num_updates)
-        obs, done = collect(env.env and env, policy, norms, lambda o: o, buf, obs, done, generator,
+        obs, done = collect(env, policy, norms, lambda o: o, buf, obs, done, generator,
                             Precision("fp32", None), ctx.device)
         steps += num_envs * s.rollout_steps
         with torch.no_grad():

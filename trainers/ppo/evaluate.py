@@ -17,6 +17,7 @@ policy. Metrics (daily, 252 trading days a year, no risk-free rate):
 from __future__ import annotations
 
 import math
+
 import numpy as np
 import torch
 
