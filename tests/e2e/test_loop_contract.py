@@ -56,6 +56,10 @@ class Contract:
         return self.kill_step // self.ckpt_every * self.ckpt_every
 
 
+PPO_TINY = ["--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days", "600", "--window", "8",
+            "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64", "--hidden", "16",
+            "--total-steps", "2048", "--eval-every", "4", "--random-runs", "2", "--device", "cpu"]
+
 CONTRACTS = {
     "forecast": Contract(
         "forecast", [*TINY_DATA, "--epochs", "3", "--log-every", "5", "--batch-size", "128"], steps=84,
@@ -67,6 +71,14 @@ CONTRACTS = {
         steps=12, ckpt_every=2, kill_step=7, term_step=5,
         equal=[("training", "best_val", "value"), ("training", "last_val")], prepare=_gnn_data,
         long_args=["--epochs", "5000", "--graphs-per-batch", "2", "--hidden", "16", "--layers", "2", "--patience", "0"]),
+    # 2 agents (clstm, mlp) x 8 updates; the kill at update 9 resumes from 8: the second agent's first
+    # update, from a checkpoint whose environment position belongs to the first agent
+    "ppo": Contract(
+        "ppo", PPO_TINY, steps=16, ckpt_every=2, kill_step=9, term_step=5,
+        equal=[("evaluation", "table", "ppo_clstm", "summary", "cumulative_return", "mean"),
+               ("evaluation", "table", "ppo_clstm", "summary", "turnover", "mean"),
+               ("evaluation", "table", "ppo_mlp", "summary", "cumulative_return", "mean")],
+        long_args=[*PPO_TINY, "--total-steps", "100000000"]),
 }
 
 

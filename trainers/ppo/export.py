@@ -59,7 +59,7 @@ def export_run(run_dir: Path, checkpoint: str = "latest", tolerance: float = 1e-
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     t0 = time.perf_counter()
     export_program(module, cases(cfg.window, n_stocks, (EXPORT_BATCH,), seed=7)[f"batch_{EXPORT_BATCH}"], path,
-                   input_names=INPUTS, output_names=["action"], dynamic_shapes=({0: batch}, {0: batch}))
+                   input_names=INPUTS, output_names=["action"], dynamic_shapes={"inputs": ({0: batch}, {0: batch})})
     export_s = time.perf_counter() - t0
     parity = check_parity(module, path, cases(cfg.window, n_stocks, CHECK_BATCHES), INPUTS, tolerance)
     parity["batch_sizes"] = list(CHECK_BATCHES)
