@@ -36,7 +36,7 @@ def test_ppo_reaches_the_known_optimum_of_a_drifting_market(tmp_path):
                     min_history_days=100, episode_days=40, num_envs=32, rollout_steps=20, batch_size=320,
                     total_steps=122_880, action="weights", reward="log_return", cost_bps=10, encoder="mlp",
                     hidden=32, lr=3e-3, ent_coef=0.0, seeds=1, baseline_mlp=False, eval_every=4, device="cpu",
-                    random_runs=3, gamma=0.9, init_log_std=-0.5)
+                    random_runs=3, gamma=0.9, init_std=0.6)
     results = train(cfg)
     table = results["evaluation"]["table"]
     agent = table["ppo_mlp"]["per_seed"][0]

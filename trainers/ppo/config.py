@@ -52,7 +52,7 @@ class PpoConfig(RunOptions):
                          choices=ACTIONS)
     h_max: float = option(100.0, "most shares one trade action buys or sells per stock (the paper's h_max)", min=1)
     initial_cash: float = option(1_000_000.0, "cash each episode starts with", gt=0)
-    cost_bps: float = option(10.0, "transaction cost in basis points of the traded value (10 = 0.1 %)", min=0)
+    cost_bps: float = option(10.0, "transaction cost in basis points of the traded value (10 = 0.1 percent)", min=0)
     reward: str = option("pnl", "pnl: change in portfolio value times --reward-scale; log_return: log of its ratio",
                          choices=REWARDS)
     reward_scale: float = option(1e-4, "multiplies the pnl reward (FinRL's 1e-4)", gt=0)
@@ -61,7 +61,7 @@ class PpoConfig(RunOptions):
                           choices=ENCODERS)
     heads: str = option("lstm", "actor and critic heads on the cascade: lstm (the paper's) or mlp", choices=HEADS)
     hidden: int = option(64, "hidden width of every layer", min=1)
-    init_log_std: float = option(-0.5, "initial log standard deviation of the Gaussian policy", min=-20, max=2)
+    init_std: float = option(0.6, "initial standard deviation of the Gaussian policy (before tanh)", gt=0, max=5)
     baseline_mlp: bool = option(True, "also train the same PPO with --encoder mlp for each seed (the MLP baseline)")
     # PPO
     total_steps: int | None = option(None, "environment steps per agent, all ranks together (default: from "

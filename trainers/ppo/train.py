@@ -39,7 +39,7 @@ EPISODE_STATS = ("episodes", "reward", "return", "final_value", "trades", "cost"
 
 def build_model(cfg: PpoConfig, n_stocks: int | None = None, encoder: str | None = None) -> SquashedGaussianPolicy:
     net = TradingActorCritic(n_stocks or cfg.num_stocks, len(FEATURES), cfg.window, cfg.hidden,
-                             encoder or cfg.encoder, cfg.heads, cfg.init_log_std)
+                             encoder or cfg.encoder, cfg.heads, math.log(cfg.init_std))
     return SquashedGaussianPolicy(net)
 
 
