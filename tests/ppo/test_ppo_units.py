@@ -140,5 +140,38 @@ def test_summary_and_the_plain_verdict():
     assert s["n"] == 2 and s["cumulative_return"]["mean"] == pytest.approx(0.2)
     assert s["cumulative_return"]["std"] == pytest.approx(math.sqrt(0.02)) and s["sharpe"]["values"] == [1.0]
     table = {"ppo_clstm": {"summary": summarise([{"cumulative_return": 0.01, "sharpe": 0.2}])},
-             "buy_and_hold_equal_weight": {"summary": summarise([{"cumulative_return": 0.05, "sharpe": 0.9}])}}
-    assert "does NOT beat equal-weight buy-and-hold" in verdict(table, "ppo_clstm")
+             "buy_and_hold_equal_weight": {"summary": summarise([{"cumulative_return": 0.05, "sharpe": 0.9}])},
+             "equal_weight_market_rebalanced": {"summary": summarise([{"cumulative_return": 0.0, "sharpe": 0.1}])}}
+    text = verdict(table, "ppo_clstm")
+    assert "does NOT beat equal-weight buy-and-hold on the test period: cumulative return +1.00% vs +5.00%" in text
+    assert "beats the equal-weight market (rebalanced daily) on the test period net of costs" in text
+
+
+def _update_once(grad_accum: int, target_kl: float | None = None, epochs: int = 2):
+    from trainers.ppo.ppo import PPOSettings, update
+    from trainers.runtime.precision import Precision, make_grad_scaler
+
+    torch.manual_seed(0)
+    policy = SquashedGaussianPolicy(TradingActorCritic(3, 2, 4, hidden=8, encoder="mlp"))
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    buf = Rollout(6, (torch.zeros(5, 4, 3, 2), torch.zeros(5, 4)), (3,), torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    buf.obs[0].normal_(generator=g)
+    buf.obs[1].uniform_(generator=g)
+    buf.actions.normal_(generator=g)
+    buf.log_probs.normal_(generator=g)
+    buf.values.normal_(generator=g)
+    adv, ret = torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
+    s = PPOSettings(update_epochs=epochs, minibatch_size=10, grad_accum=grad_accum, target_kl=target_kl)
+    stats = update(policy, policy, None, lambda o: o, opt, make_grad_scaler(torch.device("cpu"), Precision("fp32", None)),
+                   buf, adv, ret, s, torch.Generator().manual_seed(3), single_process_context(), Precision("fp32", None))
+    return torch.cat([p.detach().flatten() for p in policy.parameters()]), stats
+
+
+def test_grad_accum_gives_the_same_update_and_target_kl_stops_early():
+    whole, _ = _update_once(1)
+    split, _ = _update_once(3)  # minibatches of 10 in micro-batches of 4, 3, 3
+    assert torch.allclose(whole, split, atol=1e-6)
+    _, full = _update_once(1, epochs=5)
+    _, stopped = _update_once(1, target_kl=1e-9, epochs=5)
+    assert full["epochs"] == 5 and stopped["epochs"] == 1

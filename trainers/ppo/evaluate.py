@@ -178,22 +178,31 @@ def backtest(agents: list[dict], market: Market, spec: EnvSpec, splits: dict, cl
     return {"table": table, "curves": curves}
 
 
+def _compare(agent: dict, base: dict) -> tuple[bool, bool, str]:
+    a_ret, b_ret = agent["cumulative_return"]["mean"], base["cumulative_return"]["mean"]
+    a_sh, b_sh = agent.get("sharpe", {}).get("mean"), base.get("sharpe", {}).get("mean")
+    text = (f"cumulative return {a_ret:+.2%} vs {b_ret:+.2%}, Sharpe {'n/a' if a_sh is None else f'{a_sh:.2f}'} "
+            f"vs {'n/a' if b_sh is None else f'{b_sh:.2f}'}")
+    return a_ret > b_ret, a_sh is not None and b_sh is not None and a_sh > b_sh, text
+
+
 def verdict(table: dict, main: str) -> str:
-    """One plain sentence: does the agent beat equal-weight buy-and-hold on the test period?"""
+    """Plain sentences: does the agent beat equal-weight buy-and-hold, and the equal-weight market,
+    on the test period net of costs? (With --action weights the zero action IS the equal-weight
+    market, so an agent that learned nothing matches that row.)"""
     if main not in table:
-        return "no trained agent to compare"
-    agent, bh = table[main]["summary"], table["buy_and_hold_equal_weight"]["summary"]
-    a_ret, b_ret = agent["cumulative_return"]["mean"], bh["cumulative_return"]["mean"]
-    a_sh = agent.get("sharpe", {}).get("mean")
-    b_sh = bh.get("sharpe", {}).get("mean")
-    beats_return, beats_sharpe = a_ret > b_ret, a_sh is not None and b_sh is not None and a_sh > b_sh
-    detail = (f"test cumulative return {a_ret:+.2%} vs {b_ret:+.2%}, Sharpe "
-              f"{'n/a' if a_sh is None else f'{a_sh:.2f}'} vs {'n/a' if b_sh is None else f'{b_sh:.2f}'}")
-    if beats_return and beats_sharpe:
-        return f"The agent ({main}) beats equal-weight buy-and-hold on the test period net of costs: {detail}."
-    if not beats_return and not beats_sharpe:
-        return f"The agent ({main}) does NOT beat equal-weight buy-and-hold on the test period: {detail}."
-    return f"Mixed: the agent ({main}) beats equal-weight buy-and-hold on one of return and Sharpe only: {detail}."
+        return "No trained agent to compare."
+    out = []
+    for name, label in (("buy_and_hold_equal_weight", "equal-weight buy-and-hold"),
+                        ("equal_weight_market_rebalanced", "the equal-weight market (rebalanced daily)")):
+        beats_return, beats_sharpe, text = _compare(table[main]["summary"], table[name]["summary"])
+        if beats_return and beats_sharpe:
+            out.append(f"The agent ({main}) beats {label} on the test period net of costs: {text}.")
+        elif not beats_return and not beats_sharpe:
+            out.append(f"The agent ({main}) does NOT beat {label} on the test period: {text}.")
+        else:
+            out.append(f"Mixed: the agent ({main}) beats {label} on one of return and Sharpe only: {text}.")
+    return " ".join(out)
 
 
 def _fmt(summary: dict, key: str, pct: bool) -> str:
