@@ -86,6 +86,9 @@ class PpoConfig(RunOptions):
     norm_obs: bool = option(True, "normalise observations with running statistics (kept in checkpoints)")
     seed: int = option(0, "seed of the first agent (init, environments, sampling); --seeds counts up from it", min=0)
     seeds: int = option(1, "agents trained per encoder, seeds --seed, --seed+1, ... (mean +- std reported)", min=1)
+    select_by: str = option("return", "validation score that picks each agent's snapshot: return (cumulative, net "
+                            "of costs: the agent's objective) or sharpe (blind to how much is in cash)",
+                            choices=("return", "sharpe"))
     eval_every: int = option(10, "validate every N updates (the agent kept is the best on validation)",
                              resume_safe=True, min=1)
     random_runs: int = option(10, "random-policy runs the baseline row averages", resume_safe=True, min=1)

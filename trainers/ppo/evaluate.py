@@ -1,6 +1,7 @@
 """Backtests on the validation and test periods, net of the same costs, and the metrics a quant reads.
 
-The agent of each seed is the snapshot with the best validation Sharpe (the test period is run once,
+The agent of each seed is the snapshot with the best validation score (--select-by: cumulative return,
+the agent's own objective, or Sharpe; the test period is run once,
 here, for the final report). Beside it on the same test dates: equal-weight buy-and-hold (bought on
 the first day, never traded again), the equal-weight market (rebalanced to equal weights every day,
 paying the costs of rebalancing), the same PPO with MLPs instead of the cascaded LSTM, and a random
@@ -128,10 +129,14 @@ def random_actor(n_stocks: int, seed: int, device: torch.device):
     return act
 
 
-def sharpe_on(market: Market, spec: EnvSpec, split: tuple[int, int], policy, norms) -> float:
-    """Validation score: the Sharpe of the deterministic policy (0 when it never moves)."""
+SELECT_BY = {"return": "cumulative_return", "sharpe": "sharpe"}
+
+
+def validation_score(market: Market, spec: EnvSpec, split: tuple[int, int], policy, norms, select_by: str) -> float:
+    """The deterministic policy's cumulative return or Sharpe over `split` (Sharpe 0 when it never
+    moves). Sharpe is blind to exposure (half in cash scores as all in), so `return` is the default."""
     curve = run_policy(market, spec, *split, deterministic_actor(policy, norms))
-    return performance(curve["values"][0])["sharpe"] or 0.0
+    return performance(curve["values"][0])[SELECT_BY[select_by]] or 0.0
 
 
 def _row(curves: dict, i: int | None = None) -> dict:
@@ -153,7 +158,7 @@ def summarise(rows: list[dict]) -> dict:
 def backtest(agents: list[dict], market: Market, spec: EnvSpec, splits: dict, close: np.ndarray, random_runs: int,
              seed: int) -> dict:
     """Every agent on validation and test, the baselines on test. `agents`: dicts with encoder,
-    seed, policy, norms, selected_update, val_sharpe."""
+    seed, policy, norms, selected_update, val_score."""
     test = splits["test"]
     cost = spec.cost_bps / 1e4
     prices = close[test[0]:test[1] + 1]

@@ -52,7 +52,7 @@ def export_run(run_dir: Path, checkpoint: str = "latest", tolerance: float = 1e-
     agents = AgentSet(cfg, n_stocks, torch.device("cpu"))
     agents.load_state_dict(states["agents"])
     agent = best_main_agent(agents, cfg)
-    policy, norms, update, val_sharpe = chosen(agent)
+    policy, norms, update, val_score = chosen(agent)
     norms = norms if norms is not None else torch.nn.ModuleList([torch.nn.Identity(), torch.nn.Identity()])
     module = NormalisedPolicy(norms, policy).eval()
     path = run_dir / "model.onnx"
@@ -66,7 +66,7 @@ def export_run(run_dir: Path, checkpoint: str = "latest", tolerance: float = 1e-
     latency = measure_latency(module, path, cases(cfg.window, n_stocks, (1, 256), seed=1), INPUTS, latency_iters)
     data = read_results(run_dir).get("data", {})
     info = {"path": path.name, "checkpoint_step": step, "agent": f"{agent.encoder}/seed{agent.seed}",
-            "selected_update": update, "val_sharpe": val_sharpe, "export_batch": EXPORT_BATCH, "export_s": export_s,
+            "selected_update": update, "val_score": val_score, "select_by": cfg.select_by, "export_batch": EXPORT_BATCH, "export_s": export_s,
             "opset": opset(path), "bytes": path.stat().st_size, "sha256": sha256_file(path), "parity": parity,
             "latency_cpu": latency,
             "inputs": {"market": ["batch", cfg.window, n_stocks, len(FEATURES)], "portfolio": ["batch", n_stocks + 1]},

@@ -17,7 +17,7 @@ EQUITY_PNG = "equity_test.png"
 
 
 def chosen(agent) -> tuple[torch.nn.Module, torch.nn.ModuleList | None, int | None, float | None]:
-    """The agent's snapshot with the best validation Sharpe (its current weights if never validated)."""
+    """The agent's snapshot with the best validation score (its current weights if never validated)."""
     if agent.best is None:
         return agent.policy, agent.norms, None, None
     policy = copy.deepcopy(agent.policy)
@@ -26,13 +26,13 @@ def chosen(agent) -> tuple[torch.nn.Module, torch.nn.ModuleList | None, int | No
     if agent.norms is not None:
         norms = copy.deepcopy(agent.norms)
         norms.load_state_dict(agent.best["norms"])
-    return policy, norms, agent.best["update"], agent.best["val_sharpe"]
+    return policy, norms, agent.best["update"], agent.best["val_score"]
 
 
 def best_main_agent(agents, cfg: PpoConfig):
-    """The agent export ships: the main encoder's seed with the best validation Sharpe."""
+    """The agent export ships: the main encoder's seed with the best validation score."""
     main = [a for a in agents.agents if a.encoder == cfg.encoder and a.best is not None]
-    return max(main, key=lambda a: a.best["val_sharpe"]) if main else agents.agents[0]
+    return max(main, key=lambda a: a.best["val_score"]) if main else agents.agents[0]
 
 
 def report(agents, cfg: PpoConfig, data, market, spec, run_dir: Path, ctx: DistContext,
@@ -45,13 +45,13 @@ def report(agents, cfg: PpoConfig, data, market, spec, run_dir: Path, ctx: DistC
         if a.updates_done == 0:
             continue  # never trained (the run stopped before this agent's turn)
         rows.append({"encoder": a.encoder, "seed": a.seed, "policy": policy, "norms": norms, "selected_update": update,
-                     "val_sharpe": val})
+                     "val_score": val})
     result = backtest(rows, market, spec, data.splits, data.close, cfg.random_runs, cfg.seed)
     test = data.splits["test"]
     main = f"ppo_{cfg.encoder}"
     evaluation = {"checkpoint_step": checkpoint_step, "test_dates": [data.dates[test[0]], data.dates[test[1]]],
                   "test_days": test[1] - test[0], "cost_bps": cfg.cost_bps, "action": cfg.action,
-                  "selection": "per seed, the update with the best validation Sharpe (deterministic policy)",
+                  "selection": f"per seed, the update with the best validation {cfg.select_by} (deterministic policy)",
                   "table": result["table"], "verdict": verdict(result["table"], main),
                   "untrained_agents": [f"{a.encoder}/seed{a.seed}" for a in agents.agents if a.updates_done == 0]}
     (run_dir / "results.md").write_text(markdown(evaluation))

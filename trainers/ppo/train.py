@@ -5,7 +5,7 @@ One run trains its agents one after another (the cascaded-LSTM agent for each of
 then the MLP baseline for each): step s of the loop is update s % U of agent s // U, where U is the
 number of PPO updates per agent. An update is a rollout of T steps in this rank's B environments
 (its own seeds), GAE, and PPO epochs whose gradients DDP averages over ranks. Every --eval-every
-updates the agent is validated (deterministic policy, Sharpe on the validation period, computed
+updates the agent is validated (deterministic policy, --select-by on the validation period, computed
 identically on every rank) and its best snapshot kept. Checkpoints fall on update boundaries and
 hold every agent (policy, optimizer, normaliser, best snapshot); each rank's environments, episode
 counters and sampling generator go in its own `position`, so a resume continues exactly.
@@ -25,7 +25,7 @@ from trainers.ppo import ppo
 from trainers.ppo.config import PpoConfig
 from trainers.ppo.data import env_spec, fix_date_range, load_trading_data
 from trainers.ppo.env import Market, VecPortfolioEnv
-from trainers.ppo.evaluate import sharpe_on
+from trainers.ppo.evaluate import validation_score
 from trainers.ppo.features import FEATURES
 from trainers.ppo.model import SquashedGaussianPolicy, TradingActorCritic
 from trainers.runtime import config as cfgmod
@@ -57,8 +57,8 @@ class Agent:
     policy: SquashedGaussianPolicy
     norms: torch.nn.ModuleList | None
     optimizer: torch.optim.Optimizer
-    best: dict | None = None  # {"update", "val_sharpe", "policy", "norms"}: the snapshot the report uses
-    history: list | None = None  # [(update, val_sharpe)]
+    best: dict | None = None  # {"update", "val_score", "policy", "norms"}: the snapshot the report uses
+    history: list | None = None  # [(update, val_score)]
     updates_done: int = 0
 
 
@@ -91,9 +91,9 @@ class AgentSet:
 
     def validated(self, a: Agent, update: int, score: float) -> bool:
         a.history.append((update, score))
-        if a.best is not None and score <= a.best["val_sharpe"]:
+        if a.best is not None and score <= a.best["val_score"]:
             return False
-        a.best = {"update": update, "val_sharpe": score,
+        a.best = {"update": update, "val_score": score,
                   "policy": {k: v.detach().clone() for k, v in a.policy.state_dict().items()},
                   "norms": {k: v.clone() for k, v in a.norms.state_dict().items()} if a.norms else None}
         return True
@@ -112,7 +112,7 @@ class Phase:
         self.window = torch.zeros(len(EPISODE_STATS), dtype=torch.float64, device=ctx.device)
         if position is not None and position.get("agent") == index:
             self.env.load_state_dict(position["env"])
-            self.generator.set_state(position["generator"])
+            self.generator.set_state(position["generator"].cpu())  # a ByteTensor on the CPU, whatever the device
             self.done = position["done"].to(ctx.device)
             self.window = position["window"].to(ctx.device)
         self.obs = self.env.observe()
@@ -204,11 +204,11 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
 
             if u % cfg.eval_every == 0 or u == updates:
                 with run.timing("evaluation"):
-                    score = sharpe_on(market, spec, data.splits["val"], agent.policy, agent.norms)
+                    score = validation_score(market, spec, data.splits["val"], agent.policy, agent.norms, cfg.select_by)
                     best = agents.validated(agent, u, score)
-                    run.metrics.log(step, "val", {"agent": index, "update": u, "val_sharpe": score, "best": best})
-                    log.info("agent %d (%s, seed %d) update %d: validation Sharpe %.3f%s", index, agent.encoder,
-                             agent.seed, u, score, " (best)" if best else "")
+                    run.metrics.log(step, "val", {"agent": index, "update": u, f"val_{cfg.select_by}": score, "best": best})
+                    log.info("agent %d (%s, seed %d) update %d: validation %s %.4f%s", index, agent.encoder,
+                             agent.seed, u, cfg.select_by, score, " (best)" if best else "")
             if run.should_log(step):
                 ep = dict(zip(EPISODE_STATS, all_reduce_sum(ctx, phase.window.tolist())))
                 n = max(ep["episodes"], 1.0)
