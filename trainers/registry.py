@@ -12,6 +12,7 @@ TRAINERS: dict[str, str] = {
     "forecast": "trainers.forecast",
     "gnn": "trainers.gnn",
     "lstm": "trainers.lstm",
+    "ppo": "trainers.ppo",
 }
 
 # Commands every trainer shares: module -> it adds its commands with `add_commands(subparsers)`.

@@ -232,6 +232,21 @@ def test_the_gnn_through_run_multigpu_and_gnn_training_with_eight_gpus(tmp_path)
     assert proc.returncode == 0 and "--rdzv-id=trainers-gnn" in proc.stdout and "gnn data" not in proc.stdout
 
 
+def test_the_ppo_agent_through_deploy_with_eight_gpus_and_its_own_flags(tmp_path):
+    proc, out = deploy(tmp_path, "--trainer", "ppo", "--dry-run", "--seeds", "5", "--num-episodes", "300",
+                       "--usd-per-gpu-hour", "2")
+    assert proc.returncode == 0, proc.stderr
+    o = proc.stdout
+    assert "--nproc_per_node=8 --max-restarts=3 --standalone -m trainers ppo train --run-dir" in o
+    assert "--num-episodes 300 --seeds 5 --num-stocks 30 --source cache" in o and "--usd-per-gpu-hour 2" in o
+    assert "trainers fetch-sp500 --years 25" in o and "trainers ppo export" in o and "--trainer ppo" in o
+    assert (out / "deploy-ppo.log").exists()
+    proc, _ = deploy(tmp_path, "--trainer", "ppo", "--dry-run", "--demo", gpus=0)
+    assert proc.returncode == 0 and "--synthetic-tickers 8" in proc.stdout and "fetch-sp500" not in proc.stdout
+    proc, _ = deploy(tmp_path, "--trainer", "ppo", "--dry-run", "--num-stocks", "1")
+    assert proc.returncode == 2 and "--num-stocks '1' must be a number >= 2" in proc.stderr
+
+
 def test_help_lists_the_common_and_the_trainers_own_flags(tmp_path):
     proc, _ = deploy(tmp_path, "--trainer", "gnn", "--help")
     assert proc.returncode == 0 and "--max-hours H" in proc.stdout and "--max-nodes N" in proc.stdout

@@ -68,6 +68,10 @@ def _lstm_stopped_symbol(run_dir: Path, results: dict) -> Path:
 LSTM_TINY = ["--synthetic-tickers", "4", "--synthetic-days", "800", "--window", "16", "--hidden", "8",
              "--batch-size", "64", "--no-export"]
 
+PPO_TINY = ["--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days", "600", "--window", "8",
+            "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64", "--hidden", "16",
+            "--total-steps", "2048", "--eval-every", "4", "--random-runs", "2", "--device", "cpu"]
+
 CONTRACTS = {
     "forecast": Contract(
         "forecast", [*TINY_DATA, "--epochs", "3", "--log-every", "5", "--batch-size", "128"], steps=84,
@@ -84,6 +88,14 @@ CONTRACTS = {
         equal=[("training", "steps"), *[("symbols", f"SYN00{i}", "best_val_loss") for i in range(4)]],
         long_args=[*LSTM_TINY, "--symbols", "SYN000", "--epochs", "5000", "--patience", "0"],
         run_of=_lstm_stopped_symbol),
+    # 2 agents (clstm, mlp) x 8 updates; the kill at update 9 resumes from 8: the second agent's first
+    # update, from a checkpoint whose environment position belongs to the first agent
+    "ppo": Contract(
+        "ppo", PPO_TINY, steps=16, ckpt_every=2, kill_step=9, term_step=5,
+        equal=[("evaluation", "table", "ppo_clstm", "summary", "cumulative_return", "mean"),
+               ("evaluation", "table", "ppo_clstm", "summary", "turnover", "mean"),
+               ("evaluation", "table", "ppo_mlp", "summary", "cumulative_return", "mean")],
+        long_args=[*PPO_TINY, "--total-steps", "100000000"]),
 }
 
 
