@@ -151,3 +151,48 @@ def test_a_bad_prices_file_is_one_line(tmp_path, capsys):
     bad.write_text(json.dumps({"h100-sxm": -1}))
     assert main(["plan", "--compare", "--prices", str(bad)]) == 2
     assert "the price of h100-sxm is -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("trainer,options", [("lstm", ["--hidden", "16", "--window", "12"]),
+                                             ("ppo", ["--hidden", "16", "--window", "6", "--num-stocks", "4"])])
+def test_small_models_activation_estimates_extrapolate_to_other_batches(trainer, options):
+    """Counted at batches 32 and 96, the per-item estimate must hold between 128 and 256 (activations are
+    linear in the batch)."""
+    from trainers.ops.plan import saved_bytes_per_item
+
+    w = load_workload(trainer, options)
+    if trainer == "lstm":
+        from trainers.lstm.train import build_model
+
+        cfg = __import__("trainers.registry", fromlist=["x"]).trainer_config("lstm", options)
+        model = build_model(cfg).train()
+        inputs = lambda b: (torch.randn(b, cfg.window, model.lstm.input_size),)  # noqa: E731
+        predicted = w.activation_bytes(32, False) / 32
+    else:
+        from trainers.ppo.features import FEATURES
+        from trainers.ppo.train import build_model
+
+        cfg = __import__("trainers.registry", fromlist=["x"]).trainer_config("ppo", options)
+        model = build_model(cfg).train()
+        inputs = lambda b: (torch.randn(b, cfg.window, cfg.num_stocks, len(FEATURES)),  # noqa: E731
+                            torch.randn(b, cfg.num_stocks + 1), torch.randn(b, cfg.num_stocks))
+        predicted = w.activation_bytes(0, False) / cfg.batch_size
+    measured = saved_bytes_per_item(model, inputs, batches=(128, 256))  # per item, between much larger batches
+    assert predicted == pytest.approx(measured, rel=0.10)
+    assert w.parameters == sum(p.numel() for p in model.parameters())
+
+
+def test_lstm_flops_are_counted_although_torch_does_not():
+    from trainers.ops.plan import forward_flops
+
+    lstm = torch.nn.LSTM(10, 32, 2, batch_first=True)
+    assert forward_flops(lstm, (torch.randn(1, 16, 10),)) == 16 * (8 * 32 * (10 + 32) + 8 * 32 * (32 + 32))
+
+
+def test_packed_jobs_multiply_memory_and_throughput():
+    one = load_workload("lstm", ["--jobs-per-gpu", "1"])
+    four = load_workload("lstm", ["--jobs-per-gpu", "4"])
+    a100 = DEVICES["a100-80gb"]
+    assert memory(four, "ddp", 1, 2)["total"] == pytest.approx(4 * memory(one, "ddp", 1, 2)["total"], rel=0.01)
+    assert plan(four, a100, 2).time["items_per_s"] == pytest.approx(4 * plan(one, a100, 2).time["items_per_s"])
+    assert plan(one, a100, 8).time["communication_s"] == 0  # separate models: no gradient traffic

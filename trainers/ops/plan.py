@@ -48,6 +48,10 @@ class Workload:
     items_total: float | None = None  # what the config asks for (epochs x dataset, max tokens ...)
     shape: dict = field(default_factory=dict)  # the trainer's own size fields, for the report
     notes: list[str] = field(default_factory=list)
+    extra_bytes: int = 0  # batch-independent memory on the device: datasets, rollout buffers, environments
+    jobs_per_gpu: int = 1  # independent jobs (processes) sharing one GPU, each with its own model
+    independent: bool = False  # the GPUs run separate jobs: no gradient traffic between them
+    min_step_s: float = 0.0  # a floor on the step time (small models are bound by launches, not FLOPs)
 
 
 def memory(w: Workload, strategy: str, gpus: int, compute_bytes: int, items_per_micro: int | None = None) -> dict:
@@ -66,9 +70,12 @@ def memory(w: Workload, strategy: str, gpus: int, compute_bytes: int, items_per_
         out["compute_copies"] = 2 * compute_bytes * w.block_parameters
         out["buffers"] = 4 * w.block_parameters
     out["activations"] = int(w.activation_bytes(micro, strategy == "fsdp+ac"))
+    out["data_and_buffers"] = w.extra_bytes
     live = sum(out.values())
     out["overhead"] = CONTEXT_BYTES + int(FRAGMENTATION * live)
-    out["total"] = live + out["overhead"]
+    if w.jobs_per_gpu > 1:  # K processes on one GPU: K models, K CUDA contexts
+        out = {k: v * w.jobs_per_gpu for k, v in out.items()}
+    out["total"] = sum(v for k, v in out.items() if k != "total")
     return out
 
 
@@ -94,7 +101,8 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None) -> floa
 def step_time(w: Workload, strategy: str, gpus: int, device: Device, mfu: float, grad_accum: int | None = None,
               busbw_gbps: float | None = None) -> dict:
     accum = grad_accum or w.grad_accum
-    items = w.items_per_micro * accum * gpus
+    items = w.items_per_micro * accum * gpus * w.jobs_per_gpu
+    # K small jobs packed on a GPU each get their own share of it (the MFU covers the packing)
     compute = w.flops_per_item * items / (gpus * device.peak_tflops * 1e12 * mfu)
     busbw = (busbw_gbps or device.busbw_gbps) * 1e9
     ring = 2 * (gpus - 1) / gpus if gpus > 1 else 0.0
@@ -102,9 +110,10 @@ def step_time(w: Workload, strategy: str, gpus: int, device: Device, mfu: float,
         traffic = ring * 4 * w.parameters  # fp32 gradients, all-reduced once per step
     else:  # per micro-batch: gather bf16 params for forward and backward, reduce-scatter fp32 grads
         traffic = accum * ring / 2 * (2 * 2 * w.parameters + 4 * w.parameters)
-    comm = traffic / busbw if gpus > 1 else 0.0
-    return {"items_per_step": items, "compute_s": compute, "communication_s": comm, "step_s": compute + comm,
-            "items_per_s": items / (compute + comm)}
+    comm = traffic / busbw if gpus > 1 and not w.independent else 0.0
+    step = max(compute + comm, w.min_step_s)
+    return {"items_per_step": items, "compute_s": compute, "communication_s": comm, "step_s": step,
+            "launch_bound": step > compute + comm, "items_per_s": items / step}
 
 
 @dataclass
@@ -209,7 +218,8 @@ def format_plan(p: Plan, w: Workload) -> str:
     lines = [f"{p.trainer} on {p.gpus} x {DEVICES[p.device].name}: {p.parameters:,} parameters"
              + (f" ({', '.join(f'{k} {v}' for k, v in p.shape.items())})" if p.shape else "")]
     lines.append(f"{'memory per GPU':<18}" + "".join(f"{s:>14}" for s in shown))
-    for item in ("weights", "grads", "optimizer", "compute_copies", "buffers", "activations", "overhead", "total"):
+    for item in ("weights", "grads", "optimizer", "compute_copies", "buffers", "activations", "data_and_buffers",
+                 "overhead", "total"):
         lines.append(f"  {item:<16}" + "".join(f"{gib(p.strategies[s]['memory_bytes'][item]):>14}" for s in shown))
 
     def headroom(s: str) -> str:
@@ -221,8 +231,10 @@ def format_plan(p: Plan, w: Workload) -> str:
     lines.append(f"plan: {p.chosen}" if p.chosen else f"does NOT fit: {p.fix}")
     t = p.time
     lines.append(f"step: {t['items_per_step']:,} {w.unit}, compute {t['compute_s'] * 1e3:,.1f} ms + gradient traffic "
-                 f"{t['communication_s'] * 1e3:,.1f} ms at MFU {p.mfu['value']:.0%} ({p.mfu['source']}); "
-                 f"{t['items_per_s']:,.0f} {w.unit}/s")
+                 f"{t['communication_s'] * 1e3:,.1f} ms at MFU {p.mfu['value']:.0%} ({p.mfu['source']})"
+                 + (f", but at least {w.min_step_s * 1e3:.0f} ms a step (ASSUMED: small models are bound by kernel "
+                    f"launches and Python, not FLOPs)" if t.get("launch_bound") else "")
+                 + f"; {t['items_per_s']:,.0f} {w.unit}/s")
     if "hours" in t:
         usd = p.money.get("usd")
         lines.append(f"job: {t['items']:,.4g} {w.unit} = {t['steps']:,.0f} steps in {t['hours']:,.2f} h = "
@@ -244,3 +256,55 @@ def compare(w: Workload, gpus: int, parallel: str, prices: dict[str, float], ite
                      "usd": p.money.get("usd"), "usd_per_gpu_hour": prices.get(key), "mfu": p.mfu})
     return sorted(rows, key=lambda r: (not r["fits"], r["usd"] if r["usd"] is not None else math.inf,
                                        r["hours"] or math.inf))
+
+
+# ---- small models: count on the real model, on the CPU, at batch 1 -----------------------------------
+
+def saved_bytes_per_item(model, make_inputs: Callable[[int], tuple], batches: tuple[int, int] = (32, 96)) -> float:
+    """Bytes autograd saves for backward per item of the batch, measured with saved_tensors_hooks
+    (the slope between two batch sizes: batch-independent saves drop out; parameters not counted).
+    Activations are linear in the batch, so this extrapolates to any micro-batch."""
+    import torch
+
+    params = {p.data_ptr() for p in model.parameters()}
+
+    def saved(batch: int) -> int:
+        seen, total = set(), [0]
+
+        def pack(t):
+            if t.data_ptr() not in seen and t.data_ptr() not in params:
+                seen.add(t.data_ptr())
+                total[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(*make_inputs(batch))
+        return total[0]
+
+    small, large = batches
+    return (saved(large) - saved(small)) / (large - small)
+
+
+def forward_flops(model, inputs: tuple) -> float:
+    """Matmul FLOPs of one forward: torch's FlopCounterMode, plus the recurrent layers it does not
+    count (an LSTM step is 4 gates x 2 x hidden x (input + hidden) per layer)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    extra = [0.0]
+
+    def count_lstm(module, args, _out):
+        x = args[0]
+        steps = x.shape[0] * x.shape[1] if x.dim() == 3 else x.shape[0]
+        h, size_in = module.hidden_size, module.input_size
+        for layer in range(module.num_layers):
+            extra[0] += steps * 8 * h * ((size_in if layer == 0 else h) + h)
+
+    hooks = [m.register_forward_hook(count_lstm) for m in model.modules() if isinstance(m, torch.nn.LSTM)]
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return float(counter.get_total_flops()) + extra[0]
