@@ -62,3 +62,14 @@ trainer_train_args() {
 trainer_workers_per_gpu() { echo "$LSTM_JOBS_PER_GPU"; }
 
 trainer_report() { cat "$RUN_DIR/results.md"; }
+
+trainer_verdict() {  # the deploy's exit code says whether every symbol succeeded (torchrun's cannot: see train.py)
+  [[ "$DRY_RUN" -eq 0 ]] || return 0
+  "$PY" - "$RUN_DIR/results.json" <<'EOF_PY'
+import json, sys
+results = json.load(open(sys.argv[1]))
+failed = sorted(s for s, r in (results.get("symbols") or {}).items() if r.get("status") == "failed")
+print(f"symbols failed: {len(failed)}" + (f" ({', '.join(failed)})" if failed else ""))
+sys.exit(1 if failed else 0)
+EOF_PY
+}
