@@ -11,6 +11,7 @@ import importlib
 TRAINERS: dict[str, str] = {
     "forecast": "trainers.forecast",
     "gnn": "trainers.gnn",
+    "gpt": "trainers.gpt",
 }
 
 # Commands every trainer shares: module -> it adds its commands with `add_commands(subparsers)`.
