@@ -12,6 +12,9 @@ bench-cpu:
 	$(PYTHON) bench/train_throughput.py --presets tiny --steps 30 --out bench/results/train_cpu.json
 	$(PYTHON) bench/inference.py --presets tiny,small --iters 50 --out bench/results/inference_cpu.json
 	$(PYTHON) bench/gnn_coloring.py --nproc 2 --out bench/results/gnn_cpu.json
+	OMP_NUM_THREADS=1 $(PYTHON) bench/gpt_throughput.py --device cpu --nproc 2 --depths 1,2 --head-dim 32 --seq-len 128 --device-batch-size 4 --compile off,on --parallel ddp,fsdp --steps 30 --out bench/results/gpt_throughput_cpu.json
+	$(PYTHON) bench/gpt_serve.py --clients 8 --requests 20 --max-new-tokens 16,64 --threads 1 --out bench/results/gpt_serve_cpu.json
 
 bench-gpu:
 	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --compile --out bench/results/train_gpu.json
+	$(PYTHON) bench/gpt_throughput.py --nproc 8 --depths 12,20,26 --seq-len 2048 --device-batch-size 8 --compile off,on --parallel ddp,fsdp --steps 40 --out bench/results/gpt_throughput_gpu.json
