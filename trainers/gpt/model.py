@@ -227,7 +227,7 @@ def generate(model: GPT, prompt: list[int], max_new_tokens: int, temperature: fl
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> int:
     if temperature == 0:
         return int(logits.argmax())
-    logits = logits / temperature
+    logits = logits / max(temperature, 1e-6)  # a vanishing temperature must not overflow to inf - inf
     if top_k:
         kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
