@@ -41,7 +41,7 @@ NPROC=0
 
 common_usage() {
   cat <<'EOF'
-  --trainer NAME         forecast (default) | gnn | lstm | ppo                      [TRAINER]
+  --trainer NAME         forecast (default) | gnn | gpt | lstm | ppo                [TRAINER]
   --gpus N               GPUs to use on this node (default: all visible)            [GPUS]
   --out DIR              output folder (default: /workspace/output if /workspace exists, else ./output) [OUT]
   --usd-per-gpu-hour X   price of one GPU hour: cost in results.json, needed by --budget-usd [USD_PER_GPU_HOUR]

@@ -11,6 +11,7 @@ import importlib
 TRAINERS: dict[str, str] = {
     "forecast": "trainers.forecast",
     "gnn": "trainers.gnn",
+    "gpt": "trainers.gpt",
     "lstm": "trainers.lstm",
     "ppo": "trainers.ppo",
 }

@@ -247,6 +247,23 @@ def test_the_ppo_agent_through_deploy_with_eight_gpus_and_its_own_flags(tmp_path
     assert proc.returncode == 2 and "--num-stocks '1' must be a number >= 2" in proc.stderr
 
 
+def test_the_gpt_deploy_checks_the_fit_tokenises_once_and_trains_on_a_money_budget(tmp_path):
+    proc, out = deploy(tmp_path, "--dry-run", "--trainer", "gpt", "--data", "/workspace/corpus.txt", "--depth", "20",
+                       "--budget-usd", "1000", "--usd-per-gpu-hour", "4")
+    assert proc.returncode == 0, proc.stderr
+    o = proc.stdout
+    assert "trainers gpt size --depth 20 --world-size 8 --gpu-memory-gib 79 --require-fit" in o  # before any data
+    assert f"trainers gpt data --data /workspace/corpus.txt --cache-dir {out}/cache/gpt" in o
+    assert "--trainer gpt" in o and "-- --data /workspace/corpus.txt" in o  # preflight sizes the model about to train
+    assert ("--nproc_per_node=8 --max-restarts=3 --standalone -m trainers gpt train --run-dir" in o
+            and "--usd-per-gpu-hour 4 --budget-usd 1000 --data /workspace/corpus.txt" in o and "--depth 20" in o)
+    assert "trainers gpt export --run-dir" in o and o.index("gpt size") < o.index("gpt data") < o.index("gpt train")
+    proc, _ = deploy(tmp_path, "--dry-run", "--trainer", "gpt")
+    assert proc.returncode == 2 and "--data PATH is needed" in proc.stderr
+    proc, _ = deploy(tmp_path, "--dry-run", "--trainer", "gpt", "--data", "x", "--depth", "0")
+    assert proc.returncode == 2 and "--depth '0' must be a number >= 1" in proc.stderr
+
+
 def test_help_lists_the_common_and_the_trainers_own_flags(tmp_path):
     proc, _ = deploy(tmp_path, "--trainer", "gnn", "--help")
     assert proc.returncode == 0 and "--max-hours H" in proc.stdout and "--max-nodes N" in proc.stdout

@@ -26,7 +26,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import TINY_DATA, read_results, run_cli, run_torchrun, wait_for
+from conftest import GPT_TINY, TINY_DATA, read_results, run_cli, run_torchrun, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -96,6 +96,13 @@ CONTRACTS = {
                ("evaluation", "table", "ppo_clstm", "summary", "turnover", "mean"),
                ("evaluation", "table", "ppo_mlp", "summary", "cumulative_return", "mean")],
         long_args=[*PPO_TINY, "--total-steps", "100000000"]),
+    # DDP with 2 accumulation steps on the synthetic Markov text (nothing to prepare); the stream's
+    # per-rank positions are what the resume must restore
+    "gpt": Contract(
+        "gpt", [*GPT_TINY, "--batch-tokens", "1024", "--max-steps", "12", "--eval-every", "4", "--log-every", "2"],
+        steps=12, ckpt_every=4, kill_step=7, term_step=5,
+        equal=[("training", "best_val", "value"), ("evaluation", "val_loss"), ("training", "stream")],
+        long_args=[*GPT_TINY, "--batch-tokens", "512", "--max-steps", "1000000", "--eval-every", "50"]),
 }
 
 

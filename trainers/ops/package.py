@@ -17,7 +17,7 @@ from trainers.runtime.lock import describe_holder, held_by_other
 from trainers.runtime.rundir import resolve_checkpoint, single_process_context
 
 REQUIRED = ("config.json", "results.json", "model.onnx")
-OPTIONAL = ("model.onnx.data", "export.json", "results.md", "training.log", "metrics.jsonl")
+OPTIONAL = ("model.onnx.data", "export.json", "results.md", "training.log", "metrics.jsonl", "vocab.json")
 
 
 def job_runs(run_dir: Path) -> dict[str, str] | None:
@@ -64,6 +64,8 @@ def package_files(run_dir: Path) -> list[Path]:
     verify_onnx(run_dir)
     files = [Path(n) for n in REQUIRED + OPTIONAL if (run_dir / n).is_file()]
     files += [ckpt.model_path(step).relative_to(run_dir), ckpt.meta_path(step).relative_to(run_dir)]
+    if ckpt.consolidated_path(step).name in ckpt.read_meta(step)["files"]:  # a sharded (FSDP) run's weights
+        files.append(ckpt.consolidated_path(step).relative_to(run_dir))
     tb = run_dir / "tensorboard"
     if tb.is_dir():
         files += sorted(p.relative_to(run_dir) for p in tb.rglob("*") if p.is_file())

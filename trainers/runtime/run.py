@@ -17,7 +17,9 @@
         return run.finish(summary, evaluate=...)
 
 What it guarantees, for every trainer alike:
-- resume restores every object in `states` (anything with state_dict/load_state_dict), the run's
+- resume restores every object in `states` (anything with state_dict/load_state_dict) and in
+  `sharded_states` (states split across ranks, e.g. FSDP2's model and optimizer, written with
+  torch.distributed.checkpoint, each rank its part), the run's
   own counters (elapsed time, early stopping, best), and *this rank's* RNG streams and data position;
 - `step_done` checkpoints at the step cadence (and after each evaluation, with the metric), agrees
   on a stop with every rank (signal, budget, early stop, the last step) and saves exactly once on a
@@ -64,6 +66,7 @@ HEARTBEAT_S = 30.0
 RESERVE_FACTOR = 2.0
 AGREE_TARGET_S = 1.0  # adaptive agreement: about once a second (a signal still stops within seconds)
 AGREE_MAX_STEPS = 100
+EXIT_ALLOWANCE_S = 2.0  # results.json and leaving the process (torch takes a while), when all of it must fit
 
 
 class Stateful(Protocol):
@@ -103,17 +106,25 @@ class Run:
     def __init__(self, cfg, ctx: DistContext, trainer: str, states: dict[str, Stateful], total_steps: int | None,
                  unit: str = "samples", metric_name: str = "loss", eval_every: int = 0,
                  flops_per_item: float | None = None, started_at: float | None = None,
-                 data_fingerprint: str | None = None):
+                 data_fingerprint: str | None = None, sharded_states: dict[str, Stateful] | None = None,
+                 budget_includes_startup: bool = False):
         self.cfg = cfg
         self.ctx = ctx
         self.trainer = trainer
         self.states = states
+        # Both dicts are read at resume and at each save, so a loop may fill them after entering the
+        # run (a check-only start then never builds the model).
+        self.sharded_states = sharded_states if sharded_states is not None else {}
         self.total_steps = total_steps
         self.unit = unit
         self.metric_name = metric_name
         self.eval_every = eval_every
         self.flops_per_item = flops_per_item
         self.data_fingerprint = data_fingerprint
+        # The budget's clock starts at `started_at` (the process start), not when the run is entered,
+        # and keeps EXIT_ALLOWANCE_S for the end too: the whole process, not only the loop, ends
+        # inside --max-hours / --budget-usd.
+        self.budget_includes_startup = budget_includes_startup
         self.run_dir = Path(cfg.run_dir)
         self.started_at = started_at if started_at is not None else time.time()
         self.step = 0
@@ -141,6 +152,9 @@ class Run:
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", self.ctx, self.cfg.keep_last, self.log)
         self.early = EarlyStopping(self.cfg.patience, getattr(self.cfg, "min_delta", 0.0))
         self.stopper = StopAgreement(self.ctx, self.cfg.budget(self.ctx.world_size))
+        if self.budget_includes_startup:
+            self.stopper.count_from(self.started_at)
+            self._update_reserve()
         self.stopper.install_signal_handlers()
         self._exit.callback(self.stopper.restore_signal_handlers)
         self.bar = progress(self.total_steps, 0, self.ctx.is_main, self.trainer)
@@ -194,7 +208,8 @@ class Run:
             if aside is not None:
                 self.log.warning("--restart: starting over from step 0; the old checkpoints are in %s", aside)
                 (self.run_dir / HEARTBEAT).unlink(missing_ok=True)
-        resumed = self.ckpt.resume(self.ctx.device)
+        resumed = self.ckpt.resume(self.ctx.device, sharded=self.sharded_states) if self.sharded_states \
+            else self.ckpt.resume(self.ctx.device)
         if resumed is None:
             rng.seed_everything(rng.rank_seed(self.cfg.seed, self.ctx.rank))
             start = Start()
@@ -225,7 +240,8 @@ class Run:
     def _update_reserve(self) -> None:
         """What the end of a budget must keep free: the final checkpoint and the final evaluation, at
         twice the slowest of each measured so far (the final evaluation also covers the test split)."""
-        self.stopper.reserve_s = RESERVE_FACTOR * (self._slowest["checkpoint"] + self._slowest["evaluation"])
+        self.stopper.reserve_s = RESERVE_FACTOR * (self._slowest["checkpoint"] + self._slowest["evaluation"]) + \
+            (EXIT_ALLOWANCE_S if self.budget_includes_startup else 0.0)
 
     def _check_data_unchanged(self) -> None:
         """A run trains on one dataset: a resume whose data fingerprint differs from the one the run
@@ -270,6 +286,15 @@ class Run:
         atomic_write_json(self.run_dir / HEARTBEAT, {"elapsed_s": self.stopper.elapsed_s(), "step": step,
                                                      "total_steps": self.total_steps, "world_size": self.ctx.world_size,
                                                      "trainer": self.trainer, "time": time.time(), "pid": os.getpid()})
+
+    def budget_fraction(self) -> float:
+        """How much of the wall-clock / money budget is spent, counting the time kept for the end
+        (elapsed + reserve) / limit, in [0, 1]; 0 without a budget. This rank's clock: agree on it
+        (e.g. a max over ranks) before acting on it together (a schedule that follows the budget)."""
+        limit = self.stopper.budget.limit_s()
+        if not limit:
+            return 0.0
+        return min(1.0, (self.stopper.elapsed_s() + self.stopper.reserve_s) / limit)
 
     # ---- cadence -------------------------------------------------------------------------------
     def should_log(self, step: int) -> bool:
@@ -392,9 +417,13 @@ class Run:
             clock.steady_steps += clock.window_steps
         clock.windows_closed += 1
         logged_step, values = self._pending_log
-        values.update({f"{self.unit}_per_s": clock.window_items / seconds,
+        per_s = clock.window_items / seconds
+        values.update({f"{self.unit}_per_s": per_s, f"{self.unit}_per_s_per_device": per_s / self.ctx.world_size,
                        "step_time_s": seconds / max(clock.window_steps, 1),
                        "peak_memory_bytes": peak_memory_bytes(self.ctx.device)})
+        mfu = self.mfu(per_s)
+        if mfu is not None:
+            values["mfu"] = mfu
         self.metrics.log(logged_step, "train", values)
         self._pending_log = None
         clock.window_start, clock.window_items, clock.window_steps, clock.excluded_in_window = now, 0, 0, 0.0
@@ -406,8 +435,12 @@ class Run:
                           "initial_metric": self.initial_metric, "last_metric": self.last_metric,
                           "best_step": self.best_step, "position_rank0": position}}
         rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
-        self.ckpt.save(step, shared, rank_state, {"metric": metric, "metric_name": self.metric_name,
-                                                  "trainer": self.trainer, "config": cfgmod.to_dict(self.cfg)})
+        meta = {"metric": metric, "metric_name": self.metric_name, "trainer": self.trainer,
+                "config": cfgmod.to_dict(self.cfg)}
+        if self.sharded_states:
+            self.ckpt.save(step, shared, rank_state, meta, sharded=self.sharded_states)
+        else:
+            self.ckpt.save(step, shared, rank_state, meta)
         self._last_saved_step = step
         self._last_save_time = time.monotonic()
         self._heartbeat(step, force=True)
@@ -419,16 +452,21 @@ class Run:
 
     # ---- the end -------------------------------------------------------------------------------
     def restore_best(self, names: tuple[str, ...] = ("model",)) -> int | None:
-        """Load the best checkpoint (lowest validation metric; else the newest) into those states,
-        after checking its SHA-256. Returns its step (None when there is no checkpoint)."""
+        """Collective. Load the best checkpoint (lowest validation metric; else the newest) into those
+        states, after checking its SHA-256. Returns its step (None when there is no checkpoint)."""
         steps = self.ckpt.complete_steps()
         if not steps:
             return None
         best = self.ckpt.best_step()
         step = steps[0] if best is None else best
-        saved = self.ckpt.load_verified(step, self.ctx.device)["states"]
-        for name in names:
-            self.states[name].load_state_dict(saved[name])
+        plain = [name for name in names if name not in self.sharded_states]
+        if plain:
+            saved = self.ckpt.load_verified(step, self.ctx.device)["states"]
+            for name in plain:
+                self.states[name].load_state_dict(saved[name])
+        sharded = {name: self.sharded_states[name] for name in names if name in self.sharded_states}
+        if sharded:
+            self.ckpt.load_sharded(step, sharded)
         return step
 
     def throughput(self) -> dict:
