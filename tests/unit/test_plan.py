@@ -196,3 +196,42 @@ def test_packed_jobs_multiply_memory_and_throughput():
     assert memory(four, "ddp", 1, 2)["total"] == pytest.approx(4 * memory(one, "ddp", 1, 2)["total"], rel=0.01)
     assert plan(four, a100, 2).time["items_per_s"] == pytest.approx(4 * plan(one, a100, 2).time["items_per_s"])
     assert plan(one, a100, 8).time["communication_s"] == 0  # separate models: no gradient traffic
+
+
+def test_seed_004s_depth_64_is_12_9b_parameters_and_needs_fsdp_with_checkpointing_on_8_h100():
+    """Seed 004 says depth 64 is 4.3B parameters at ~75 GB per GPU with plain DDP; counted, it is 12.9B, and
+    only FSDP2 with activation checkpointing fits 80 GB."""
+    w = load_workload("gpt", ["--depth", "64", "--device-batch-size", "4"])
+    assert 12.8e9 < w.parameters < 13.0e9
+    p = plan(w, DEVICES["h100-pcie"], 8)
+    fits = {s: p.strategies[s]["fits"] for s in ("ddp", "ddp+ac", "fsdp", "fsdp+ac")}
+    assert fits == {"ddp": False, "ddp+ac": False, "fsdp": False, "fsdp+ac": True}
+    assert p.chosen == "fsdp+ac"
+    # AdamW's fp32 weights + grads + moments alone are 16 bytes per parameter: DDP holds all of it on each GPU
+    assert p.strategies["ddp"]["memory_bytes"]["total"] > 16 * w.parameters
+    # the planner's figure is the GPT's own sizing (`trainers gpt size`), not a second formula
+    from trainers.gpt.size import Shape, memory_per_gpu
+    own = memory_per_gpu(Shape(depth=64), "fsdp+ac", 8, 4).as_dict()["total"]
+    assert p.strategies["fsdp+ac"]["memory_bytes"]["total"] == own
+
+
+def test_seed_004s_thousand_dollars_is_31_hours_and_the_budget_buys_a_smaller_compute_optimal_model(capsys):
+    assert main(["plan", "--trainer", "gpt", "--gpus", "8", "--budget-usd", "1000", "--usd-per-gpu-hour", "4",
+                 "--depth", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "31.25 h" in out and "$1,000.00" in out
+    w = load_workload("gpt", ["--depth", "64"])
+    p = plan(w, DEVICES["h100-sxm"], 8, budget_usd=1000, usd_per_gpu_hour=4)
+    from trainers.gpt.size import compute_optimal
+    best = compute_optimal(p, DEVICES["h100-sxm"])
+    # 20 tokens per parameter: C = 6 N (20 N)  =>  N = sqrt(C / 120)
+    flops = 31.25 * 3600 * 8 * DEVICES["h100-sxm"].peak_tflops * 1e12 * p.mfu["value"]
+    assert best["parameters"] == pytest.approx((flops / 120) ** 0.5)
+    assert best["parameters"] < w.parameters / 4 and best["depth"] < 64
+    assert "compute-optimal" in out
+
+
+def test_the_gpts_global_batch_is_fixed_in_tokens_so_fewer_gpus_accumulate_more():
+    w = load_workload("gpt", ["--depth", "8", "--device-batch-size", "4", "--batch-tokens", "524288"])
+    for gpus in (1, 2, 8):
+        assert plan(w, DEVICES["h100-sxm"], gpus, hours=1).time["items_per_step"] == 524288

@@ -196,3 +196,46 @@ def describe(rows: list[dict]) -> str:
     return "; ".join(f"{r['layout']} {r['total_gib']:.1f} GiB" + (f" (largest batch {r['largest_device_batch']})"
                                                                   if "largest_device_batch" in r else "")
                      for r in rows)
+
+
+# ---- the planner's view (trainers plan): the same estimate as `trainers gpt size` -----------------------
+
+CHINCHILLA_TOKENS_PER_PARAMETER = 20.0
+
+
+def workload(cfg):
+    """The GPT's job for `trainers plan`, with this module's memory estimate (not the generic one)."""
+    from trainers.ops.plan import Workload
+
+    shape = Shape(depth=cfg.depth, head_dim=cfg.head_dim, seq_len=cfg.seq_len, positions=cfg.positions,
+                  tied=cfg.tie_embeddings)
+
+    def memory(layout: str, gpus: int, micro_tokens: int) -> dict:
+        m = memory_per_gpu(shape, layout, gpus, max(1, micro_tokens // shape.seq_len))
+        d = m.as_dict()
+        return {k: d[k] for k in ("weights", "grads", "optimizer", "temporary", "activations", "overhead", "total")}
+
+    total = cfg.max_tokens or (cfg.max_steps * cfg.batch_tokens if cfg.max_steps else None)
+    return Workload(
+        trainer="gpt", parameters=shape.parameters(), n_blocks=shape.depth, block_parameters=shape.block_parameters(),
+        unit="tokens", items_per_micro=cfg.device_batch_size * shape.seq_len, grad_accum=1,
+        global_batch_items=cfg.batch_tokens, flops_per_item=shape.flops_per_token(),
+        activation_bytes=lambda micro, ck: activation_bytes(shape, micro, ck), kind="transformer",
+        strategies=LAYOUTS, items_total=float(total) if total else None, memory_fn=memory,
+        shape={"depth": shape.depth, "dim": shape.dim, "heads": shape.heads, "seq_len": shape.seq_len},
+        notes=[f"the vocabulary is assumed to be {SIZING_VOCAB} characters until the corpus is read (it changes "
+               f"the parameters by 2 x vocabulary x {shape.dim})"])
+
+
+def compute_optimal(plan, device) -> dict:
+    """What the budget's FLOPs buy at about 20 tokens per parameter (Chinchilla), beside the depth asked for."""
+    hours = plan.time.get("hours") or 0.0
+    flops = hours * 3600 * plan.gpus * device.peak_tflops * 1e12 * plan.mfu["value"]
+    n_opt = math.sqrt(flops / (6 * CHINCHILLA_TOKENS_PER_PARAMETER))
+    depth = max(1, round((n_opt / (12 * 64 * 64)) ** (1 / 3)))  # 12 L d^2 with d = 64 L
+    asked = plan.parameters
+    line = (f"compute-optimal for this budget (about {CHINCHILLA_TOKENS_PER_PARAMETER:g} tokens per parameter): "
+            f"{n_opt / 1e9:,.2f}B parameters (about depth {depth}), {CHINCHILLA_TOKENS_PER_PARAMETER * n_opt / 1e9:,.0f}B "
+            f"tokens; the depth asked for has {asked / 1e9:,.2f}B parameters and would see "
+            f"{(plan.time.get('items') or 0) / max(asked, 1):,.1f} tokens per parameter")
+    return {"parameters": n_opt, "depth": depth, "tokens": CHINCHILLA_TOKENS_PER_PARAMETER * n_opt, "line": line}

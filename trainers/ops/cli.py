@@ -53,7 +53,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=number(int, min=1), default=8, help="GPUs (default: 8)")
     p.add_argument("--gpu", default="h100-sxm", help="GPU kind (see --list-gpus; default: h100-sxm)")
     p.add_argument("--list-gpus", action="store_true", help="print the known GPUs and exit")
-    p.add_argument("--parallel", default="auto", choices=("auto", "ddp", "fsdp", "fsdp+ac"))
+    p.add_argument("--parallel", default="auto", choices=("auto", "ddp", "ddp+ac", "fsdp", "fsdp+ac"),
+                   help="auto: the first layout the trainer runs that fits; or one to check")
     p.add_argument("--usd-per-gpu-hour", type=number(float, gt=0), default=None, help="price of one GPU-hour")
     p.add_argument("--items", "--tokens", dest="items", type=number(float, gt=0), default=None,
                    help="what to train on: tokens for the GPT, samples/graphs/env steps for the others "

@@ -27,7 +27,7 @@ CONTEXT_BYTES = int(1.0 * GIB)  # CUDA context, cuBLAS/NCCL workspaces
 FRAGMENTATION = 0.05  # the caching allocator's slack over what is live
 DDP_BUCKETS_BYTES = 2 * 25 * (1 << 20)
 DEFAULT_MFU = {"transformer": 0.40, "small": 0.10}  # assumptions when no benchmark of ours says otherwise
-STRATEGIES = ("ddp", "fsdp", "fsdp+ac")
+STRATEGIES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")
 
 
 @dataclass
@@ -52,24 +52,28 @@ class Workload:
     jobs_per_gpu: int = 1  # independent jobs (processes) sharing one GPU, each with its own model
     independent: bool = False  # the GPUs run separate jobs: no gradient traffic between them
     min_step_s: float = 0.0  # a floor on the step time (small models are bound by launches, not FLOPs)
+    global_batch_items: int | None = None  # a global batch fixed in items (the GPT's tokens): accumulation follows
+    memory_fn: Callable[[str, int, int], dict] | None = None  # the trainer's own estimate (the GPT's size.py)
 
 
 def memory(w: Workload, strategy: str, gpus: int, compute_bytes: int, items_per_micro: int | None = None) -> dict:
     """Bytes per GPU, itemised. AdamW with a bf16/fp16 autocast keeps fp32 weights, fp32 grads and two
     fp32 moments (16 bytes per parameter); FSDP2 shards all of it over the GPUs and gathers one block
     (plus the next, prefetched) in the compute dtype at a time."""
-    n = w.parameters
     micro = items_per_micro or w.items_per_micro
-    shard = gpus if strategy != "ddp" else 1
+    if w.memory_fn is not None:
+        return w.memory_fn(strategy, gpus, micro)
+    n = w.parameters
+    shard = gpus if strategy.startswith("fsdp") else 1
     out = {"weights": 4 * n // shard, "grads": 4 * n // shard, "optimizer": 8 * n // shard}
-    if strategy == "ddp":
+    if not strategy.startswith("fsdp"):
         out["compute_copies"] = compute_bytes * n if compute_bytes < 4 else 0  # autocast's cast weights
         out["buffers"] = DDP_BUCKETS_BYTES
     else:
         # two blocks unsharded in the compute dtype (current + prefetched), one block's fp32 grads
         out["compute_copies"] = 2 * compute_bytes * w.block_parameters
         out["buffers"] = 4 * w.block_parameters
-    out["activations"] = int(w.activation_bytes(micro, strategy == "fsdp+ac"))
+    out["activations"] = int(w.activation_bytes(micro, strategy.endswith("+ac")))
     out["data_and_buffers"] = w.extra_bytes
     live = sum(out.values())
     out["overhead"] = CONTEXT_BYTES + int(FRAGMENTATION * live)
@@ -101,12 +105,14 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None) -> floa
 def step_time(w: Workload, strategy: str, gpus: int, device: Device, mfu: float, grad_accum: int | None = None,
               busbw_gbps: float | None = None) -> dict:
     accum = grad_accum or w.grad_accum
+    if w.global_batch_items:  # fixed in items: the micro-steps per step follow the number of GPUs
+        accum = max(1, w.global_batch_items // (w.items_per_micro * gpus))
     items = w.items_per_micro * accum * gpus * w.jobs_per_gpu
     # K small jobs packed on a GPU each get their own share of it (the MFU covers the packing)
     compute = w.flops_per_item * items / (gpus * device.peak_tflops * 1e12 * mfu)
     busbw = (busbw_gbps or device.busbw_gbps) * 1e9
     ring = 2 * (gpus - 1) / gpus if gpus > 1 else 0.0
-    if strategy == "ddp":
+    if not strategy.startswith("fsdp"):
         traffic = ring * 4 * w.parameters  # fp32 gradients, all-reduced once per step
     else:  # per micro-batch: gather bf16 params for forward and backward, reduce-scatter fp32 grads
         traffic = accum * ring / 2 * (2 * 2 * w.parameters + 4 * w.parameters)
@@ -162,6 +168,7 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
     source = ("given" if mfu else "measured by this repository's GPU benchmark" if measured else
               f"ASSUMED (no GPU benchmark of ours for {w.trainer} on {device.key}; default for {w.kind} models)")
     t = step_time(w, chosen or ("ddp" if parallel == "auto" else parallel), gpus, device, used_mfu)
+    t["strategy"] = chosen
     total_items = items if items is not None else w.items_total
     money, timing = {"usd_per_gpu_hour": usd_per_gpu_hour}, dict(t)
     if budget_usd is not None:
@@ -212,22 +219,25 @@ def suggest_fix(w: Workload, device: Device, gpus: int, compute_bytes: int, para
     return "a smaller model: even sharded over 256 GPUs with checkpointing it does not fit"
 
 
+COLUMN = 17  # wide enough for "NO, 1,234.5 over" and a space between columns
+
+
 def format_plan(p: Plan, w: Workload) -> str:
     gib = lambda b: f"{b / GIB:,.1f} GiB"  # noqa: E731
     shown = [s for s in STRATEGIES if p.strategies[s]["supported"]]
     lines = [f"{p.trainer} on {p.gpus} x {DEVICES[p.device].name}: {p.parameters:,} parameters"
              + (f" ({', '.join(f'{k} {v}' for k, v in p.shape.items())})" if p.shape else "")]
-    lines.append(f"{'memory per GPU':<18}" + "".join(f"{s:>14}" for s in shown))
-    for item in ("weights", "grads", "optimizer", "compute_copies", "buffers", "activations", "data_and_buffers",
-                 "overhead", "total"):
-        lines.append(f"  {item:<16}" + "".join(f"{gib(p.strategies[s]['memory_bytes'][item]):>14}" for s in shown))
+    lines.append(f"{'memory per GPU':<18}" + "".join(f"{s:>{COLUMN}}" for s in shown))
+    items = [k for k in p.strategies[shown[0]]["memory_bytes"] if k != "total"] + ["total"]
+    for item in items:
+        lines.append(f"  {item:<16}" + "".join(f"{gib(p.strategies[s]['memory_bytes'][item]):>{COLUMN}}" for s in shown))
 
     def headroom(s: str) -> str:
         st = p.strategies[s]
-        return ("yes, " if st["fits"] else "NO, ") + f"{abs(st['headroom_bytes']) / GIB:,.1f}" + \
-            (" free" if st["fits"] else " over")
+        amount = f"{abs(st['headroom_bytes']) / GIB:,.1f}"
+        return f"yes, {amount} free" if st["fits"] else f"NO, {amount} over"
 
-    lines.append(f"  {'fits (GiB)':<16}" + "".join(f"{headroom(s):>14}" for s in shown))
+    lines.append(f"  {'fits (GiB)':<16}" + "".join(f"{headroom(s):>{COLUMN}}" for s in shown))
     lines.append(f"plan: {p.chosen}" if p.chosen else f"does NOT fit: {p.fix}")
     t = p.time
     lines.append(f"step: {t['items_per_step']:,} {w.unit}, compute {t['compute_s'] * 1e3:,.1f} ms + gradient traffic "

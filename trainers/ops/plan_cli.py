@@ -15,7 +15,7 @@ from trainers.runtime.files import atomic_write_json
 
 def load_workload(trainer: str, options: list[str]):
     cfg = trainer_config(trainer, options)
-    cfg.validate()
+    cfg.validate()  # every value checked (types, ranges, choices) before it is sized
     try:
         size = trainer_module(trainer, "size")
     except ModuleNotFoundError:
