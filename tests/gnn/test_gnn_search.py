@@ -137,6 +137,10 @@ def test_per_instance_finetuning_never_adds_colours_and_is_deterministic():
     proper = reduce_colors(q, proper, iters=1000, seconds=30.0).coloring
     same, skipped = finetune_stage(model, q, 8, 4, proper, 5, 10, 1, 100, 1.0)
     assert "skipped" in skipped and np.array_equal(same, proper)
+    q8 = queen(8)  # greedy: 13 colours; one fewer is more than this model can offer (8)
+    greedy = greedy_coloring(q8.n, q8.edges)
+    same, skipped = finetune_stage(model, q8, 8, 4, greedy, 8, 10, 1, 100, 1.0)
+    assert "offers at most 8" in skipped["skipped"] and np.array_equal(same, greedy)
 
 
 def test_device_batches_match_host_batches(tmp_path):

@@ -79,7 +79,10 @@ def finetune_stage(model: torch.nn.Module, g: Graph, max_colors: int, random_dim
     if current <= max(lower, 1):
         return best, {"skipped": f"the colouring already has {current} colours, the clique lower bound: optimal",
                       "colors": current}
-    target = min(max(lower, current - 1), max_colors)
+    target = max(lower, current - 1)
+    if target > max_colors:
+        return best, {"skipped": f"{target} colours would be the target; the model offers at most {max_colors} "
+                                 f"(--max-colors of its training run)", "colors": current}
     runs = finetune(model, g, max_colors, random_dims, target, steps, restarts, seed)
     repaired = [repair(g, r["coloring"]) for r in runs]
     start = min([best, *repaired], key=lambda c: int(c.max()) + 1)
