@@ -206,6 +206,10 @@ def main() -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--markdown", default=None, help="also write the table here")
     args = p.parse_args()
+    try:
+        import gcol  # noqa: F401
+    except ImportError:
+        raise SystemExit("this benchmark compares with gcol's TabuCol: pip install gcol (benchmark-only)") from None
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
