@@ -11,7 +11,7 @@ bench-cpu:
 	$(PYTHON) bench/data_pipeline.py --out bench/results/data_pipeline_cpu.json
 	$(PYTHON) bench/train_throughput.py --presets tiny --steps 30 --out bench/results/train_cpu.json
 	$(PYTHON) bench/inference.py --presets tiny,small --iters 50 --out bench/results/inference_cpu.json
-	$(PYTHON) bench/gnn_coloring.py --nproc 2 --out bench/results/gnn_cpu.json
+	OMP_NUM_THREADS=1 $(PYTHON) bench/gnn_coloring.py --nproc 2 --budget 5 --out bench/results/gnn_cpu.json  # needs: pip install gcol
 	$(PYTHON) bench/lstm_pack.py --out bench/results/lstm_pack_cpu.json
 	$(PYTHON) bench/lstm_pack.py --steps-only --out bench/results/lstm_step_cpu.json
 	OMP_NUM_THREADS=1 $(PYTHON) bench/gpt_throughput.py --device cpu --nproc 2 --depths 1,2 --head-dim 32 --seq-len 128 --device-batch-size 4 --compile off,on --parallel ddp,fsdp --steps 30 --out bench/results/gpt_throughput_cpu.json

@@ -1,6 +1,6 @@
 """`trainers <trainer> <verb>` and the shared commands.
 
-    trainers forecast train|evaluate|export      trainers gnn data|train|export|color
+    trainers forecast train|evaluate|export      trainers gnn data|train|evaluate|export|color
     trainers fetch-sp500 | refresh-universe | preflight | package
 
 Building the parser imports only each trainer's light `cli` module (its config dataclass and

@@ -224,7 +224,10 @@ def test_the_gnn_through_run_multigpu_and_gnn_training_with_eight_gpus(tmp_path)
     o = proc.stdout
     assert "--nproc_per_node=8" in o and "trainers gnn train --run-dir" in o and "--usd-per-gpu-hour 3" in o
     assert "trainers gnn data --out" in o and "trainers gnn export" in o and "--trainer gnn" in o
+    assert "--train 20000" in o and "--nodes-per-batch" not in o  # a GPU's dataset, the default node budget
     assert (out / "deploy-gnn.log").exists()
+    proc, _ = deploy(tmp_path, "--dry-run", "--demo", script="run_multigpu.sh", env=env, gpus=0)
+    assert proc.returncode == 0 and "--train 200 " in proc.stdout and "--nodes-per-batch 1024 --search-iters 2000" in proc.stdout
     proc, _ = deploy(tmp_path, "--dry-run", script="gnn_training/run.sh", env=env)
     assert proc.returncode == 0 and "--nproc_per_node=1" in proc.stdout
     proc, _ = deploy(tmp_path, "--dry-run", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h:29500",

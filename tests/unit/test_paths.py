@@ -31,6 +31,7 @@ CASES = [
     (["gnn", "data"], "--out", "folder", ["--train", "2", "--val", "1", "--max-nodes", "12", "--min-nodes", "10",
                                           "--workers", "1", "--no-progress"]),
     (["gnn", "train"], "--data-dir", "dataset", []),
+    (["gnn", "evaluate"], "--run-dir", "run", []),
     (["gnn", "export"], "--run-dir", "run", []),
     (["gnn", "color"], "--model", "file", ["--graph", "x.col"]),
     (["gpt", "train"], "--run-dir", "folder", ["--max-steps", "1"]),
