@@ -235,3 +235,41 @@ def test_the_gpts_global_batch_is_fixed_in_tokens_so_fewer_gpus_accumulate_more(
     w = load_workload("gpt", ["--depth", "8", "--device-batch-size", "4", "--batch-tokens", "524288"])
     for gpus in (1, 2, 8):
         assert plan(w, DEVICES["h100-sxm"], gpus, hours=1).time["items_per_step"] == 524288
+
+
+def test_the_gnns_per_node_estimate_holds_on_other_graphs_and_the_datasets_own_counts_are_read(tmp_path):
+    """Measured on the generator's first graphs, the bytes autograd saves per node must hold for a batch of
+    other graphs (another seed) of about --nodes-per-batch nodes; a dataset on disk replaces the assumption."""
+    from trainers.gnn.batch import make_batch
+    from trainers.gnn.graphs import random_graph, write_dataset
+    from trainers.gnn.train import build_model
+    from trainers.registry import trainer_config
+
+    options = ["--hidden", "32", "--layers", "3", "--data-dir", str(tmp_path / "none")]
+    w = load_workload("gnn", options)
+    cfg = trainer_config("gnn", options)
+    model = build_model(cfg).train()
+    graphs, nodes = [], 0
+    while nodes < cfg.nodes_per_batch:
+        graphs.append(random_graph(len(graphs), 7, 20, 300))
+        nodes += graphs[-1].n
+    b = make_batch(graphs, cfg.max_colors, cfg.random_features, list(range(len(graphs))), torch.device("cpu"))
+    params = {p.data_ptr() for p in model.parameters()}
+    seen, saved = set(), [0]
+
+    def pack(t):
+        if t.data_ptr() not in seen and t.data_ptr() not in params:
+            seen.add(t.data_ptr())
+            saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(b.x, b.edge_index, b.color_mask)
+    assert w.activation_bytes(nodes, False) == pytest.approx(saved[0], rel=0.15)
+    assert w.parameters == sum(p.numel() for p in model.parameters())
+    assert "ASSUMED" in " ".join(w.notes)
+
+    write_dataset(tmp_path / "g", 12, 4, seed=0, min_nodes=20, max_nodes=40, workers=1, progress=False)
+    on_disk = load_workload("gnn", ["--data-dir", str(tmp_path / "g"), "--epochs", "3"])
+    meta = json.loads((tmp_path / "g" / "metadata.json").read_text())["splits"]["train"]
+    assert on_disk.items_total == 3 * meta["nodes"] and "ASSUMED" not in " ".join(on_disk.notes)

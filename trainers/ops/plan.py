@@ -219,6 +219,10 @@ def suggest_fix(w: Workload, device: Device, gpus: int, compute_bytes: int, para
     return "a smaller model: even sharded over 256 GPUs with checkpointing it does not fit"
 
 
+def duration(hours: float) -> str:
+    return f"{hours:,.2f} h" if hours >= 1 else f"{hours * 60:,.1f} min"
+
+
 COLUMN = 17  # wide enough for "NO, 1,234.5 over" and a space between columns
 
 
@@ -247,7 +251,7 @@ def format_plan(p: Plan, w: Workload) -> str:
                  + f"; {t['items_per_s']:,.0f} {w.unit}/s")
     if "hours" in t:
         usd = p.money.get("usd")
-        lines.append(f"job: {t['items']:,.4g} {w.unit} = {t['steps']:,.0f} steps in {t['hours']:,.2f} h = "
+        lines.append(f"job: {t['items']:,.4g} {w.unit} = {t['steps']:,.0f} steps in {duration(t['hours'])} = "
                      f"{p.money['device_hours']:,.1f} device-hours" + (f" = ${usd:,.2f}" if usd is not None else
                                                                         " (give --usd-per-gpu-hour for the cost)"))
     for a in p.assumptions:
