@@ -17,7 +17,7 @@ import importlib
 import os
 import sys
 
-from trainers.errors import CheckFailed, CheckPassed, UsageError
+from trainers.errors import CheckFailed, CheckPassed, RunFailed, UsageError
 from trainers.registry import SHARED_COMMANDS, TRAINERS
 from trainers.runtime.config import OneLineParser
 
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = [x for x in extra if x != "--"]
     try:
         return args.func(args)
-    except (UsageError, CheckFailed) as exc:
+    except (UsageError, CheckFailed, RunFailed) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except CheckPassed as exc:

@@ -235,3 +235,20 @@ def test_a_run_folder_of_another_config_is_refused_in_one_line_untouched(name, w
     assert len(lines) == 1 and "different config" in lines[0] and "seed: saved 12345, now 0" in lines[0], proc.stderr
     assert tree_digest(run_dir) == before
 
+
+
+def test_checkpoints_written_behind_the_loop_keep_the_contract(workdir):
+    """--ckpt-async (the default on CUDA): both ranks write behind the loop and the checkpoint completes at
+    an agreed step; the same SIGKILL resumes from a complete checkpoint and ends equal to the reference."""
+    c = CONTRACTS["forecast"]
+    ref = read_results(reference(c, workdir))
+    run_dir = workdir / "forecast-async-killed"
+    run_torchrun(["forecast", "train", *c.args, "--run-dir", str(run_dir), "--ckpt-every", str(c.ckpt_every),
+                  "--ckpt-async"], extra=["--max-restarts=1"], env={"TRAINERS_FAULT": f"sigkill@rank1:step{c.kill_step}"})
+    r = read_results(run_dir)
+    assert r["training"]["restarts"] == 1 and r["training"]["steps"] == c.steps
+    log = (run_dir / "training.log").read_text()
+    # the newest save before the kill, or the one before it when the kill came before its commit
+    assert any(f"resumed from checkpoint step {s}" in log for s in (c.resumed_from, c.resumed_from - c.ckpt_every))
+    assert r["training"]["throughput"]["checkpoint_writes_behind_s"] > 0
+    assert_equal_to_reference(c, r, ref)

@@ -149,18 +149,29 @@ class CheckpointManager:
         state_dict/load_state_dict over DTensors) saved with torch.distributed.checkpoint."""
         self.dir.mkdir(parents=True, exist_ok=True)
         files = self._save_sharded(step, sharded) if sharded else {}
+        files.update(self.write_local(step, shared, rank_state))
+        self.commit(step, files, meta, sorted(sharded or ()))
+
+    def write_local(self, step: int, shared: dict[str, Any] | None, rank_state: dict[str, Any]) -> dict[str, str]:
+        """Not collective (a background thread may run it): this rank's file, and the shared file on
+        rank 0; returns the SHA-256 of each, by name. Nothing is complete until `commit`."""
+        self.dir.mkdir(parents=True, exist_ok=True)
         rank_file = self.rank_path(step, self.ctx.rank)
-        files[rank_file.name] = atomic_torch_save(rank_file, rank_state)
+        files = {rank_file.name: atomic_torch_save(rank_file, rank_state)}
         if self.ctx.is_main:
             model_file = self.model_path(step)
             files[model_file.name] = atomic_torch_save(model_file, shared)
+        return files
+
+    def commit(self, step: int, files: dict[str, str], meta: dict[str, Any], sharded: list[str] | None = None) -> None:
+        """Collective, once every rank's files of `step` are on disk: rank 0 writes the meta (which
+        makes the checkpoint complete) from every rank's checksums, then prunes."""
         gathered = all_gather_object(self.ctx, files)
         if self.ctx.is_main:
             all_files: dict[str, str] = {}
             for part in gathered:
                 all_files.update(part)
-            record = dict(meta, step=step, world_size=self.ctx.world_size, files=all_files,
-                          sharded=sorted(sharded or ()))
+            record = dict(meta, step=step, world_size=self.ctx.world_size, files=all_files, sharded=sharded or [])
             atomic_write_json(self.meta_path(step), record)
         keep = broadcast_object(self.ctx, self._keep_set() if self.ctx.is_main else None)
         if self.ctx.is_main:

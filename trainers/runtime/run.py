@@ -45,11 +45,12 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from trainers.errors import CheckPassed, UsageError
+from trainers.errors import CheckPassed, RunFailed, UsageError
 from trainers.runtime import config as cfgmod
 from trainers.runtime import rng
+from trainers.runtime.async_save import BackgroundWrite, HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.dist import DistContext, barrier, broadcast_object
+from trainers.runtime.dist import DistContext, all_reduce_max, barrier, broadcast_object
 from trainers.runtime.faults import maybe_inject
 from trainers.runtime.files import atomic_write_json, remove_stale_temp_files
 from trainers.runtime.flops import peak_tflops
@@ -141,6 +142,9 @@ class Run:
         self._slowest = {"checkpoint": 0.0, "evaluation": 0.0}
         self._since_agree = 0
         self._agree_every = 1
+        self._pending: BackgroundWrite | None = None  # a checkpoint being written behind the loop
+        self._snapshot = HostSnapshot()
+        self._writes_behind_s = 0.0
         self._exit = contextlib.ExitStack()
 
     # ---- lifetime ------------------------------------------------------------------------------
@@ -370,6 +374,8 @@ class Run:
             reason = StopReason.COMPLETED
         if reason != StopReason.NONE and self._last_saved_step != step:
             self._save(step, position, None)
+        if reason != StopReason.NONE:
+            self._settle()  # the loop ends: its last checkpoint is complete before anything else runs
         self.reason = reason
         return reason
 
@@ -386,9 +392,17 @@ class Run:
         every_min = getattr(self.cfg, "ckpt_every_min", None)
         time_due = bool(self.ctx.is_main and every_min and time.monotonic() - self._last_save_time >= every_min * 60)
         proposal = self._propose_agree_every()
-        reason, (time_save, agreed_every) = self.stopper.agree_values(float(time_due), float(proposal))
+        pending = self._pending
+        writing = pending is not None and not pending.done()
+        failed = pending is not None and not writing and pending.error is not None
+        reason, (time_save, agreed_every, any_writing, any_failed) = self.stopper.agree_values(
+            float(time_due), float(proposal), float(writing), float(failed))
         self._since_agree = 0
         self._agree_every = max(1, int(agreed_every))
+        if pending is not None and any_failed:
+            self._write_failed(pending)
+        elif pending is not None and not any_writing:
+            self._commit_pending()  # every rank's files are on disk: complete it (collective, agreed)
         return reason, time_save > 0
 
     def _propose_agree_every(self) -> int:
@@ -429,6 +443,7 @@ class Run:
         clock.window_start, clock.window_items, clock.window_steps, clock.excluded_in_window = now, 0, 0, 0.0
 
     def _save(self, step: int, position: dict, metric: float | None) -> None:
+        self._settle()  # one write in flight at most (every rank saves at the same step: collective-safe)
         t0 = time.perf_counter()
         shared = {"states": {name: obj.state_dict() for name, obj in self.states.items()},
                   "run": {"step": step, "elapsed_s": self.stopper.elapsed_s(), "early_stopping": self.early.state_dict(),
@@ -439,6 +454,9 @@ class Run:
                 "config": cfgmod.to_dict(self.cfg)}
         if self.sharded_states:
             self.ckpt.save(step, shared, rank_state, meta, sharded=self.sharded_states)
+        elif self._write_behind():
+            snap = self._snapshot.take({"shared": shared if self.ctx.is_main else None, "rank": rank_state})
+            self._pending = BackgroundWrite(step, meta, lambda: self.ckpt.write_local(step, snap["shared"], snap["rank"]))
         else:
             self.ckpt.save(step, shared, rank_state, meta)
         self._last_saved_step = step
@@ -450,10 +468,47 @@ class Run:
         self._clock.phases["checkpoint"] += dt
         self._clock.excluded_in_window += dt
 
+    def _write_behind(self) -> bool:
+        setting = getattr(self.cfg, "ckpt_async", None)
+        return self.ctx.device.type == "cuda" if setting is None else bool(setting)
+
+    def _settle(self) -> None:
+        """Collective: wait for the checkpoint being written behind the loop, then complete it (or
+        stop every rank with the failure). The wait is checkpoint time (the loop stands still)."""
+        pending = self._pending
+        if pending is None:
+            return
+        t0 = time.perf_counter()
+        pending.wait()
+        if all_reduce_max(self.ctx, [1.0 if pending.error is not None else 0.0])[0] > 0:
+            self._write_failed(pending)
+        self._commit_pending()
+        dt = time.perf_counter() - t0
+        self._clock.phases["checkpoint"] += dt
+        self._clock.excluded_in_window += dt
+
+    def _commit_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        self.ckpt.commit(pending.step, pending.files, pending.meta)
+        self._writes_behind_s += pending.seconds
+        # a final save is waited for: the budget's reserve counts the whole write, not the copy
+        self._slowest["checkpoint"] = max(self._slowest["checkpoint"], pending.seconds)
+        self._update_reserve()
+
+    def _write_failed(self, pending: BackgroundWrite) -> None:
+        """Every rank stops here together (the failure came through a collective)."""
+        self._pending = None
+        steps = self.ckpt.complete_steps()
+        where = f"this rank: {pending.error}" if pending.error is not None else "on another rank"
+        raise RunFailed(f"writing the checkpoint of step {pending.step} failed ({where}); the newest complete "
+                      f"checkpoint is {'step ' + str(steps[0]) if steps else 'none'}: fix the disk and run the same "
+                      f"command to resume from it")
+
     # ---- the end -------------------------------------------------------------------------------
     def restore_best(self, names: tuple[str, ...] = ("model",)) -> int | None:
         """Collective. Load the best checkpoint (lowest validation metric; else the newest) into those
         states, after checking its SHA-256. Returns its step (None when there is no checkpoint)."""
+        self._settle()
         steps = self.ckpt.complete_steps()
         if not steps:
             return None
@@ -482,6 +537,7 @@ class Run:
                 "per_s_per_device": steady / self.ctx.world_size if steady else None,
                 "effective_per_s": clock.items_this_attempt / wall, "items_this_attempt": clock.items_this_attempt,
                 "steady_steps": clock.steady_steps, "note": steady_note,
+                "checkpoint_writes_behind_s": self._writes_behind_s,  # overlapped with training (--ckpt-async)
                 "breakdown_s": {"startup": self.entered_at - self.started_at, "first_window": clock.first_window_s,
                                 "steady_steps": clock.steady_s, **clock.phases,
                                 "other": max(wall - accounted - (self.entered_at - self.started_at), 0.0),
@@ -496,6 +552,7 @@ class Run:
     def finish(self, summary: dict, evaluate: Callable[[], dict | None] | None = None) -> dict | None:
         """Collective. Write results.json (merged): the training section first, then the evaluation
         (skipped after a signal, with the command that runs it later)."""
+        self._settle()
         if self.reason == StopReason.NONE:
             self.reason = StopReason.COMPLETED  # resumed at or past the last step
         self.log.info("training stopped: %s at step %d%s", self.reason.name.lower(), self.step,
