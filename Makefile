@@ -11,7 +11,19 @@ bench-cpu:
 	$(PYTHON) bench/data_pipeline.py --out bench/results/data_pipeline_cpu.json
 	$(PYTHON) bench/train_throughput.py --presets tiny --steps 30 --out bench/results/train_cpu.json
 	$(PYTHON) bench/inference.py --presets tiny,small --iters 50 --out bench/results/inference_cpu.json
-	$(PYTHON) bench/gnn_coloring.py --nproc 2 --out bench/results/gnn_cpu.json
+	OMP_NUM_THREADS=1 $(PYTHON) bench/gnn_coloring.py --nproc 2 --budget 5 --out bench/results/gnn_cpu.json  # needs: pip install gcol
+	$(PYTHON) bench/lstm_pack.py --out bench/results/lstm_pack_cpu.json
+	$(PYTHON) bench/lstm_pack.py --steps-only --out bench/results/lstm_step_cpu.json
+	OMP_NUM_THREADS=1 $(PYTHON) bench/gpt_throughput.py --device cpu --nproc 2 --depths 1,2 --head-dim 32 --seq-len 128 --device-batch-size 4 --compile off,on --parallel ddp,fsdp --steps 30 --out bench/results/gpt_throughput_cpu.json
+	$(PYTHON) bench/gpt_serve.py --clients 8 --requests 20 --max-new-tokens 16,64 --threads 1 --out bench/results/gpt_serve_cpu.json
+	OMP_NUM_THREADS=1 $(PYTHON) bench/checkpoint_save.py --presets small,base --out bench/results/checkpoint_cpu.json
 
+# One command for the whole GPU set (each line writes its JSON with device, driver, versions, commit).
 bench-gpu:
-	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --compile --out bench/results/train_gpu.json
+	$(PYTHON) bench/matmul.py --out bench/results/matmul_gpu.json
+	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --out bench/results/train_gpu_eager.json
+	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --compile --out bench/results/train_gpu_compiled.json
+	$(PYTHON) bench/profile_step.py --preset 151m
+	$(PYTHON) bench/checkpoint_save.py --presets base,151m --out bench/results/checkpoint_gpu.json
+	$(PYTHON) bench/gnn_coloring.py --nproc 1 --out bench/results/gnn_gpu.json
+	$(PYTHON) bench/gpt_throughput.py --nproc 8 --depths 12,20,26 --seq-len 2048 --device-batch-size 8 --compile off,on --parallel ddp,fsdp --steps 40 --out bench/results/gpt_throughput_gpu.json

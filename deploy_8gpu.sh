@@ -68,5 +68,9 @@ phase train phase_train
 phase export phase_export
 phase package phase_package
 phase download phase_download
+if declare -F trainer_verdict >/dev/null; then  # a job can finish and still have failed parts (lstm symbols)
+  PHASE="verdict"
+  trainer_verdict || die "the job finished with failures (above); what succeeded is in $TARBALL"
+fi
 PHASE="done"
 echo "deploy finished; results in $RUN_DIR, tarball $TARBALL"

@@ -9,6 +9,7 @@
 #   trainer_data           the data phase (fetch, generate, or nothing)
 #   trainer_train_args     fill the array TRAIN_ARGS with its `trainers <name> train` options
 #   trainer_report         (optional) print a summary after packaging
+#   trainer_workers_per_gpu  (optional) print K: torchrun starts K workers per GPU (jobs packed per device)
 
 die() { echo "error: $*" >&2; exit 2; }
 need_value() { [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value"; }
@@ -40,7 +41,7 @@ NPROC=0
 
 common_usage() {
   cat <<'EOF'
-  --trainer NAME         forecast (default) | gnn                                   [TRAINER]
+  --trainer NAME         forecast (default) | gnn | gpt | lstm | ppo                [TRAINER]
   --gpus N               GPUs to use on this node (default: all visible)            [GPUS]
   --out DIR              output folder (default: /workspace/output if /workspace exists, else ./output) [OUT]
   --usd-per-gpu-hour X   price of one GPU hour: cost in results.json, needed by --budget-usd [USD_PER_GPU_HOUR]
@@ -320,8 +321,12 @@ phase_check() {  # the full preflight, sized for the trainer and options about t
     echo "demo: GPU checks skipped"
     return
   fi
+  local price=()
+  [[ -z "$USD_PER_GPU_HOUR" ]] || price=(--usd-per-gpu-hour "$USD_PER_GPU_HOUR")
+  # Also the plan: does the job fit these GPUs, and what will it take and cost (shown again at the end)
   run "$PY" -m trainers preflight --expect-gpus "$NPROC" --out "$OUT" --trainer "$TRAINER" \
-    --json "$OUT/preflight-$TRAINER.json" -- "${TRAIN_ARGS[@]}" "${EXTRA[@]}"
+    --json "$OUT/preflight-$TRAINER.json" --plan-json "$OUT/plan-$TRAINER.json" -- "${TRAIN_ARGS[@]}" "${price[@]}" \
+    "${EXTRA[@]}"
 }
 
 phase_data() {
@@ -331,7 +336,11 @@ phase_data() {
 }
 
 phase_train() {
-  local launch=(--nproc_per_node="$NPROC" --max-restarts="$MAX_RESTARTS")
+  local nproc="$NPROC"
+  if [[ "$DEMO" -eq 0 ]] && declare -F trainer_workers_per_gpu >/dev/null; then
+    nproc=$((NPROC * $(trainer_workers_per_gpu)))
+  fi
+  local launch=(--nproc_per_node="$nproc" --max-restarts="$MAX_RESTARTS")
   if [[ "$NNODES" -gt 1 ]]; then
     launch+=(--nnodes="$NNODES" --node-rank="$NODE_RANK" --rdzv-backend=c10d --rdzv-endpoint="$RDZV_ENDPOINT"
              --rdzv-id="${RDZV_ID:-trainers-$TRAINER}")
@@ -408,6 +417,7 @@ phase_download() {  # the scp line (RunPod's variables when present), also in DO
     echo "then check it: sha256sum -c $(basename "$TARBALL").sha256 (copy that file too) and tar -xzf $(basename "$TARBALL")"
   } | tee "$OUT/DOWNLOAD-$TRAINER.txt"
   set_state download "$line"
+  "$PY" -m trainers status --out "$OUT" --trainer "$TRAINER" | grep -E "plan|real" || true
 }
 
 # ---- detach, status, attach, stop ------------------------------------------------------------------

@@ -64,8 +64,10 @@ def main() -> int:
     shape = PRESETS[args.preset]
 
     model = Forecaster(**vars(shape), n_features=len(FEATURES), window=120).to(device)
+    step = TrainStep(model)
     opt = build_adamw(model, 3e-4, 0.1, (0.9, 0.95), device)
     scaler = make_grad_scaler(device, precision)
+    weight, scale = torch.ones(len(ids), device=device), torch.tensor(1.0 / len(ids), device=device)
 
     step = TrainStep(model)
     weight, scale = torch.ones(len(ids), device=device), torch.tensor(1.0 / len(ids), device=device)

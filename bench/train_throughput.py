@@ -1,13 +1,24 @@
-"""Benchmark: forecaster training throughput, the kit's pipeline vs the naive one, same run.
+"""Benchmark: forecaster training throughput, the kit beside what users would pick instead, in one run.
 
     python bench/train_throughput.py --presets tiny --steps 30 --out bench/results/train_cpu.json
-    python bench/train_throughput.py --presets small,151m --compile --out bench/results/train_h100.json  # GPU
+    python bench/train_throughput.py --presets small,base,151m --compile --out bench/results/train_gpu.json  # GPU
 
-For each preset: samples/s, step time (p50), peak memory and MFU (GPU only) of the kit's step
-(trainers.forecast.train.forward_backward + optimizer_step: windows gathered by index from the
-on-device store, SDPA, fused AdamW on CUDA, bf16 autocast, optional torch.compile), then the same
-for the naive pipeline (bench/naive_forecaster.py), and their ratio. A second, synchronised pass
-splits the kit's step into data / forward+backward / optimizer time.
+The same model (the kit's Forecaster), batch, precision and compile setting (eager vs eager,
+compiled vs compiled) for:
+
+    kit        the kit's own step: TrainStep (model + loss, one module) via forward_backward and
+               optimizer_step, windows gathered on the device by index, fused AdamW on CUDA
+    plain      a well-written plain PyTorch loop: a DataLoader (workers, pinned memory) over the
+               same in-memory arrays, fused AdamW on CUDA, the same autocast
+    lightning  PyTorch Lightning (the framework seed 000 used): bf16-mixed on a GPU, 32-true on
+               the CPU, the same module and DataLoader (skipped when lightning is not installed:
+               it is a benchmark-only dependency, `pip install lightning`)
+    naive      the seed-000 pipeline as it was written (historical reference, not like for like:
+               nn.TransformerEncoder with attention-probability dropout, AdamW defaults)
+
+Reported per peer: steady-state samples/s (after warm-up, device-synchronised around the timed
+steps), effective samples/s (every sample trained ÷ the wall time from building the model to the
+last step, setup and DataLoader start-up included) and MFU on GPUs with a known peak.
 """
 
 from __future__ import annotations
@@ -18,7 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,6 +55,8 @@ from trainers.runtime.precision import (  # noqa: E402
     precision_for,
 )
 
+LR, WEIGHT_DECAY, BETAS = 3e-4, 0.1, (0.9, 0.95)
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -55,84 +67,146 @@ def _peak(device: torch.device) -> int | None:
     return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
 
 
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _timed(step, steps: int, warmup: int, device: torch.device, batch: int) -> dict:
+def _timed(step, steps: int, warmup: int, device: torch.device, batch: int, started: float) -> dict:
+    """Warm-up steps, then `steps` timed as one synchronised window (not per-step wall times)."""
     for _ in range(warmup):
         step()
     _sync(device)
-    _reset_peak(device)
-    times = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
     for _ in range(steps):
-        t0 = time.perf_counter()
         step()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    total = sum(times)
-    return {"samples_per_s": batch * steps / total, "step_time_p50_s": float(np.median(times)),
-            "steps": steps, "peak_memory_bytes": _peak(device)}
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    wall = time.perf_counter() - started
+    return {"samples_per_s": batch * steps / seconds, "step_time_s": seconds / steps, "steps": steps,
+            "effective_samples_per_s": batch * (steps + warmup) / wall, "wall_s": wall,
+            "peak_memory_bytes": _peak(device)}
 
 
-def bench_ours(store, preset: str, batch: int, device, precision, compile_: bool, steps: int, warmup: int) -> dict:
+def forecaster(preset: str, window: int, device: torch.device) -> Forecaster:
     torch.manual_seed(0)
-    model = Forecaster(**vars(PRESETS[preset]), n_features=len(FEATURES), window=store.window).to(device)
+    return Forecaster(**vars(PRESETS[preset]), n_features=len(FEATURES), window=window).to(device)
+
+
+def loader_over_store(store, batch: int, workers: int, device: torch.device):
+    features = store.features.cpu().numpy()
+    target = ((store.target - store.target_mean) / store.target_std).cpu().numpy()
+    dataset = WindowDataset(features, target, store.sample_ids["train"].cpu().numpy(), store.window, store.n_tickers)
+    return naive_loader(dataset, batch, workers, device.type == "cuda")
+
+
+def endless(loader):
+    while True:
+        yield from loader
+
+
+def bench_kit(store, preset, batch, device, precision, compile_, steps, warmup, **_) -> dict:
+    started = time.perf_counter()
+    model = forecaster(preset, store.window, device)
     train_step = maybe_compile(TrainStep(model), compile_)
-    optimizer = build_adamw(model, 3e-4, 0.1, (0.9, 0.95), device)
+    optimizer = build_adamw(model, LR, WEIGHT_DECAY, BETAS, device)
     scaler = make_grad_scaler(device, precision)
     ids = store.sample_ids["train"]
     g = torch.Generator(device="cpu").manual_seed(0)
     weight = torch.ones(batch, device=device)
     scale = torch.tensor(1.0 / batch, device=device)
 
-    def step(phases: dict | None = None):
-        t0 = time.perf_counter()
+    def step():
         batch_ids = ids[torch.randint(len(ids), (batch,), generator=g).to(device)]
-        if phases is not None:
-            _sync(device)
-            t1 = time.perf_counter()
-        float(forward_backward(train_step, store, batch_ids, weight, device, precision, scaler, scale))
-        if phases is not None:
-            _sync(device)
-            t2 = time.perf_counter()
+        forward_backward(train_step, store, batch_ids, weight, device, precision, scaler, scale)
         optimizer_step(model, optimizer, scaler, 1.0)
-        if phases is not None:
-            _sync(device)
-            t3 = time.perf_counter()
-            for key, dt in (("data", t1 - t0), ("forward_backward", t2 - t1), ("optimizer", t3 - t2)):
-                phases[key] = phases.get(key, 0.0) + dt
 
-    result = _timed(step, steps, warmup, device, batch)
-    phases: dict = {}
-    for _ in range(max(5, steps // 3)):
-        step(phases)
-    total = sum(phases.values())
-    result["time_share"] = {k: round(v / total, 4) for k, v in phases.items()}
+    result = _timed(step, steps, warmup, device, batch, started)
     result["parameters"] = count_parameters(model)
     return result
 
 
-def bench_naive(store, preset: str, batch: int, device, precision, steps: int, warmup: int, workers: int) -> dict:
+def bench_plain(store, preset, batch, device, precision, compile_, steps, warmup, workers, **_) -> dict:
+    started = time.perf_counter()
+    model = forecaster(preset, store.window, device)
+    train_model = maybe_compile(model, compile_)
+    optimizer = build_adamw(model, LR, WEIGHT_DECAY, BETAS, device)
+    scaler = make_grad_scaler(device, precision)
+    batches = endless(loader_over_store(store, batch, workers, device))
+
+    def step():
+        x, y = next(batches)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device, precision):
+            pred = train_model(x)
+        loss = ((pred.float() - y) ** 2).mean()
+        scaler.scale(loss).backward()
+        optimizer_step(model, optimizer, scaler, 1.0)
+
+    result = _timed(step, steps, warmup, device, batch, started)
+    result["parameters"] = count_parameters(model)
+    return result
+
+
+def bench_lightning(store, preset, batch, device, precision, compile_, steps, warmup, workers, **_) -> dict:
+    try:
+        import lightning as L
+    except ImportError:
+        return {"skipped": "lightning is not installed (a benchmark-only dependency: pip install lightning)"}
+    started = time.perf_counter()
+    model = forecaster(preset, store.window, torch.device("cpu"))
+    fused = device.type == "cuda"
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = maybe_compile(model, compile_)
+
+        def training_step(self, batch_, _index):
+            x, y = batch_
+            return ((self.model(x).float() - y) ** 2).mean()
+
+        def configure_optimizers(self):
+            decay = [p for p in model.parameters() if p.dim() >= 2]
+            rest = [p for p in model.parameters() if p.dim() < 2]
+            return torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                                      {"params": rest, "weight_decay": 0.0}], lr=LR, betas=BETAS, fused=fused)
+
+    marks: dict = {}
+
+    class Clock(L.Callback):
+        def on_train_batch_start(self, trainer, module, batch_, index):
+            if index == warmup:
+                _sync(device)
+                marks["t0"] = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch_, index):
+            if index == warmup + steps - 1:
+                _sync(device)
+                marks["t1"] = time.perf_counter()
+
+    lightning_precision = {"bf16": "bf16-mixed", "fp16": "16-mixed"}.get(precision.name, "32-true")
+    trainer = L.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu", devices=1, max_steps=warmup + steps,
+                        precision=lightning_precision, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, gradient_clip_val=1.0,
+                        callbacks=[Clock()], num_sanity_val_steps=0)
+    trainer.fit(Module(), train_dataloaders=loader_over_store(store, batch, workers, device))
+    wall = time.perf_counter() - started
+    seconds = marks["t1"] - marks["t0"]
+    return {"samples_per_s": batch * steps / seconds, "step_time_s": seconds / steps, "steps": steps,
+            "effective_samples_per_s": batch * (steps + warmup) / wall, "wall_s": wall,
+            "peak_memory_bytes": _peak(device), "parameters": count_parameters(model),
+            "precision": lightning_precision, "lightning": L.__version__}
+
+
+def bench_naive(store, preset, batch, device, precision, steps, warmup, workers, **_) -> dict:
+    started = time.perf_counter()
     torch.manual_seed(0)
     shape = PRESETS[preset]
     model = NaiveForecaster(shape.d_model, shape.n_layers, shape.n_heads, shape.d_ff, len(FEATURES),
                             store.window).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    features = store.features.cpu().numpy()
-    target = ((store.target - store.target_mean) / store.target_std).cpu().numpy()
-    dataset = WindowDataset(features, target, store.sample_ids["train"].cpu().numpy(), store.window, store.n_tickers)
-    loader = naive_loader(dataset, batch, workers, device.type == "cuda")
-    it = iter(loader)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    batches = endless(loader_over_store(store, batch, workers, device))
 
     def step():
-        nonlocal it
-        try:
-            x, y = next(it)
-        except StopIteration:
-            it = iter(loader)
-            x, y = next(it)
+        x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, precision):
             pred = model(x)
@@ -141,26 +215,33 @@ def bench_naive(store, preset: str, batch: int, device, precision, steps: int, w
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        float(loss.detach())
 
-    result = _timed(step, steps, warmup, device, batch)
+    result = _timed(step, steps, warmup, device, batch, started)
     result["parameters"] = count_parameters(model)
+    result["note"] = "historical reference: a different module (attention dropout), not like for like"
     return result
+
+
+PEERS = {"kit": bench_kit, "plain": bench_plain, "lightning": bench_lightning, "naive": bench_naive}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--presets", default="tiny")
+    p.add_argument("--peers", default=",".join(PEERS), help=f"which of {', '.join(PEERS)} (default: all)")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--compile", action="store_true", help="torch.compile the kit's model")
-    p.add_argument("--workers", type=int, default=2, help="naive DataLoader workers")
+    p.add_argument("--compile", action="store_true", help="torch.compile every peer but the naive one")
+    p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the plain, Lightning and naive peers")
     p.add_argument("--tickers", type=int, default=100)
     p.add_argument("--days", type=int, default=2520)
-    p.add_argument("--skip-naive", action="store_true")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    peers = [name for name in args.peers.split(",") if name]
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        p.error(f"--peers: unknown {unknown}; choose from {', '.join(PEERS)}")
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = precision_for(device)
@@ -171,14 +252,17 @@ def main() -> int:
     for preset in args.presets.split(","):
         shape = PRESETS[preset]
         flops = flops_per_sample(120, len(FEATURES), shape.d_model, shape.n_layers, shape.d_ff)
-        ours = bench_ours(store, preset, args.batch, device, precision, args.compile, args.steps, args.warmup)
-        ours["mfu"] = mfu(ours["samples_per_s"], flops, name)
-        row = {"preset": preset, "batch": args.batch, "train_flops_per_sample": flops, "ours": ours}
-        if not args.skip_naive:
-            naive = bench_naive(store, preset, args.batch, device, precision, args.steps, args.warmup, args.workers)
-            naive["mfu"] = mfu(naive["samples_per_s"], flops, name)
-            row["naive"] = naive
-            row["speedup"] = ours["samples_per_s"] / naive["samples_per_s"]
+        row = {"preset": preset, "batch": args.batch, "train_flops_per_sample": flops}
+        for peer in peers:
+            r = PEERS[peer](store, preset, args.batch, device, precision, compile_=args.compile, steps=args.steps,
+                            warmup=args.warmup, workers=args.workers)
+            if "samples_per_s" in r:
+                r["mfu"] = mfu(r["samples_per_s"], flops, name)
+                r["effective_mfu"] = mfu(r["effective_samples_per_s"], flops, name)
+            row[peer] = r
+        if "kit" in row:
+            row["kit_over"] = {peer: row["kit"]["samples_per_s"] / row[peer]["samples_per_s"]
+                               for peer in peers if peer != "kit" and "samples_per_s" in row[peer]}
         results.append(row)
         print(json.dumps(row), flush=True)
     record = {"benchmark": "train_throughput", "device": name, "device_type": device.type,

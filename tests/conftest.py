@@ -14,6 +14,11 @@ FAKES = ROOT / "tests" / "fakes"  # stand-ins for nvidia-smi and friends
 TINY_DATA = ["--synthetic-tickers", "16", "--synthetic-days", "800", "--window", "32", "--horizon", "5",
              "--synthetic-momentum", "0.3"]
 
+# A GPT small enough for CPU tests: depth 1 (dim 64, 4 heads of 16) on 64K characters of the synthetic
+# Markov text, windows of 32; callers add --batch-tokens and an end.
+GPT_TINY = ["--depth", "1", "--head-dim", "16", "--seq-len", "32", "--device-batch-size", "8", "--synthetic-chars",
+            "65536", "--eval-tokens", "2048", "--sample-chars", "16", "--warmup-steps", "2"]
+
 
 def _env(extra: dict | None = None) -> dict:
     env = dict(os.environ)

@@ -23,11 +23,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainers.market.pit import HISTORY_COLUMNS, validate_history  # noqa: E402
-from trainers.market.universe import (  # noqa: E402
-    UNIVERSE_COLUMNS,
-    to_yfinance_symbol,
-    validate_universe,
-)
+from trainers.market.symbols import to_yfinance_symbol  # noqa: E402
+from trainers.market.universe import UNIVERSE_COLUMNS, validate_universe  # noqa: E402
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """`trainers <trainer> <verb>` and the shared commands.
 
-    trainers forecast train|evaluate|export      trainers gnn data|train|export|color
+    trainers forecast train|evaluate|export      trainers gnn data|train|evaluate|export|color
     trainers fetch-sp500 | refresh-universe | preflight | package
 
 Building the parser imports only each trainer's light `cli` module (its config dataclass and
@@ -17,7 +17,7 @@ import importlib
 import os
 import sys
 
-from trainers.errors import CheckFailed, CheckPassed, UsageError
+from trainers.errors import CheckFailed, CheckPassed, RunFailed, UsageError
 from trainers.registry import SHARED_COMMANDS, TRAINERS
 from trainers.runtime.config import OneLineParser
 
@@ -53,10 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = [x for x in extra if x != "--"]
     try:
         return args.func(args)
-    except (UsageError, CheckFailed) as exc:
+    except (UsageError, CheckFailed, RunFailed) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except CheckPassed as exc:

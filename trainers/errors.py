@@ -21,3 +21,10 @@ class CheckPassed(Exception):
     """`TRAINERS_CHECK_ONLY=1`: everything a run checks before its first write passed; nothing written."""
 
     exit_code = 0
+
+
+class RunFailed(Exception):
+    """The run cannot go on for a reason outside the code (a checkpoint write failed: disk full, a
+    lost mount). Every rank raises it together; one line, exit 1; what is on disk is kept."""
+
+    exit_code = 1

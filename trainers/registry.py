@@ -11,6 +11,9 @@ import importlib
 TRAINERS: dict[str, str] = {
     "forecast": "trainers.forecast",
     "gnn": "trainers.gnn",
+    "gpt": "trainers.gpt",
+    "lstm": "trainers.lstm",
+    "ppo": "trainers.ppo",
 }
 
 # Commands every trainer shares: module -> it adds its commands with `add_commands(subparsers)`.

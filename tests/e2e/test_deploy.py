@@ -232,12 +232,47 @@ def test_the_gnn_through_run_multigpu_and_gnn_training_with_eight_gpus(tmp_path)
     o = proc.stdout
     assert "--nproc_per_node=8" in o and "trainers gnn train --run-dir" in o and "--usd-per-gpu-hour 3" in o
     assert "trainers gnn data --out" in o and "trainers gnn export" in o and "--trainer gnn" in o
+    assert "--train 20000" in o and "--nodes-per-batch" not in o  # a GPU's dataset, the default node budget
     assert (out / "deploy-gnn.log").exists()
+    proc, _ = deploy(tmp_path, "--dry-run", "--demo", script="run_multigpu.sh", env=env, gpus=0)
+    assert proc.returncode == 0 and "--train 200 " in proc.stdout and "--nodes-per-batch 1024 --search-iters 2000" in proc.stdout
     proc, _ = deploy(tmp_path, "--dry-run", script="gnn_training/run.sh", env=env)
     assert proc.returncode == 0 and "--nproc_per_node=1" in proc.stdout
     proc, _ = deploy(tmp_path, "--dry-run", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h:29500",
                      script="run_multigpu.sh")
     assert proc.returncode == 0 and "--rdzv-id=trainers-gnn" in proc.stdout and "gnn data" not in proc.stdout
+
+
+def test_the_ppo_agent_through_deploy_with_eight_gpus_and_its_own_flags(tmp_path):
+    proc, out = deploy(tmp_path, "--trainer", "ppo", "--dry-run", "--seeds", "5", "--num-episodes", "300",
+                       "--usd-per-gpu-hour", "2")
+    assert proc.returncode == 0, proc.stderr
+    o = proc.stdout
+    assert "--nproc_per_node=8 --max-restarts=3 --standalone -m trainers ppo train --run-dir" in o
+    assert "--num-episodes 300 --seeds 5 --num-stocks 30 --source cache" in o and "--usd-per-gpu-hour 2" in o
+    assert "trainers fetch-sp500 --years 25" in o and "trainers ppo export" in o and "--trainer ppo" in o
+    assert (out / "deploy-ppo.log").exists()
+    proc, _ = deploy(tmp_path, "--trainer", "ppo", "--dry-run", "--demo", gpus=0)
+    assert proc.returncode == 0 and "--synthetic-tickers 8" in proc.stdout and "fetch-sp500" not in proc.stdout
+    proc, _ = deploy(tmp_path, "--trainer", "ppo", "--dry-run", "--num-stocks", "1")
+    assert proc.returncode == 2 and "--num-stocks '1' must be a number >= 2" in proc.stderr
+
+
+def test_the_gpt_deploy_checks_the_fit_tokenises_once_and_trains_on_a_money_budget(tmp_path):
+    proc, out = deploy(tmp_path, "--dry-run", "--trainer", "gpt", "--data", "/workspace/corpus.txt", "--depth", "20",
+                       "--budget-usd", "1000", "--usd-per-gpu-hour", "4")
+    assert proc.returncode == 0, proc.stderr
+    o = proc.stdout
+    assert "trainers gpt size --depth 20 --world-size 8 --gpu-memory-gib 79 --require-fit" in o  # before any data
+    assert f"trainers gpt data --data /workspace/corpus.txt --cache-dir {out}/cache/gpt" in o
+    assert "--trainer gpt" in o and "-- --data /workspace/corpus.txt" in o  # preflight sizes the model about to train
+    assert ("--nproc_per_node=8 --max-restarts=3 --standalone -m trainers gpt train --run-dir" in o
+            and "--usd-per-gpu-hour 4 --budget-usd 1000 --data /workspace/corpus.txt" in o and "--depth 20" in o)
+    assert "trainers gpt export --run-dir" in o and o.index("gpt size") < o.index("gpt data") < o.index("gpt train")
+    proc, _ = deploy(tmp_path, "--dry-run", "--trainer", "gpt")
+    assert proc.returncode == 2 and "--data PATH is needed" in proc.stderr
+    proc, _ = deploy(tmp_path, "--dry-run", "--trainer", "gpt", "--data", "x", "--depth", "0")
+    assert proc.returncode == 2 and "--depth '0' must be a number >= 1" in proc.stderr
 
 
 def test_help_lists_the_common_and_the_trainers_own_flags(tmp_path):
@@ -271,3 +306,21 @@ def test_a_second_deploy_into_a_busy_output_folder_is_refused(tmp_path):
     finally:
         os.killpg(first.pid, signal.SIGTERM)
         first.wait(timeout=60)
+
+
+def test_the_lstm_packs_jobs_per_gpu_into_torchrun_workers(tmp_path):
+    proc, out = deploy(tmp_path, "--dry-run", "--trainer", "lstm", "--symbols", "AAPL,BTC-USD", "--jobs-per-gpu", "2")
+    assert proc.returncode == 0, proc.stderr
+    o = proc.stdout
+    assert "--nproc_per_node=16 --max-restarts=3 --standalone -m trainers lstm train" in o  # 2 workers x 8 GPUs
+    assert (f"--epochs 20 --source yfinance --symbols AAPL,BTC-USD --cache-dir {out}/cache/lstm --years 10 "
+            "--jobs-per-gpu 2") in o
+    assert "trainers preflight --expect-gpus 8" in o and "--trainer lstm" in o and "trainers lstm export" in o
+    proc, _ = deploy(tmp_path, "--dry-run", "--trainer", "lstm", "--demo", gpus=0)
+    assert proc.returncode == 0 and "--nproc_per_node=2" in proc.stdout and "--device cpu" in proc.stdout
+    assert "--source synthetic" in proc.stdout and "--jobs-per-gpu" not in proc.stdout.split("lstm train")[1]
+    for bad, needle in ((["--jobs-per-gpu", "0"], "--jobs-per-gpu '0' must be a number >= 1"),
+                        (["--source", "nasdaq"], "--source 'nasdaq' must be"),
+                        (["--symbols", "A", "--tickers-file", "f"], "give --symbols or --tickers-file, not both")):
+        proc, _ = deploy(tmp_path, "--dry-run", "--trainer", "lstm", *bad)
+        assert proc.returncode == 2 and needle in proc.stderr

@@ -26,7 +26,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import TINY_DATA, read_results, run_cli, run_torchrun, wait_for
+from conftest import GPT_TINY, TINY_DATA, read_results, run_cli, run_torchrun, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -50,11 +50,27 @@ class Contract:
     equal: list[tuple[str, ...]]  # result paths that must equal the uninterrupted run's
     prepare: Callable[[Path], list[str]] = lambda _root: []
     long_args: list[str] = field(default_factory=list)  # a run long enough to be stopped from outside
+    # The one run a stop case inspects (its steps, checkpoints, evaluation): the run folder itself, or
+    # for a job of many runs (lstm: a run per symbol) the run its results name as stopped first.
+    run_of: Callable[[Path, dict], Path] = lambda run_dir, _results: run_dir
 
     @property
     def resumed_from(self) -> int:
         return self.kill_step // self.ckpt_every * self.ckpt_every
 
+
+def _lstm_stopped_symbol(run_dir: Path, results: dict) -> Path:
+    return run_dir / "symbols" / results["training"]["stopped_by"]["symbol"]
+
+
+# 4 synthetic symbols, 10 steps each (2 epochs of 5), on 2 workers taking them from the queue. For a job
+# "equal" means: every symbol's best validation loss and the job's total steps equal the uninterrupted run's.
+LSTM_TINY = ["--synthetic-tickers", "4", "--synthetic-days", "800", "--window", "16", "--hidden", "8",
+             "--batch-size", "64", "--no-export"]
+
+PPO_TINY = ["--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days", "600", "--window", "8",
+            "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64", "--hidden", "16",
+            "--total-steps", "2048", "--eval-every", "4", "--random-runs", "2", "--device", "cpu"]
 
 CONTRACTS = {
     "forecast": Contract(
@@ -63,10 +79,33 @@ CONTRACTS = {
         equal=[("training", "best_val", "value"), ("evaluation", "test", "model", "mse")],
         long_args=[*TINY_DATA, "--epochs", "500", "--batch-size", "64", "--patience", "0"]),
     "gnn": Contract(
-        "gnn", ["--epochs", "3", "--graphs-per-batch", "4", "--hidden", "16", "--layers", "2", "--dropout", "0.2"],
-        steps=12, ckpt_every=2, kill_step=7, term_step=5,
-        equal=[("training", "best_val", "value"), ("training", "last_val")], prepare=_gnn_data,
-        long_args=["--epochs", "5000", "--graphs-per-batch", "2", "--hidden", "16", "--layers", "2", "--patience", "0"]),
+        "gnn", ["--epochs", "3", "--nodes-per-batch", "150", "--hidden", "16", "--layers", "2", "--dropout", "0.2",
+                "--search-iters", "200"],
+        steps=12, ckpt_every=2, kill_step=7, term_step=5,  # 32 graphs, 1147 nodes: 4 steps per epoch on 2 ranks
+        equal=[("training", "best_val", "value"), ("training", "last_val"), ("evaluation", "val", "mean_colors")],
+        prepare=_gnn_data,
+        long_args=["--epochs", "5000", "--nodes-per-batch", "60", "--hidden", "16", "--layers", "2", "--patience", "0",
+                   "--search-iters", "200"]),
+    "lstm": Contract(
+        "lstm", [*LSTM_TINY, "--epochs", "2"], steps=40, ckpt_every=2, kill_step=7, term_step=5,
+        equal=[("training", "steps"), *[("symbols", f"SYN00{i}", "best_val_loss") for i in range(4)]],
+        long_args=[*LSTM_TINY, "--symbols", "SYN000", "--epochs", "5000", "--patience", "0"],
+        run_of=_lstm_stopped_symbol),
+    # 2 agents (clstm, mlp) x 8 updates; the kill at update 9 resumes from 8: the second agent's first
+    # update, from a checkpoint whose environment position belongs to the first agent
+    "ppo": Contract(
+        "ppo", PPO_TINY, steps=16, ckpt_every=2, kill_step=9, term_step=5,
+        equal=[("evaluation", "table", "ppo_clstm", "summary", "cumulative_return", "mean"),
+               ("evaluation", "table", "ppo_clstm", "summary", "turnover", "mean"),
+               ("evaluation", "table", "ppo_mlp", "summary", "cumulative_return", "mean")],
+        long_args=[*PPO_TINY, "--total-steps", "100000000"]),
+    # DDP with 2 accumulation steps on the synthetic Markov text (nothing to prepare); the stream's
+    # per-rank positions are what the resume must restore
+    "gpt": Contract(
+        "gpt", [*GPT_TINY, "--batch-tokens", "1024", "--max-steps", "12", "--eval-every", "4", "--log-every", "2"],
+        steps=12, ckpt_every=4, kill_step=7, term_step=5,
+        equal=[("training", "best_val", "value"), ("evaluation", "val_loss"), ("training", "stream")],
+        long_args=[*GPT_TINY, "--batch-tokens", "512", "--max-steps", "1000000", "--eval-every", "50"]),
 }
 
 
@@ -122,9 +161,10 @@ def test_sigterm_on_one_rank_stops_all_with_a_checkpoint_then_resumes(name, work
     args = [name, "train", *c.args, *c.prepare(workdir), "--run-dir", str(run_dir)]
     run_torchrun(args, env={"TRAINERS_FAULT": f"sigterm@rank1:step{c.term_step}"})  # exit 0 is checked
     r = read_results(run_dir)
-    assert r["training"]["stop_reason"] == "signal" and r["training"]["steps"] == c.term_step
+    stopped = c.run_of(run_dir, r)
+    assert r["training"]["stop_reason"] == "signal" and read_results(stopped)["training"]["steps"] == c.term_step
     assert "skipped" in r["evaluation"] and f"trainers {name} evaluate" in r["evaluation"]["skipped"]
-    assert (run_dir / "checkpoints" / f"meta_{c.term_step:08d}.json").exists()
+    assert (stopped / "checkpoints" / f"meta_{c.term_step:08d}.json").exists()
     run_torchrun(args)
     r = read_results(run_dir)
     assert r["training"]["stop_reason"] == "completed" and r["training"]["steps"] == c.steps
@@ -141,15 +181,15 @@ def test_external_sigterm_exits_zero_well_inside_the_grace_period(name, workdir)
     proc = subprocess.Popen([sys.executable, "-m", "trainers", name, "train", *c.long_args, *c.prepare(workdir),
                              "--ckpt-every", "3", "--run-dir", str(run_dir)], stderr=subprocess.PIPE, text=True,
                             env=env)
-    ckpts = run_dir / "checkpoints"
-    wait_for(lambda: ckpts.is_dir() and len(list(ckpts.glob("meta_*.json"))) >= 1, 120, proc)
+    wait_for(lambda: any(run_dir.rglob("checkpoints/meta_*.json")), 120, proc)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0, proc.stderr.read()[-3000:]
     assert time.monotonic() - t0 < 30
     r = read_results(run_dir)
     assert r["training"]["stop_reason"] == "signal" and r["training"]["signal"] == "SIGTERM"
-    assert (ckpts / f"meta_{r['training']['steps']:08d}.json").exists()
+    stopped = c.run_of(run_dir, r)
+    assert (stopped / "checkpoints" / f"meta_{read_results(stopped)['training']['steps']:08d}.json").exists()
 
 
 @pytest.mark.parametrize("name", CONTRACTS)
@@ -158,11 +198,14 @@ def test_a_budget_stop_leaves_a_checkpoint_and_results(name, workdir):
     run_dir = workdir / f"{name}-budget"
     run_cli([name, "train", *c.long_args, *c.prepare(workdir), "--max-hours", "0.0005", "--run-dir", str(run_dir)],
             check=True)
-    t = read_results(run_dir)["training"]
+    r = read_results(run_dir)
+    t = r["training"]
     assert t["stop_reason"] == "time_budget" and 0 < t["steps"] < t["total_steps"]
     assert 0 < t["elapsed_s_all_attempts"] <= 1.8 + 5  # stopped inside the budget (it keeps time for the end)
-    assert (run_dir / "checkpoints" / f"meta_{t['steps']:08d}.json").exists()
-    evaluation = read_results(run_dir)["evaluation"]
+    stopped = c.run_of(run_dir, r)
+    one = read_results(stopped)
+    assert (stopped / "checkpoints" / f"meta_{one['training']['steps']:08d}.json").exists()
+    evaluation = one["evaluation"]
     assert "skipped" not in evaluation and "pending" not in evaluation and evaluation["checkpoint_step"] is not None
 
 
@@ -192,3 +235,20 @@ def test_a_run_folder_of_another_config_is_refused_in_one_line_untouched(name, w
     assert len(lines) == 1 and "different config" in lines[0] and "seed: saved 12345, now 0" in lines[0], proc.stderr
     assert tree_digest(run_dir) == before
 
+
+
+def test_checkpoints_written_behind_the_loop_keep_the_contract(workdir):
+    """--ckpt-async (the default on CUDA): both ranks write behind the loop and the checkpoint completes at
+    an agreed step; the same SIGKILL resumes from a complete checkpoint and ends equal to the reference."""
+    c = CONTRACTS["forecast"]
+    ref = read_results(reference(c, workdir))
+    run_dir = workdir / "forecast-async-killed"
+    run_torchrun(["forecast", "train", *c.args, "--run-dir", str(run_dir), "--ckpt-every", str(c.ckpt_every),
+                  "--ckpt-async"], extra=["--max-restarts=1"], env={"TRAINERS_FAULT": f"sigkill@rank1:step{c.kill_step}"})
+    r = read_results(run_dir)
+    assert r["training"]["restarts"] == 1 and r["training"]["steps"] == c.steps
+    log = (run_dir / "training.log").read_text()
+    # the newest save before the kill, or the one before it when the kill came before its commit
+    assert any(f"resumed from checkpoint step {s}" in log for s in (c.resumed_from, c.resumed_from - c.ckpt_every))
+    assert r["training"]["throughput"]["checkpoint_writes_behind_s"] > 0
+    assert_equal_to_reference(c, r, ref)

@@ -1,4 +1,5 @@
-"""The colouring GNN end to end: 2 ranks -> results table -> ONNX -> `gnn color` (without torch) -> tarball."""
+"""The colouring GNN end to end: 2 ranks -> results table -> `gnn evaluate` -> ONNX -> `gnn color`
+(without torch, and fine-tuned per instance with it) -> tarball."""
 
 import json
 import subprocess
@@ -8,37 +9,67 @@ import numpy as np
 import pytest
 
 from conftest import run_cli, run_torchrun
-from trainers.gnn.graphs import conflicts, queen, write_dimacs
+from trainers.cli import main
+from trainers.gnn.graphs import conflicts, mycielski, queen, write_dimacs
+
+BLOCK_TORCH = "import sys; sys.modules['torch'] = None\nfrom trainers.cli import main\n"
+
+
+def color_without_torch(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCK_TORCH + f"raise SystemExit(main({['gnn', 'color', *args]!r}))"],
+                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.slow
-def test_two_rank_training_to_onnx_table_and_color_cli(tmp_path):
+def test_two_rank_training_to_onnx_table_and_color_cli(tmp_path, capsys):
     data, run = tmp_path / "data", tmp_path / "run"
     run_cli(["gnn", "data", "--out", str(data), "--train", "48", "--val", "8", "--max-nodes", "60", "--no-progress"],
             check=True)
-    run_torchrun(["gnn", "train", "--data-dir", str(data), "--run-dir", str(run), "--epochs", "3", "--graphs-per-batch", "6",
-                  "--hidden", "32", "--layers", "2"])
+    run_torchrun(["gnn", "train", "--data-dir", str(data), "--run-dir", str(run), "--epochs", "3", "--nodes-per-batch",
+                  "250", "--hidden", "32", "--layers", "2", "--search-iters", "300"])
     r = json.loads((run / "results.json").read_text())
-    assert r["training"]["world_size"] == 2 and r["training"]["steps"] == 3 * 4 and r["trainer"] == "gnn"  # 48 graphs / (2 x 6)
+    t = r["training"]
+    assert t["world_size"] == 2 and t["steps"] == 3 * 4 and r["trainer"] == "gnn"  # 1961 nodes / (2 x 250)
+    assert t["ddp"] == {"gradient_as_bucket_view": True, "static_graph": True, "sync_buffers_each_forward": False}
+    assert t["graphs_per_s_per_device"] > 0 and t["nodes_per_s_per_device"] > t["graphs_per_s_per_device"]
     rows = r["evaluation"]["benchmark"]
     assert {row["name"] for row in rows} >= {"queen5_5", "queen8_8", "myciel4", "myciel6"}
     assert all(row["conflicts"] == 0 for row in rows) and r["evaluation"]["val"]["all_valid"]
     assert all({"dsatur", "greedy_largest_first", "greedy_smallest_last"} <= set(row["classical"]) for row in rows)
-    assert "| queen5_5 | 25 | 160 | 5 |" in (run / "results.md").read_text()
+    for row in rows:  # each stage never uses more colours than the one before
+        assert row["searched"]["colors"] <= row["scheduled"]["colors"] <= row["repaired"]["colors"]
+    assert next(row for row in rows if row["name"] == "queen5_5")["searched"]["colors"] == 5  # chi, reached
+    assert "| queen5_5 | 25 | 160 | 5 | 5 |" in (run / "results.md").read_text()
+
+    (run / "results.md").unlink()
+    assert main(["gnn", "evaluate", "--run-dir", str(run)]) == 0  # in-process: this test's time is CI's
+    assert json.loads(capsys.readouterr().out)["val"]["all_valid"] and (run / "results.md").exists()
+
     run_cli(["gnn", "export", "--run-dir", str(run)], check=True)
     info = json.loads((run / "export.json").read_text())
     assert info["max_abs_error"] < 1e-4 and set(info["checked"]) == {"myciel5", "queen8_8", "myciel3"}
     write_dimacs(queen(7), tmp_path / "q7.col")
-    # `gnn color` needs no torch: run it with `import torch` made to fail
-    proc = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None\n"
-                           "from trainers.cli import main\n"
-                           f"raise SystemExit(main(['gnn', 'color', '--model', {str(run / 'model.onnx')!r}, "
-                           f"'--graph', {str(tmp_path / 'q7.col')!r}, '--output', {str(tmp_path / 'q7.txt')!r}]))"],
-                          capture_output=True, text=True, timeout=120)
+    # `gnn color` needs no torch: run it with `import torch` made to fail; the search is on by default
+    proc = color_without_torch(["--model", str(run / "model.onnx"), "--graph", str(tmp_path / "q7.col"),
+                                "--output", str(tmp_path / "q7.txt")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    assert out["conflicts"] == 0 and out["nodes"] == 49
+    assert out["conflicts"] == 0 and out["nodes"] == 49 and out["colors"] == 7  # chi: the clique bound ends it
+    assert out["searched"]["stopped"] == "lower_bound" and out["seconds"]["total"] < 10
     colors = np.loadtxt(tmp_path / "q7.txt", dtype=int)[:, 1]
-    assert conflicts(queen(7).edges, colors) == 0
+    assert conflicts(queen(7).edges, colors) == 0 and len(np.unique(colors)) == 7
+    # fine-tuning needs torch: without it, one line and exit 2
+    write_dimacs(mycielski(5), tmp_path / "m5.col")
+    args = ["--model", str(run / "model.onnx"), "--graph", str(tmp_path / "m5.col"), "--search-iters", "500",
+            "--finetune-steps", "20", "--finetune-restarts", "2"]
+    proc = color_without_torch(args)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "needs PyTorch" in proc.stderr
+    assert main(["gnn", "color", *args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ft = out["finetuned"]
+    assert {"raw", "repaired", "scheduled", "searched", "finetuned"} <= set(out) and out["conflicts"] == 0
+    assert len(ft["restarts"]) == 2 and ft["target"] == out["searched"]["colors"] - 1
+    assert out["colors"] == ft["colors"] <= out["searched"]["colors"] and out["colors"] >= 6  # chi(myciel5) = 6
+
     proc = run_cli(["package", "--run-dir", str(run)], check=True)
     assert json.loads(proc.stdout)["files"] > 5

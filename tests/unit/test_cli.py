@@ -26,8 +26,8 @@ def every_command() -> list[list[str]]:
 def test_every_trainer_is_registered_with_its_verbs():
     commands = every_command()
     assert ["forecast", "train"] in commands and ["forecast", "evaluate"] in commands and ["forecast", "export"] in commands
-    assert {tuple(c) for c in commands if c[0] == "gnn"} == {("gnn", "data"), ("gnn", "train"), ("gnn", "export"),
-                                                              ("gnn", "color")}
+    assert {tuple(c) for c in commands if c[0] == "gnn"} == {("gnn", "data"), ("gnn", "train"), ("gnn", "evaluate"),
+                                                              ("gnn", "export"), ("gnn", "color")}
     assert {c[0] for c in commands} >= set(TRAINERS) | {"fetch-sp500", "refresh-universe", "preflight", "package"}
 
 
@@ -46,7 +46,7 @@ def test_top_level_help_lists_every_trainer_and_verb_in_under_a_second():
     elapsed = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr
     assert "forecast           train|evaluate|export" in proc.stdout
-    assert "gnn                data|train|export|color" in proc.stdout
+    assert "gnn                data|train|evaluate|export|color" in proc.stdout
     assert elapsed < 1.0, f"`trainers --help` took {elapsed:.2f} s"
 
 

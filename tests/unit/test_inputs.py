@@ -24,7 +24,7 @@ def numeric_flags() -> list[tuple[list[str], str, type, dict]]:
         leaves = [([name, v], p) for v, p in verbs.choices.items()] if verbs else [([name], parser)]
         for words, leaf in leaves:
             fields = {}
-            if words[-1] == "train":
+            if len(words) == 2:  # a trainer's verb: `train` (and the GPT's data/size) take its config's flags
                 cls = trainer_module(words[0], "cli").CONFIG
                 fields = {"--" + f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}
             for action in leaf._actions:

@@ -179,7 +179,7 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_previous_checkpoint_survi
     data = tmp_path / "graphs"
     write_dataset(data, 8, 2, seed=0, min_nodes=10, max_nodes=20, workers=1, progress=False)
     run = tmp_path / "run"
-    args = ["gnn", "train", "--data-dir", str(data), "--run-dir", str(run), "--epochs", "2", "--graphs-per-batch", "2",
+    args = ["gnn", "train", "--data-dir", str(data), "--run-dir", str(run), "--epochs", "2", "--nodes-per-batch", "30",
             "--hidden", "8", "--layers", "1", "--ckpt-every", "2", "--device", "cpu"]
     assert main([*args, "--max-hours", "1e-9"]) == 0  # stops after its first step, with a checkpoint
     good = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}

@@ -2,12 +2,12 @@ import pandas as pd
 import pytest
 
 from trainers.errors import UsageError
+from trainers.market.symbols import to_yfinance_symbol
 from trainers.market.universe import (
     load_universe,
     parse_tickers,
     read_tickers_file,
     resolve_tickers,
-    to_yfinance_symbol,
     validate_universe,
 )
 

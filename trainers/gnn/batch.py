@@ -1,4 +1,11 @@
-"""Many graphs as one block-diagonal graph: node features, both-direction edges, color masks."""
+"""Many graphs as one block-diagonal graph: node features, both-direction edges, colour masks.
+
+Training keeps a whole split on the device (`DeviceGraphs`) and gathers a batch there with offsets:
+no Python loop over graphs, no greedy colouring and no pageable host-to-device copy per step (the
+degree features, colour bounds and both-direction edges were computed once by `trainers gnn data`).
+`make_batch` builds the same inputs on the host from `Graph` objects, for evaluation, export and
+`trainers gnn color`.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trainers.gnn.features import colors_offered, node_features
-from trainers.gnn.graphs import Graph
+from trainers.gnn.features import color_mask, colors_offered, node_features, random_features
+from trainers.gnn.graphs import Graph, GraphSplit
 from trainers.gnn.model import potts_conflicts
 
 
@@ -17,43 +24,95 @@ class GraphBatch:
     x: torch.Tensor  # [N, F]
     edge_index: torch.Tensor  # [2, 2E] both directions
     color_mask: torch.Tensor  # [N, K]
-    edge_graph: torch.Tensor  # [2E] graph id of each directed edge
+    edge_graph: torch.Tensor  # [2E] graph id (within the batch) of each directed edge
     edges_per_graph: torch.Tensor  # [G] undirected edges
-    node_offsets: list[int]
-    offered: list[int]
+    n_graphs: int
 
 
-def make_batch(graphs: list[Graph], max_colors: int, random_dims: int, seeds: list[int],
-               device: torch.device) -> GraphBatch:
-    xs, edges, edge_graph, offsets, offered = [], [], [], [0], []
-    masks = []
-    for gi, (g, seed) in enumerate(zip(graphs, seeds)):
-        k = colors_offered(g, max_colors)
-        offered.append(k)
+def make_batch(graphs: list[Graph], max_colors: int, random_dims: int, seeds: list[int], device: torch.device,
+               offered: list[int] | None = None) -> GraphBatch:
+    """On the host, from Graph objects. `offered`: colours offered per graph (default: the greedy bound)."""
+    offered = offered or [colors_offered(g, max_colors) for g in graphs]
+    xs, masks, edges, edge_graph, base = [], [], [], [], 0
+    for gi, (g, seed, k) in enumerate(zip(graphs, seeds, offered)):
         xs.append(node_features(g, random_dims, seed))
-        m = np.zeros((g.n, max_colors), np.float32)
-        m[:, :k] = 1.0
-        masks.append(m)
-        e = g.edges + offsets[-1]
-        edges.append(np.concatenate([e, e[:, ::-1]]))
+        masks.append(color_mask(g.n, k, max_colors))
+        edges.append(np.concatenate([g.edges, g.edges[:, ::-1]]) + base)
         edge_graph.append(np.full(2 * g.n_edges, gi))
-        offsets.append(offsets[-1] + g.n)
+        base += g.n
     ei = np.concatenate(edges).T.copy() if edges else np.zeros((2, 0), np.int64)
-    return GraphBatch(
-        x=torch.from_numpy(np.concatenate(xs)).to(device),
-        edge_index=torch.from_numpy(ei.astype(np.int64)).to(device),
-        color_mask=torch.from_numpy(np.concatenate(masks)).to(device),
-        edge_graph=torch.from_numpy(np.concatenate(edge_graph).astype(np.int64)).to(device),
-        edges_per_graph=torch.tensor([g.n_edges for g in graphs], dtype=torch.float32, device=device),
-        node_offsets=offsets, offered=offered)
+    return GraphBatch(x=torch.from_numpy(np.concatenate(xs)).to(device),
+                      edge_index=torch.from_numpy(ei.astype(np.int64)).to(device),
+                      color_mask=torch.from_numpy(np.concatenate(masks)).to(device),
+                      edge_graph=torch.from_numpy(np.concatenate(edge_graph).astype(np.int64)).to(device),
+                      edges_per_graph=torch.tensor([g.n_edges for g in graphs], dtype=torch.float32, device=device),
+                      n_graphs=len(graphs))
 
 
-def batch_loss(model, graphs: list[Graph], max_colors: int, random_dims: int, seeds: list[int],
-               device: torch.device, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array on the device without stalling the host: pinned + non-blocking on CUDA."""
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
+class DeviceGraphs:
+    """A split held on the device once; `batch(graph indices)` gathers a block-diagonal batch there.
+
+    Random node features are drawn on the device from a generator the caller seeds (training: fresh
+    per step, a pure function of the data position, so a resume redraws the same ones), or fixed
+    per graph (`fixed_random_seed`: graph i gets the features `node_features` gives with seed
+    fixed_random_seed + i, as evaluation uses)."""
+
+    def __init__(self, split: GraphSplit, max_colors: int, random_dims: int, device: torch.device,
+                 fixed_random_seed: int | None = None):
+        self.device, self.max_colors, self.random_dims = device, max_colors, random_dims
+        self.nodes = np.asarray(split.nodes, dtype=np.int64)
+        self.directed = 2 * np.diff(np.asarray(split.offsets, dtype=np.int64))
+        as_t = lambda a, dtype: torch.from_numpy(np.array(a)).to(device=device, dtype=dtype)  # noqa: E731 (a copy of the mmap)
+        self.degree = as_t(split.degree_features, torch.float32)
+        self.edge_index = as_t(split.edge_index, torch.int32)  # local node ids; int32 halves the memory
+        self.node_start = as_t(split.node_offsets[:-1], torch.int64)
+        self.edge_start = as_t(2 * np.asarray(split.offsets[:-1]), torch.int64)
+        self.n_nodes = as_t(self.nodes, torch.int64)
+        self.n_directed = as_t(self.directed, torch.int64)
+        self.offered = as_t(np.minimum(np.asarray(split.color_bound), max_colors), torch.int64)
+        self.colors = torch.arange(max_colors, device=device)
+        self.fixed_random = None
+        if fixed_random_seed is not None:
+            self.fixed_random = as_t(np.concatenate(
+                [random_features(int(n), random_dims, fixed_random_seed + i) for i, n in enumerate(self.nodes)]),
+                torch.float32)
+
+    def batch(self, graphs: np.ndarray, generator: torch.Generator | None = None) -> GraphBatch:
+        """Graphs `graphs` (host indices) as one batch. Sizes come from host copies of the counts, so
+        nothing here waits for the device."""
+        n_total, e_total = int(self.nodes[graphs].sum()), int(self.directed[graphs].sum())
+        idx = _to_device(np.asarray(graphs, dtype=np.int64), self.device)
+        count = torch.arange(len(graphs), device=self.device)
+        n, e = self.n_nodes[idx], self.n_directed[idx]
+        first_node = torch.cumsum(n, 0) - n  # where each graph's nodes start in the batch
+        node_graph = torch.repeat_interleave(count, n, output_size=n_total)
+        local_node = torch.arange(n_total, device=self.device) - first_node[node_graph]
+        source_node = self.node_start[idx][node_graph] + local_node
+        edge_graph = torch.repeat_interleave(count, e, output_size=e_total)
+        local_edge = torch.arange(e_total, device=self.device) - (torch.cumsum(e, 0) - e)[edge_graph]
+        columns = self.edge_start[idx][edge_graph] + local_edge
+        edge_index = self.edge_index[:, columns].long() + first_node[edge_graph]
+        if self.fixed_random is not None:
+            rnd = self.fixed_random[source_node]
+        else:
+            rnd = torch.randn(n_total, self.random_dims, device=self.device, generator=generator)
+        x = torch.cat([self.degree[source_node], rnd], dim=1)
+        mask = (self.colors[None, :] < self.offered[idx][node_graph][:, None]).float()
+        return GraphBatch(x, edge_index, mask, edge_graph, e.float() / 2.0, len(graphs))
+
+
+def potts_loss(model, b: GraphBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum over graphs of (expected conflicting edges / edges), times `scale`; and that sum unscaled."""
-    b = make_batch(graphs, max_colors, random_dims, seeds, device)
     probs = torch.softmax(model(b.x, b.edge_index, b.color_mask), dim=-1)
     per_edge = potts_conflicts(probs, b.edge_index)  # each undirected edge appears twice
-    per_graph = torch.zeros(len(graphs), device=device).index_add(0, b.edge_graph, per_edge) / 2.0
+    per_graph = torch.zeros(b.n_graphs, device=probs.device).index_add(0, b.edge_graph, per_edge) / 2.0
     frac = per_graph / b.edges_per_graph.clamp(min=1.0)
     return frac.sum() * scale, frac.detach().sum()

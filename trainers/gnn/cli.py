@@ -12,7 +12,7 @@ from trainers.runtime import config as cfgmod
 from trainers.runtime.config import number
 
 CONFIG = GnnConfig
-HELP = "the graph-coloring GNN (seed 002): Potts loss, repair, ONNX; colors DIMACS graphs"
+HELP = "the graph-coloring GNN (seed 002): Potts loss, repair, tabu search, ONNX; colors DIMACS graphs"
 
 
 def _data(args) -> int:
@@ -41,10 +41,19 @@ def _export(args) -> int:
     return 0
 
 
+def _evaluate(args) -> int:
+    from trainers.gnn.evaluate import evaluate_run
+
+    evaluation = evaluate_run(args.run_dir, args.checkpoint, args.device)
+    print(json.dumps({"checkpoint_step": evaluation["checkpoint_step"], "val": evaluation["val"]}))
+    return 0
+
+
 def _color(args) -> int:
     from trainers.gnn.color import color_file
 
-    print(json.dumps(color_file(args.model, args.graph, args.output, args.seed)))
+    print(json.dumps(color_file(args.model, args.graph, args.output, args.seed, args.search_iters, args.search_seconds,
+                                args.finetune_steps, args.finetune_restarts)))
     return 0
 
 
@@ -67,15 +76,33 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     cfgmod.add_dataclass_args(p, GnnConfig)
     p.set_defaults(func=_train)
 
+    p = sub.add_parser("evaluate", help="the final evaluation of a run's checkpoint (e.g. after it was stopped)")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--checkpoint", default="best", help="best, latest or a step number (default: best)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.set_defaults(func=_evaluate)
+
     p = sub.add_parser("export", help="export ONNX, checked by onnxruntime on graphs of other sizes")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoint", default="best", help="best, latest or a step number (default: best)")
     p.add_argument("--tolerance", type=number(float, gt=0), default=1e-4, help="largest allowed abs difference")
     p.set_defaults(func=_export)
 
-    p = sub.add_parser("color", help="color a graph file (DIMACS .col or edge list) with an exported model + repair")
+    p = sub.add_parser("color", help="color a graph file (DIMACS .col or edge list): exported model, repair, "
+                                     "tabu search; optionally fine-tuned on the graph first")
     p.add_argument("--model", required=True, help="model.onnx from `trainers gnn export` (export.json beside it)")
     p.add_argument("--graph", required=True, help="DIMACS .col (1-based) or edge list 'u v' (0-based)")
     p.add_argument("--output", default=None, help="write 'node color' lines here")
-    p.add_argument("--seed", type=number(int, min=0), default=0, help="seed of the random node features")
+    p.add_argument("--seed", type=number(int, min=0), default=0,
+                   help="seed of the random node features and of the search (the same seed, the same colouring "
+                        "when --search-iters rather than --search-seconds ends the search)")
+    p.add_argument("--search-iters", type=number(int, min=0), default=2_000_000,
+                   help="tabu-search iterations in all (0: no search; default: 2000000)")
+    p.add_argument("--search-seconds", type=number(float, gt=0), default=10.0,
+                   help="tabu-search seconds at most (default: 10; it stops sooner at the clique lower bound)")
+    p.add_argument("--finetune-steps", type=number(int, min=0), default=0,
+                   help="fine-tune the model on this graph for this many steps per restart, then repair + search "
+                        "again (needs torch and the run's checkpoints beside --model; default: 0, off)")
+    p.add_argument("--finetune-restarts", type=number(int, min=1), default=3,
+                   help="fine-tuning restarts, each from different random node features (default: 3)")
     p.set_defaults(func=_color)

@@ -1,5 +1,7 @@
-"""Color a graph file with the exported GNN (onnxruntime only, no torch needed at inference) and
-the repair step, which guarantees a valid coloring."""
+"""Colour a graph file with the exported GNN: onnxruntime for the model (no torch needed), then
+repair, the colour schedule and the tabu search (trainers.gnn.decode). With `finetune_steps`, the
+PyTorch checkpoint the ONNX file was exported from is fine-tuned on this graph first (that needs
+torch, and the run folder's checkpoints beside model.onnx)."""
 
 from __future__ import annotations
 
@@ -10,33 +12,53 @@ from pathlib import Path
 import numpy as np
 
 from trainers.errors import UsageError
-from trainers.gnn.decode import repair
-from trainers.gnn.features import colors_offered, node_features
+from trainers.gnn.decode import color_with_model
+from trainers.gnn.features import color_mask, node_features
 from trainers.gnn.graphs import conflicts, read_graph
 
 
-def color_file(model_path: str, graph_path: str, output: str | None = None, seed: int = 0) -> dict:
+def color_file(model_path: str, graph_path: str, output: str | None = None, seed: int = 0,
+               search_iters: int = 2_000_000, search_seconds: float = 10.0, finetune_steps: int = 0,
+               finetune_restarts: int = 3) -> dict:
     import onnxruntime as ort
 
+    t0 = time.perf_counter()
     model_path = Path(model_path)
     info_path = model_path.with_name("export.json")
     if not model_path.is_file() or not info_path.is_file():
         raise UsageError(f"--model {model_path}: need model.onnx with its export.json beside it (from `trainers gnn export`)")
     info = json.loads(info_path.read_text())
+    if finetune_steps:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise UsageError("--finetune-steps needs PyTorch (pip install torch) and the run's checkpoints; "
+                             "without them, leave --finetune-steps out") from None
+        if not (model_path.parent / "checkpoints").is_dir():
+            raise UsageError(f"--finetune-steps needs the training run's checkpoints beside {model_path.name} "
+                             f"({model_path.parent / 'checkpoints'} is missing)")
     g = read_graph(graph_path)
     max_colors = info["inputs"]["color_mask"][1]
-    t0 = time.perf_counter()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # the model pass is a small share of the time; one thread, like the search
+    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     x = node_features(g, info["random_features"], seed)
-    k = colors_offered(g, max_colors)
-    mask = np.zeros((g.n, max_colors), np.float32)
-    mask[:, :k] = 1.0
     edge_index = np.concatenate([g.edges, g.edges[:, ::-1]]).T.astype(np.int64).copy()
-    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
-    raw = session.run(None, {"x": x, "edge_index": edge_index, "color_mask": mask})[0].argmax(-1)
-    color = repair(g, raw)
-    seconds = time.perf_counter() - t0
+
+    def logits_for(k: int) -> np.ndarray:
+        return session.run(None, {"x": x, "edge_index": edge_index, "color_mask": color_mask(g.n, k, max_colors)})[0]
+
+    color, report = color_with_model(g, logits_for, max_colors, search_iters, search_seconds, seed)
+    if finetune_steps:
+        from trainers.gnn.finetune import finetune_stage, load_trained
+
+        model, cfg, _ = load_trained(model_path.parent, str(info["checkpoint_step"]))
+        color, report["finetuned"] = finetune_stage(model, g, cfg.max_colors, cfg.random_features, color,
+                                                    report["lower_bound"], finetune_steps, finetune_restarts,
+                                                    search_iters, search_seconds, seed)
+        report["colors"] = int(color.max()) + 1
     if output:
         Path(output).write_text("".join(f"{v} {c}\n" for v, c in enumerate(color)))
-    return {"graph": g.name, "nodes": g.n, "edges": g.n_edges, "colors": int(color.max() + 1) if g.n else 0,
-            "conflicts_before_repair": conflicts(g.edges, raw), "conflicts": conflicts(g.edges, color),
-            "seconds": round(seconds, 4), "output": output}
+    report.update(graph=g.name, conflicts=conflicts(g.edges, color), output=output)
+    report["seconds"]["total"] = round(time.perf_counter() - t0, 4)
+    return report

@@ -20,11 +20,16 @@ class GnnConfig(RunOptions):
     random_features: int = option(8, "random node features that break symmetry", min=0)
     dropout: float = option(0.0, "dropout on the residual branches", min=0, lt=1)
     epochs: int = option(20, "passes over the training graphs", min=1)
-    graphs_per_batch: int = option(16, "graphs per rank per step (one block-diagonal batch)", min=1)
+    nodes_per_batch: int = option(4096, "nodes per rank per step: whole graphs, about this many nodes in all "
+                                        "(each graph once per epoch across ranks)", min=1)
     lr: float = option(3e-3, "AdamW learning rate", gt=0)
     weight_decay: float = option(0.0, "AdamW weight decay", min=0)
     grad_clip: float = option(1.0, "clip the gradient norm (0: off)", min=0)
     seed: int = option(0, "seed of init, shuffling and random features", min=0)
+    search_iters: int = option(20_000, "final evaluation: tabu-search iterations per graph (0: no search)",
+                               resume_safe=True, min=0)
+    search_seconds: float = option(2.0, "final evaluation: tabu-search seconds per graph at most", resume_safe=True,
+                                   gt=0)
     patience: int = option(5, "early stop after this many epochs without validation improvement (0: off)",
                            resume_safe=True, min=0)
 

@@ -1,13 +1,24 @@
-"""From the model's colors to a valid coloring (repair), and the classical heuristics it is
-measured against. NumPy and networkx only."""
+"""From the model's colours to the fewest valid colours we can find, and the classical heuristics
+it is measured against. NumPy and networkx only (`trainers gnn color` runs without torch).
+
+    raw        argmax of the model's logits with the greedy bound's colours offered (may conflict)
+    repaired   `repair` of that: always valid
+    scheduled  the model asked again with fewer colours offered (down to the clique lower bound);
+               the repaired result with the fewest colours
+    searched   TabuCol from there (trainers.gnn.search), the model's argmax at each offered count
+               as hints: never more colours than it started with
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 
+from trainers.gnn.features import colors_offered, offered_schedule
 from trainers.gnn.graphs import Graph, adjacency, conflicts
+from trainers.gnn.search import clique_lower_bound, reduce_colors
 
 
 def repair(g: Graph, color: np.ndarray) -> np.ndarray:
@@ -70,3 +81,47 @@ def classical(g: Graph) -> dict:
         col = nx.greedy_color(G, strategy=strategy)
         out[label] = {"colors": (max(col.values()) + 1) if col else 0, "seconds": time.perf_counter() - t0}
     return out
+
+
+def _colors(c: np.ndarray) -> int:
+    return int(len(np.unique(c)))
+
+
+def color_with_model(g: Graph, logits_for: Callable[[int], np.ndarray], max_colors: int, search_iters: int,
+                     search_seconds: float, seed: int = 0) -> tuple[np.ndarray, dict]:
+    """Every decoding stage (module docstring) for one graph. `logits_for(k)` runs the model with k
+    colours offered and returns [n, max_colors] logits. Returns the best valid colouring and the
+    report of each stage (colours, conflicts, seconds)."""
+    t0 = time.perf_counter()
+    lower = clique_lower_bound(g)
+    bound = colors_offered(g, max_colors)
+    seconds = {"model": 0.0, "repair": 0.0, "search": 0.0}
+    schedule, raws, fixeds = [], [], []
+    for k in offered_schedule(bound, lower):
+        t = time.perf_counter()
+        raw = np.asarray(logits_for(k)).argmax(-1)
+        seconds["model"] += time.perf_counter() - t
+        t = time.perf_counter()
+        fixed = repair(g, raw)
+        seconds["repair"] += time.perf_counter() - t
+        schedule.append({"offered": k, "raw_colors": _colors(raw), "raw_conflicts": conflicts(g.edges, raw),
+                         "repaired_colors": _colors(fixed)})
+        raws.append(raw)
+        fixeds.append(fixed)
+    pick = min(range(len(schedule)), key=lambda i: (schedule[i]["repaired_colors"], schedule[i]["raw_conflicts"]))
+    best = fixeds[pick]
+    report = {"nodes": g.n, "edges": g.n_edges, "lower_bound": lower, "offered": bound,
+              "raw": {"colors": schedule[0]["raw_colors"], "conflicts": schedule[0]["raw_conflicts"]},
+              "repaired": {"colors": schedule[0]["repaired_colors"]},
+              "scheduled": {"colors": schedule[pick]["repaired_colors"], "offered": schedule[pick]["offered"]},
+              "schedule": schedule}
+    if search_iters > 0 and search_seconds > 0:
+        found = reduce_colors(g, best, search_iters, search_seconds, seed, lower, hints=raws)
+        seconds["search"] = found.seconds
+        best = found.coloring
+        report["searched"] = {"colors": found.colors, "iterations": found.iterations, "stopped": found.stopped,
+                              "levels": found.levels}
+    seconds["total"] = time.perf_counter() - t0
+    report.update(colors=_colors(best) if g.n else 0, conflicts=conflicts(g.edges, best),
+                  seconds={k: round(v, 4) for k, v in seconds.items()})
+    return best, report

@@ -1,33 +1,33 @@
-"""Evaluation of the coloring GNN: the benchmark graphs and the validation split beside networkx's
-greedy strategies and DSATUR, sharded over ranks; and the validation loss training watches."""
+"""Evaluation of the colouring GNN: the benchmark graphs and the validation split through every
+decoding stage (raw, repaired, scheduled, searched; trainers.gnn.decode) beside networkx's greedy
+strategies and DSATUR, sharded over ranks; the validation loss training watches; and
+`trainers gnn evaluate`, which runs the final evaluation of a run later (after a SIGTERM)."""
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from trainers.gnn.batch import batch_loss, make_batch
+from trainers.gnn.batch import DeviceGraphs, make_batch, potts_loss
 from trainers.gnn.config import GnnConfig
-from trainers.gnn.decode import classical, repair
-from trainers.gnn.graphs import Graph, GraphSplit, benchmark_set, conflicts
+from trainers.gnn.decode import classical, color_with_model
+from trainers.gnn.graphs import Graph, GraphSplit, benchmark_set
 from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_sum
 
 EVAL_SEED = 10_000  # random node features at evaluation: fixed, so every evaluation is comparable
 
 
 @torch.no_grad()
-def color_graph(model, g: Graph, cfg: GnnConfig, seed: int, device) -> dict:
-    t0 = time.perf_counter()
-    b = make_batch([g], cfg.max_colors, cfg.random_features, [seed], device)
-    raw = model(b.x, b.edge_index, b.color_mask).argmax(-1).cpu().numpy()
-    model_s = time.perf_counter() - t0
-    fixed = repair(g, raw)
-    total_s = time.perf_counter() - t0
-    return {"offered": b.offered[0], "colors_before": int(len(np.unique(raw))), "conflicts_before": conflicts(g.edges, raw),
-            "colors": int(fixed.max() + 1) if g.n else 0, "conflicts": conflicts(g.edges, fixed),
-            "model_s": model_s, "total_s": total_s, "coloring": fixed}
+def color_graph(model, g: Graph, cfg: GnnConfig, seed: int, device) -> tuple[np.ndarray, dict]:
+    """Every decoding stage for one graph with the PyTorch model (as `trainers gnn color` does with ONNX)."""
+
+    def logits_for(k: int) -> np.ndarray:
+        b = make_batch([g], cfg.max_colors, cfg.random_features, [seed], device, offered=[k])
+        return model(b.x, b.edge_index, b.color_mask).cpu().numpy()
+
+    return color_with_model(g, logits_for, cfg.max_colors, cfg.search_iters, cfg.search_seconds, seed)
 
 
 def evaluate(model, cfg: GnnConfig, val: GraphSplit | None, ctx: DistContext) -> dict | None:
@@ -38,10 +38,8 @@ def evaluate(model, cfg: GnnConfig, val: GraphSplit | None, ctx: DistContext) ->
     rows = []
     for kind, i in jobs[ctx.rank::ctx.world_size]:
         g = bench[i] if kind == "benchmark" else val[i]
-        r = color_graph(model, g, cfg, seed=EVAL_SEED + i, device=ctx.device)
-        r.pop("coloring")
-        r.update(kind=kind, name=g.name, nodes=g.n, edges=g.n_edges, chromatic=g.chromatic, upper_k=g.upper_k,
-                 classical=classical(g))
+        _, r = color_graph(model, g, cfg, seed=EVAL_SEED + i, device=ctx.device)
+        r.update(kind=kind, name=g.name, chromatic=g.chromatic, upper_k=g.upper_k, classical=classical(g))
         rows.append(r)
     gathered = all_gather_object(ctx, rows)
     model.train()
@@ -52,44 +50,82 @@ def evaluate(model, cfg: GnnConfig, val: GraphSplit | None, ctx: DistContext) ->
     val_rows = [r for r in rows if r["kind"] == "val"]
     summary = {}
     if val_rows:
-        summary = {"graphs": len(val_rows),
-                   "mean_colors": float(np.mean([r["colors"] for r in val_rows])),
-                   "mean_dsatur_colors": float(np.mean([r["classical"]["dsatur"]["colors"] for r in val_rows])),
-                   "mean_conflicts_before_repair": float(np.mean([r["conflicts_before"] for r in val_rows])),
+        mean = lambda f: float(np.mean([f(r) for r in val_rows]))  # noqa: E731
+        summary = {"graphs": len(val_rows), "mean_colors": mean(lambda r: r["colors"]),
+                   "mean_repaired_colors": mean(lambda r: r["repaired"]["colors"]),
+                   "mean_dsatur_colors": mean(lambda r: r["classical"]["dsatur"]["colors"]),
+                   "mean_conflicts_before_repair": mean(lambda r: r["raw"]["conflicts"]),
+                   "graphs_above_dsatur": sum(r["colors"] > r["classical"]["dsatur"]["colors"] for r in val_rows),
                    "all_valid": all(r["conflicts"] == 0 for r in val_rows)}
-    return {"benchmark": bench_rows, "val": summary}
+    return {"benchmark": bench_rows, "val": summary,
+            "search": {"iters_per_graph": cfg.search_iters, "seconds_per_graph": cfg.search_seconds}}
+
+
+def _known(r: dict) -> str:
+    return str(r["chromatic"]) if r["chromatic"] is not None else (f"<= {r['upper_k']}" if r["upper_k"] else "?")
 
 
 def markdown_table(evaluation: dict) -> str:
-    lines = ["| graph | nodes | edges | chi (known) | GNN raw colors / conflicts | GNN + repair | greedy LF | "
-             "greedy SL | DSATUR | GNN s | DSATUR s |", "|" + " --- |" * 11]
+    s = evaluation.get("search", {})
+    lines = [f"GNN stages: raw argmax (colours / conflicting edges) with the greedy bound offered, repaired, best "
+             f"of the colour schedule, then tabu search ({s.get('iters_per_graph')} iterations or "
+             f"{s.get('seconds_per_graph')} s per graph at most). Times in seconds.", "",
+             "| graph | nodes | edges | chi (known) | clique bound | GNN raw | repaired | scheduled | searched | "
+             "greedy LF | greedy SL | DSATUR | GNN total s | DSATUR s |", "|" + " --- |" * 14]
     for r in evaluation["benchmark"]:
-        chi = r["chromatic"] if r["chromatic"] is not None else (f"<= {r['upper_k']}" if r["upper_k"] else "?")
         c = r["classical"]
-        lines.append(f"| {r['name']} | {r['nodes']} | {r['edges']} | {chi} | {r['colors_before']} / "
-                     f"{r['conflicts_before']} | {r['colors']} | {c['greedy_largest_first']['colors']} | "
-                     f"{c['greedy_smallest_last']['colors']} | {c['dsatur']['colors']} | {r['total_s']:.3f} | "
+        searched = r.get("searched", {}).get("colors", "-")
+        lines.append(f"| {r['name']} | {r['nodes']} | {r['edges']} | {_known(r)} | {r['lower_bound']} | "
+                     f"{r['raw']['colors']} / {r['raw']['conflicts']} | {r['repaired']['colors']} | "
+                     f"{r['scheduled']['colors']} | {searched} | {c['greedy_largest_first']['colors']} | "
+                     f"{c['greedy_smallest_last']['colors']} | {c['dsatur']['colors']} | {r['seconds']['total']:.3f} | "
                      f"{c['dsatur']['seconds']:.3f} |")
     v = evaluation.get("val") or {}
     if v:
         lines.append("")
-        lines.append(f"Validation ({v['graphs']} graphs): mean colors {v['mean_colors']:.2f} (DSATUR "
-                     f"{v['mean_dsatur_colors']:.2f}), mean conflicts before repair "
-                     f"{v['mean_conflicts_before_repair']:.1f}, all valid after repair: {v['all_valid']}")
+        lines.append(f"Validation ({v['graphs']} graphs): mean colours {v['mean_colors']:.2f} after search, "
+                     f"{v['mean_repaired_colors']:.2f} after repair (DSATUR {v['mean_dsatur_colors']:.2f}); "
+                     f"{v['graphs_above_dsatur']} graphs with more colours than DSATUR; mean conflicts before repair "
+                     f"{v['mean_conflicts_before_repair']:.1f}; all valid: {v['all_valid']}")
     return "\n".join(lines) + "\n"
 
 
 @torch.no_grad()
-def validation_loss(model, val: GraphSplit, cfg: GnnConfig, ctx: DistContext) -> float:
-    """Mean expected conflicting-edge fraction over the validation graphs (fixed features)."""
+def validation_loss(model, val: DeviceGraphs, cfg: GnnConfig, ctx: DistContext) -> float:
+    """Mean expected conflicting-edge fraction over the validation graphs (fixed features; each
+    rank takes every world_size-th graph, in runs of about --nodes-per-batch nodes)."""
     model.eval()
-    idx = list(range(ctx.rank, len(val), ctx.world_size))
+    mine = np.arange(ctx.rank, len(val.nodes), ctx.world_size)
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
-    for start in range(0, len(idx), cfg.graphs_per_batch):
-        chunk = idx[start:start + cfg.graphs_per_batch]
-        _, frac = batch_loss(model, [val[i] for i in chunk], cfg.max_colors, cfg.random_features,
-                             [EVAL_SEED + i for i in chunk], ctx.device, 1.0)
-        total += frac
-    s, n = all_reduce_sum(ctx, [float(total), float(len(idx))])
+    chunk, nodes = [], 0
+    for i in mine:
+        chunk.append(i)
+        nodes += int(val.nodes[i])
+        if nodes >= cfg.nodes_per_batch or i == mine[-1]:
+            total += potts_loss(model, val.batch(np.array(chunk)), 1.0)[1]
+            chunk, nodes = [], 0
+    s, n = all_reduce_sum(ctx, [float(total), float(len(mine))])
     model.train()
     return s / n
+
+
+def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "cpu") -> dict:
+    """`trainers gnn evaluate`: the final evaluation of a run's checkpoint, written into its results."""
+    from trainers.gnn.train import build_model
+    from trainers.runtime.dist import pick_device
+    from trainers.runtime.results import merge_results
+    from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config, single_process_context
+
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir, GnnConfig)
+    dev = pick_device(0, device)
+    with exclusive(run_dir):
+        step, states = load_checkpoint_states(run_dir, checkpoint, str(dev))
+        model = build_model(cfg).to(dev)
+        model.load_state_dict(states["model"])
+        ctx = single_process_context(str(dev))
+        evaluation = evaluate(model, cfg, GraphSplit(Path(cfg.data_dir), "val"), ctx)
+        evaluation["checkpoint_step"] = step
+        (run_dir / "results.md").write_text(markdown_table(evaluation))
+        merge_results(run_dir, {"evaluation": evaluation})
+    return evaluation

@@ -1,21 +1,45 @@
-"""Node features and the color bound, in NumPy only: `trainers gnn color` uses them without torch."""
+"""Node features and the colours offered, in NumPy only: `trainers gnn color` uses them without torch.
+`trainers gnn data` stores the degree features of every training graph, computed here, so training
+and inference see the same numbers."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from trainers.gnn.graphs import Graph, greedy_coloring
+from trainers.gnn.graphs import Graph, greedy_bound
+
+SCHEDULE_LEVELS = 6  # decoding offers the greedy bound, then up to 5 fewer colours (not below the clique bound)
+
+
+def degree_features(g: Graph) -> np.ndarray:
+    """[n, 2] float32: log(1 + degree) and degree / max degree."""
+    deg = np.bincount(g.edges.ravel(), minlength=g.n).astype(np.float32) if g.n_edges else np.zeros(g.n, np.float32)
+    return np.stack([np.log1p(deg), deg / max(float(deg.max()) if g.n else 0.0, 1.0)], axis=1).astype(np.float32)
+
+
+def random_features(n: int, random_dims: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, random_dims)).astype(np.float32)
 
 
 def node_features(g: Graph, random_dims: int, seed: int) -> np.ndarray:
-    """[n, 2 + random_dims]: log degree, degree / max degree, and seeded random features."""
-    deg = np.bincount(g.edges.ravel(), minlength=g.n).astype(np.float32) if g.n_edges else np.zeros(g.n, np.float32)
-    rnd = np.random.default_rng(seed).standard_normal((g.n, random_dims)).astype(np.float32)
-    return np.concatenate([np.log1p(deg)[:, None], (deg / max(deg.max(), 1.0))[:, None], rnd], axis=1)
+    """[n, 2 + random_dims]: the degree features and seeded random features (which break the
+    symmetry between look-alike nodes)."""
+    return np.concatenate([degree_features(g), random_features(g.n, random_dims, seed)], axis=1)
 
 
 def colors_offered(g: Graph, max_colors: int) -> int:
-    """The bound on colors offered to the model: the greedy (largest-first) count, capped."""
-    if g.n_edges == 0:
-        return 1
-    return int(min(max_colors, greedy_coloring(g.n, g.edges).max() + 1))
+    """The most colours offered to the model: the greedy (largest-first) count, capped."""
+    return int(min(max_colors, max(greedy_bound(g), 1)))
+
+
+def color_mask(n: int, offered: int, max_colors: int) -> np.ndarray:
+    mask = np.zeros((n, max_colors), np.float32)
+    mask[:, :offered] = 1.0
+    return mask
+
+
+def offered_schedule(bound: int, lower: int, levels: int = SCHEDULE_LEVELS) -> list[int]:
+    """Colours offered to the model, most first: the greedy bound, then fewer, down to the clique
+    lower bound (fewer than that cannot be proper) and at most `levels` in all."""
+    floor = max(lower, 1, bound - levels + 1)
+    return list(range(bound, floor - 1, -1)) or [bound]

@@ -136,6 +136,13 @@ def greedy_coloring(n: int, edges: np.ndarray, order: np.ndarray | None = None) 
     return color
 
 
+def greedy_bound(g: Graph) -> int:
+    """Colours largest-first greedy needs: an upper bound on the chromatic number."""
+    if g.n_edges == 0:
+        return 1 if g.n else 0
+    return int(greedy_coloring(g.n, g.edges).max() + 1)
+
+
 def conflicts(edges: np.ndarray, color: np.ndarray) -> int:
     return int((color[edges[:, 0]] == color[edges[:, 1]]).sum()) if len(edges) else 0
 
@@ -250,10 +257,15 @@ def random_graph(index: int, seed: int, min_nodes: int, max_nodes: int) -> Graph
     return g
 
 
-def _generate(args) -> tuple[str, int, np.ndarray, int | None]:
+def _generate(args) -> dict:
+    """One graph and what training needs of it, computed once here rather than at every step:
+    degree features, the greedy colour bound, and both directions of every edge."""
+    from trainers.gnn.features import degree_features
+
     index, seed, lo, hi = args
     g = random_graph(index, seed, lo, hi)
-    return g.name, g.n, g.edges, g.upper_k
+    return {"name": g.name, "n": g.n, "edges": g.edges, "upper_k": g.upper_k, "degree": degree_features(g),
+            "bound": greedy_bound(g), "directed": np.concatenate([g.edges, g.edges[:, ::-1]]).T}
 
 
 def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int, max_nodes: int,
@@ -290,14 +302,20 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
                 with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
                     results = list(tqdm(pool.map(_generate, jobs, chunksize=16), total=count, disable=not progress,
                                         desc=f"graphs/{split}"))
-                nodes = np.array([r[1] for r in results], dtype=np.int64)
-                edge_counts = np.array([len(r[2]) for r in results], dtype=np.int64)
+                nodes = np.array([r["n"] for r in results], dtype=np.int64)
+                edge_counts = np.array([len(r["edges"]) for r in results], dtype=np.int64)
                 offsets = np.concatenate([[0], np.cumsum(edge_counts)])
-                edges = np.concatenate([r[2] for r in results]) if offsets[-1] else np.zeros((0, 2), np.int64)
-                for name, arr in (("edges", edges.astype(np.int32)), ("offsets", offsets), ("nodes", nodes)):
+                edges = np.concatenate([r["edges"] for r in results]) if offsets[-1] else np.zeros((0, 2), np.int64)
+                arrays = {"edges": edges.astype(np.int32), "offsets": offsets, "nodes": nodes,
+                          "node_offsets": np.concatenate([[0], np.cumsum(nodes)]),
+                          "edge_index": np.concatenate([r["directed"] for r in results], axis=1).astype(np.int32),
+                          "degree_features": np.concatenate([r["degree"] for r in results]),
+                          "color_bound": np.array([r["bound"] for r in results], dtype=np.int32)}
+                for name, arr in arrays.items():
                     np.save(staging / f"{split}_{name}.npy", arr)
                 meta["splits"][split] = {"graphs": count, "nodes": int(nodes.sum()), "edges": int(offsets[-1]),
-                                         "names": [r[0] for r in results], "upper_k": [r[3] for r in results]}
+                                         "names": [r["name"] for r in results],
+                                         "upper_k": [r["upper_k"] for r in results]}
             meta["fingerprint"] = dataset_fingerprint(staging)
             atomic_write_json(staging / "metadata.json", meta)
             if out.exists():
@@ -337,7 +355,16 @@ class _Serial:
 
 
 class GraphSplit:
-    """A split of the dataset, memory-mapped; graph i is (n_i, edges_i)."""
+    """A split of the dataset, memory-mapped; graph i is (n_i, edges_i). Per split, written by
+    `write_dataset`:
+
+        edges [E, 2] int32 (u < v, local node ids)   offsets [G+1]: graph i's edges are edges[offsets[i]:offsets[i+1]]
+        nodes [G]          node_offsets [G+1]          edge_index [2, 2E] int32: both directions, graph-major,
+        degree_features [N, 2] float32 (log degree, degree / max degree)    columns 2*offsets[i]..2*offsets[i+1]
+        color_bound [G] int32: colours largest-first greedy needs
+    """
+
+    ARRAYS = ("edges", "offsets", "nodes", "node_offsets", "edge_index", "degree_features", "color_bound")
 
     def __init__(self, root: Path, split: str):
         root = Path(root)
@@ -345,14 +372,20 @@ class GraphSplit:
             raise UsageError(f"--data-dir {root} holds no graph dataset; generate it with `trainers gnn data`")
         try:
             self.meta = json.loads((root / "metadata.json").read_text())
-            self.edges = np.load(root / f"{split}_edges.npy", mmap_mode="r")
-            self.offsets = np.load(root / f"{split}_offsets.npy")
-            self.nodes = np.load(root / f"{split}_nodes.npy")
+            arrays = {name: np.load(root / f"{split}_{name}.npy", mmap_mode="r") for name in self.ARRAYS}
             self.names = self.meta["splits"][split]["names"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise UsageError(f"--data-dir {root}: the {split} split is unreadable ({exc}); generate the dataset "
-                             f"again with `trainers gnn data --out {root} --overwrite`") from None
-        if not (len(self.nodes) == len(self.names) == len(self.offsets) - 1 and self.offsets[-1] == len(self.edges)):
+            raise UsageError(f"--data-dir {root}: the {split} split is unreadable or was written by an older version "
+                             f"({exc}); generate the dataset again with `trainers gnn data --out {root} --overwrite`"
+                             ) from None
+        self.edges, self.edge_index, self.degree_features = (arrays["edges"], arrays["edge_index"],
+                                                             arrays["degree_features"])
+        self.offsets, self.nodes = np.asarray(arrays["offsets"]), np.asarray(arrays["nodes"])
+        self.node_offsets, self.color_bound = np.asarray(arrays["node_offsets"]), np.asarray(arrays["color_bound"])
+        n_graphs, n_nodes, n_edges = len(self.nodes), int(self.nodes.sum()), len(self.edges)
+        if not (len(self.names) == len(self.offsets) - 1 == len(self.node_offsets) - 1 == len(self.color_bound)
+                == n_graphs and self.offsets[-1] == n_edges and self.node_offsets[-1] == n_nodes
+                and self.edge_index.shape == (2, 2 * n_edges) and self.degree_features.shape == (n_nodes, 2)):
             raise UsageError(f"--data-dir {root}: the {split} split's files do not agree with each other; generate "
                              f"it again with `trainers gnn data --out {root} --overwrite`")
         self.fingerprint = self.meta.get("fingerprint")

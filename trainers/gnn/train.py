@@ -1,30 +1,34 @@
 """Train the graph-coloring GNN (seed 002, done right) with DDP over graphs: build, resume, a flat
 loop, finish.
 
-Every rank takes its share of the graphs each epoch (each graph once per epoch across ranks); the
-loss is the expected fraction of conflicting edges per graph (Potts), averaged over the global
-batch. Stops, checkpoints and results go through the run boundary (trainers.runtime.run); the
-final evaluation colors the benchmark and validation graphs with the best checkpoint.
+The whole training split lives on the device (trainers.gnn.batch.DeviceGraphs); each step gathers
+this rank's graphs there by offsets, about --nodes-per-batch nodes of whole graphs, each graph once
+per epoch across ranks (trainers.gnn.sampling). The loss is the expected fraction of conflicting
+edges per graph (Potts), averaged over the global batch. Nothing in the steady-state step waits
+for the device: the loss is summed on the device and read at log points. Stops, checkpoints and
+results go through the run boundary (trainers.runtime.run); the final evaluation colours the
+benchmark and validation graphs with the best checkpoint, through every decoding stage.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainers.gnn.batch import batch_loss
+from trainers.gnn.batch import DeviceGraphs, potts_loss
 from trainers.gnn.config import GnnConfig
-from trainers.gnn.evaluate import evaluate, markdown_table, validation_loss
+from trainers.gnn.evaluate import EVAL_SEED, evaluate, markdown_table, validation_loss
 from trainers.gnn.graphs import GraphSplit
 from trainers.gnn.model import ColoringGNN
+from trainers.gnn.sampling import NodeBudgetCursor
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed
 from trainers.runtime.precision import build_adamw
 from trainers.runtime.run import Run
-from trainers.runtime.sampling import EpochCursor
 from trainers.runtime.stops import StopReason
 
 
@@ -32,9 +36,20 @@ def build_model(cfg: GnnConfig) -> ColoringGNN:
     return ColoringGNN(cfg.in_dim, cfg.hidden, cfg.layers, cfg.max_colors, cfg.dropout)
 
 
-def graph_seed(cfg: GnnConfig, epoch: int, index: int) -> int:
-    """Random features: fresh each epoch in training (an augmentation), fixed by the seed."""
-    return cfg.seed * 1_000_003 + epoch * 100_003 + index
+def feature_seed(cfg: GnnConfig, epoch: int, step_in_epoch: int, rank: int) -> int:
+    """Random node features: fresh each step in training (an augmentation), a pure function of the
+    data position, so a resumed run draws the same ones."""
+    return ((cfg.seed * 1_000_003 + epoch) * 100_003 + step_in_epoch) * 1_009 + rank
+
+
+def wrap_ddp(model: torch.nn.Module, ctx: DistContext) -> DDP:
+    """DDP with nothing extra per step: gradients are views into the all-reduce buckets (no copy),
+    buffers are not re-broadcast before each forward (the model has none), and the graph is static
+    (every parameter is used in every step, whatever the batch)."""
+    names = inspect.signature(DDP).parameters  # torch 2.13 renamed broadcast_buffers
+    no_buffer_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
+    return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+               gradient_as_bucket_view=True, static_graph=True, **no_buffer_sync)
 
 
 def train(cfg: GnnConfig) -> dict | None:
@@ -47,45 +62,45 @@ def train(cfg: GnnConfig) -> dict | None:
 def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     run_dir = Path(cfg.run_dir)
     cfgmod.check_run_dir_compatible(run_dir, cfg)
-    train_set, val_set = GraphSplit(Path(cfg.data_dir), "train"), GraphSplit(Path(cfg.data_dir), "val")
-    cursor = EpochCursor(len(train_set), ctx.world_size, ctx.rank, cfg.graphs_per_batch, cfg.seed)
+    train_split, val_split = GraphSplit(Path(cfg.data_dir), "train"), GraphSplit(Path(cfg.data_dir), "val")
+    cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed)
     total_steps = cfg.epochs * cursor.steps_per_epoch
 
     torch.manual_seed(cfg.seed)  # identical init on every rank
     model = build_model(cfg).to(ctx.device)
     n_params = sum(p.numel() for p in model.parameters())
-    # AdamW without decay on biases and norms (weight decay is 0 by default, so this matches plain AdamW)
+    # fused on CUDA; no decay on biases and norms (weight decay is 0 by default: plain AdamW)
     optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.999), ctx.device)
 
     with Run(cfg, ctx, "gnn", {"model": model, "optimizer": optimizer}, total_steps, unit="graphs",
-             metric_name="conflict_fraction", started_at=started_at, data_fingerprint=train_set.fingerprint) as run:
-        run.log.info("gnn: %s parameters, %d rank(s) on %s; %d train / %d val graphs; %d steps per epoch",
-                     f"{n_params:,}", ctx.world_size, ctx.device.type, len(train_set), len(val_set),
-                     cursor.steps_per_epoch)
+             metric_name="conflict_fraction", started_at=started_at, data_fingerprint=train_split.fingerprint) as run:
+        train_data = DeviceGraphs(train_split, cfg.max_colors, cfg.random_features, ctx.device)
+        val_data = DeviceGraphs(val_split, cfg.max_colors, cfg.random_features, ctx.device, fixed_random_seed=EVAL_SEED)
+        run.log.info("gnn: %s parameters, %d rank(s) on %s; %d train graphs (%d nodes) / %d val; %d steps per epoch "
+                     "of about %d nodes per rank", f"{n_params:,}", ctx.world_size, ctx.device.type, len(train_split),
+                     int(train_split.nodes.sum()), len(val_split), cursor.steps_per_epoch, cfg.nodes_per_batch)
         start = run.resume()
-        cursor = EpochCursor(len(train_set), ctx.world_size, ctx.rank, cfg.graphs_per_batch, cfg.seed,
-                             **EpochCursor.start(start.position, start.position_rank0))
-        train_model = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) \
-            if ctx.distributed else model
+        cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed,
+                                  **NodeBudgetCursor.start(start.position, start.position_rank0))
+        train_model = wrap_ddp(model, ctx) if ctx.distributed else model
+        features = torch.Generator(device=ctx.device)
 
         step = start.step
         window_frac = torch.zeros((), dtype=torch.float64, device=ctx.device)
         window_graphs = 0
         model.train()
         while step < total_steps:
-            positions, global_count = cursor.batch()
-            idx = positions.tolist()
-            loss, frac = batch_loss(train_model, [train_set[i] for i in idx], cfg.max_colors, cfg.random_features,
-                                    [graph_seed(cfg, cursor.epoch, i) for i in idx], ctx.device,
-                                    ctx.world_size / global_count)
+            graphs, global_count = cursor.batch()
+            features.manual_seed(feature_seed(cfg, cursor.epoch, cursor.step_in_epoch, ctx.rank))
+            loss, frac = potts_loss(train_model, train_data.batch(graphs, features), ctx.world_size / global_count)
             loss.backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            window_frac += frac
-            window_graphs += len(idx)
+            window_frac += frac  # stays on the device until a log point
+            window_graphs += len(graphs)
             end_of_epoch = cursor.advance()
 
             if run.should_log(step):
@@ -95,22 +110,38 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                 window_graphs = 0
             if run.should_eval(step, end_of_epoch):
                 with run.timing("evaluation"):
-                    run.evaluated(step, validation_loss(model, val_set, cfg, ctx))
+                    run.evaluated(step, validation_loss(model, val_data, cfg, ctx))
             if run.step_done(step, cursor.position(), global_count) != StopReason.NONE:
                 break
 
         def final_evaluation() -> dict | None:
             best = run.restore_best()
-            evaluation = evaluate(model, cfg, val_set, ctx)
+            evaluation = evaluate(model, cfg, val_split, ctx)
             if ctx.is_main:
                 evaluation["checkpoint_step"] = best
                 (run_dir / "results.md").write_text(markdown_table(evaluation))
             return evaluation
 
-        summary = {"data": {"data_dir": str(Path(cfg.data_dir).resolve()), "train_graphs": len(train_set),
-                            "val_graphs": len(val_set), "fingerprint": train_set.fingerprint},
+        nodes_per_graph = float(train_split.nodes.mean())
+        throughput = run.throughput()
+        per_device = throughput["per_s_per_device"]
+        summary = {"data": {"data_dir": str(Path(cfg.data_dir).resolve()), "train_graphs": len(train_split),
+                            "train_nodes": int(train_split.nodes.sum()), "val_graphs": len(val_split),
+                            "fingerprint": train_split.fingerprint},
                    "model": {"parameters": n_params, "hidden": cfg.hidden, "layers": cfg.layers,
                              "max_colors": cfg.max_colors},
-                   "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch}}
+                   "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
+                                "nodes_per_batch": cfg.nodes_per_batch, "ddp": _ddp_facts(train_model),
+                                "fused_adamw": bool(optimizer.defaults.get("fused")),
+                                # every graph is seen once per epoch, so nodes/s = graphs/s x mean graph size
+                                "nodes_per_s_per_device": per_device * nodes_per_graph if per_device else None,
+                                "graphs_per_s_per_device": per_device}}
         return run.finish(summary, evaluate=final_evaluation)
 
+
+def _ddp_facts(train_model) -> dict | None:
+    if not isinstance(train_model, DDP):
+        return None
+    return {"gradient_as_bucket_view": train_model.gradient_as_bucket_view, "static_graph": train_model.static_graph,
+            "sync_buffers_each_forward": bool(getattr(train_model, "forward_sync_buffers",
+                                                      getattr(train_model, "broadcast_buffers", None)))}

@@ -19,14 +19,9 @@ from trainers.market.fetch import (
     yfinance_downloader,
 )
 from trainers.market.sources import DataRequest, check_source, read_user_file
+from trainers.market.symbols import to_yfinance_symbol
 from trainers.market.synthetic import synthetic_market
-from trainers.market.universe import (
-    UNIVERSE_COLUMNS,
-    resolve_tickers,
-    shipped_universe_path,
-    to_yfinance_symbol,
-    validate_universe,
-)
+from trainers.market.universe import UNIVERSE_COLUMNS, resolve_tickers, shipped_universe_path, validate_universe
 from trainers.runtime.config import check_folder_writable
 from trainers.runtime.files import atomic_write
 

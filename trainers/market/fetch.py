@@ -36,7 +36,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from trainers.errors import UsageError
-from trainers.market.universe import SYMBOL_HINT, check_symbols, is_symbol
+from trainers.market.symbols import SYMBOL_HINT, check_symbols, is_symbol
 from trainers.market.validate import validate_bars
 from trainers.runtime.files import atomic_write, atomic_write_json
 

@@ -27,8 +27,8 @@ from trainers.market.fetch import (
     yfinance_downloader,
 )
 from trainers.market.panel import OPTIONAL_COLUMNS, normalise_columns
+from trainers.market.symbols import check_symbols
 from trainers.market.synthetic import synthetic_market
-from trainers.market.universe import check_symbols
 from trainers.market.validate import validate_long_table
 
 SOURCES = ("synthetic", "yfinance", "cache", "file:PATH")

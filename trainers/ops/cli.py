@@ -1,13 +1,12 @@
-"""`trainers preflight` and `trainers package`: flags only (the work: preflight.py, package.py)."""
+"""`trainers preflight`, `status`, `plan` and `package`: flags only (the work: the modules beside this one)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from trainers.ops.preflight import (
-    add_args as add_preflight_args,  # light: no torch at import
-)
+from trainers.ops.preflight import add_args as add_preflight_args  # light: no torch at import
+from trainers.runtime.config import number
 
 
 def _preflight(args) -> int:
@@ -18,6 +17,12 @@ def _preflight(args) -> int:
 
 def _status(args) -> int:
     from trainers.ops.status import main
+
+    return main(args)
+
+
+def _plan(args) -> int:
+    from trainers.ops.plan_cli import main
 
     return main(args)
 
@@ -39,6 +44,28 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trainer", default=None, help="which trainer's job (default: every job in --out)")
     p.add_argument("--json", action="store_true", help="one JSON object (a list for several jobs)")
     p.set_defaults(func=_status)
+
+    p = sub.add_parser("plan", help="memory, time and money of a trainer's job on a GPU, before renting one",
+                       description="Memory per GPU (DDP, FSDP2, FSDP2 + checkpointing), time and cost of a job. "
+                                   "Any other option is the trainer's own, as `trainers <trainer> train` takes it "
+                                   "(e.g. --depth 64, --preset 151m, --batch-size 4).")
+    p.add_argument("--trainer", default="forecast", help="which trainer (default: forecast)")
+    p.add_argument("--gpus", type=number(int, min=1), default=8, help="GPUs (default: 8)")
+    p.add_argument("--gpu", default="h100-sxm", help="GPU kind (see --list-gpus; default: h100-sxm)")
+    p.add_argument("--list-gpus", action="store_true", help="print the known GPUs and exit")
+    p.add_argument("--parallel", default="auto", choices=("auto", "ddp", "ddp+ac", "fsdp", "fsdp+ac"),
+                   help="auto: the first layout the trainer runs that fits; or one to check")
+    p.add_argument("--usd-per-gpu-hour", type=number(float, gt=0), default=None, help="price of one GPU-hour")
+    p.add_argument("--items", "--tokens", dest="items", type=number(float, gt=0), default=None,
+                   help="what to train on: tokens for the GPT, samples/graphs/env steps for the others "
+                        "(default: what the trainer's options ask for)")
+    p.add_argument("--hours", type=number(float, gt=0), default=None, help="how long: what it buys")
+    p.add_argument("--budget-usd", type=number(float, gt=0), default=None, help="how much money: what it buys")
+    p.add_argument("--mfu", type=number(float, gt=0, max=1), default=None, help="override the MFU (0-1)")
+    p.add_argument("--compare", action="store_true", help="the same job on every known GPU, cheapest first")
+    p.add_argument("--prices", default=None, help="JSON {gpu: USD per GPU-hour} for --compare")
+    p.add_argument("--json", default=None, help="also write the plan here as JSON")
+    p.set_defaults(func=_plan, accepts_extra=True)
 
     p = sub.add_parser("package", help="tarball of a run with SHA256SUMS and the best checkpoint")
     p.add_argument("--run-dir", required=True)

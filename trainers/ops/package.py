@@ -17,12 +17,41 @@ from trainers.runtime.lock import describe_holder, held_by_other
 from trainers.runtime.rundir import resolve_checkpoint, single_process_context
 
 REQUIRED = ("config.json", "results.json", "model.onnx")
-OPTIONAL = ("model.onnx.data", "export.json", "results.md", "report.md", "training.log", "metrics.jsonl")
-PICTURES = "*.png"  # the report's pictures (the forecaster's loss, IC, equity and decile plots)
+PICTURES = "*.png"  # a report's pictures (the forecaster's loss, IC, equity and decile plots; PPO's equity)
+OPTIONAL = ("model.onnx.data", "export.json", "results.md", "report.md", "training.log", "metrics.jsonl", "vocab.json")
+
+
+def job_runs(run_dir: Path) -> dict[str, str] | None:
+    """A job of many runs (the lstm trainer: one per symbol) lists its finished ones in results.json
+    under "runs" (name -> folder inside the job); None for a single run."""
+    try:
+        runs = json.loads((run_dir / "results.json").read_text()).get("runs")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return runs if isinstance(runs, dict) else None
+
+
+def job_files(run_dir: Path, runs: dict[str, str]) -> list[Path]:
+    """The job's own files, then each finished run's files (as for a single run) under its folder."""
+    missing = [name for name in ("config.json", "results.json") if not (run_dir / name).is_file()]
+    if missing:
+        raise UsageError(f"--run-dir {run_dir} lacks {', '.join(missing)}")
+    if not runs:
+        raise UsageError(f"--run-dir {run_dir} is a job with no finished run yet; nothing to package")
+    files = [Path(n) for n in ("config.json", "results.json", "results.md", "training.log") if (run_dir / n).is_file()]
+    for name, folder in sorted(runs.items()):
+        sub = (run_dir / folder).resolve()
+        if not sub.is_relative_to(run_dir.resolve()) or not sub.is_dir():
+            raise UsageError(f"--run-dir {run_dir}: run {name!r} points at {folder!r}, not a folder inside the job")
+        files += [Path(folder) / f for f in package_files(sub)]
+    return files
 
 
 def package_files(run_dir: Path) -> list[Path]:
     """Files of the run that go into the tarball, relative to run_dir."""
+    runs = job_runs(run_dir)
+    if runs is not None:
+        return job_files(run_dir, runs)
     missing = [name for name in REQUIRED if not (run_dir / name).is_file()]
     if missing:
         hint = " (run `trainers <trainer> export --run-dir ...` first)" if "model.onnx" in missing else ""
@@ -37,6 +66,8 @@ def package_files(run_dir: Path) -> list[Path]:
     files = [Path(n) for n in REQUIRED + OPTIONAL if (run_dir / n).is_file()]
     files += sorted(p.relative_to(run_dir) for p in run_dir.glob(PICTURES) if p.is_file())
     files += [ckpt.model_path(step).relative_to(run_dir), ckpt.meta_path(step).relative_to(run_dir)]
+    if ckpt.consolidated_path(step).name in ckpt.read_meta(step)["files"]:  # a sharded (FSDP) run's weights
+        files.append(ckpt.consolidated_path(step).relative_to(run_dir))
     tb = run_dir / "tensorboard"
     if tb.is_dir():
         files += sorted(p.relative_to(run_dir) for p in tb.rglob("*") if p.is_file())

@@ -206,12 +206,45 @@ def check_nccl(n_gpus: int, backend: str, sizes_mb: list[int], expected_gbps: fl
                  result)
 
 
+def check_fit(workload, gpus: list[GpuInfo], usd_per_gpu_hour: float | None, plan_json: str | None) -> Check:
+    """The planner, for the job about to run on the GPUs found: does it fit, what will it cost, and
+    if it does not fit, the change that makes it fit — before any money is spent on training."""
+    from dataclasses import replace
+
+    from trainers.ops.devices import Device, device_for_name
+    from trainers.ops.plan import plan
+    from trainers.runtime.files import atomic_write_json
+
+    memory_gib = min(g.memory_mib for g in gpus) / 1024
+    known = device_for_name(gpus[0].name, memory_gib)
+    device = replace(known, memory_gib=memory_gib) if known else Device(
+        "detected", gpus[0].name, memory_gib, 100.0, "pcie", 10.0)
+    p = plan(workload, device, len(gpus), usd_per_gpu_hour=usd_per_gpu_hour)
+    if plan_json:
+        atomic_write_json(Path(plan_json), p.to_json())
+    if p.chosen is None:
+        total = min(st["memory_bytes"]["total"] for st in p.strategies.values() if st["supported"])
+        return Check("fit", FAIL, f"{workload.trainer} needs about {total / 2**30:.1f} GiB per GPU, "
+                                  f"{memory_gib:.1f} GiB here", p.fix, p.to_json())
+    m = p.strategies[p.chosen]["memory_bytes"]["total"]
+    estimate = ""
+    if "hours" in p.time:
+        usd = p.money.get("usd")
+        estimate = f"; plan: about {p.time['hours']:.2f} h" + (f", ${usd:,.2f}" if usd is not None else "") + \
+            f" at an MFU of {p.mfu['value']:.0%} ({'measured' if 'measured' in p.mfu['source'] else 'assumed'})"
+    return Check("fit", PASS, f"{p.chosen}: about {m / 2**30:.1f} of {memory_gib:.1f} GiB per GPU{estimate}",
+                 data=p.to_json())
+
+
 def run_preflight(expect_gpus: int | None, out_dir: str, disk_need: int, nccl: bool, sizes_mb: list[int],
-                  json_path: str | None, shm_path: str = "/dev/shm") -> int:
+                  json_path: str | None, shm_path: str = "/dev/shm", workload=None, usd_per_gpu_hour=None,
+                  plan_json: str | None = None) -> int:
     gpu_checks, gpus = check_gpus(expect_gpus)
     checks = list(gpu_checks)
     if not gpus:  # fail fast: nothing below matters without a GPU
         return _report(checks, json_path)
+    if workload is not None:
+        checks.append(check_fit(workload, gpus, usd_per_gpu_hour, plan_json))
     checks += check_torch(len(gpus))
     checks += [check_shm(shm_path), check_disk(out_dir, disk_need), check_memory()]
     torch_ok = all(c.status != FAIL for c in checks if c.name == "torch")
@@ -239,6 +272,7 @@ def add_args(p) -> None:
     p.add_argument("--no-nccl", dest="nccl", action="store_false", help="skip the all-reduce bandwidth test")
     p.add_argument("--sizes-mb", default="8,64,256", help="all-reduce message sizes in MB (default: 8,64,256)")
     p.add_argument("--json", default=None, help="write the report here as JSON")
+    p.add_argument("--plan-json", default=None, help="write the job's plan (memory, time, cost) here as JSON")
     p.add_argument("train_options", nargs="*", metavar="-- TRAIN-OPTIONS",
                    help="the trainer's own options, as its training gets them (e.g. -- --preset 151m)")
 
@@ -259,4 +293,12 @@ def main(args) -> int:
     cfg = trainer_config(args.trainer, args.train_options)
     cfg.validate()
     need = checkpoint_bytes(model_parameters(args.trainer, cfg), cfg.keep_last) * 2  # ONNX + tarball copy it again
-    return run_preflight(args.expect_gpus, args.out, need, args.nccl, sizes, args.json)
+    workload = None
+    try:
+        from trainers.registry import trainer_module
+
+        workload = trainer_module(args.trainer, "size").workload(cfg)
+    except ModuleNotFoundError:
+        print(f"note: no plan for the {args.trainer} trainer yet: the memory fit is not checked")
+    return run_preflight(args.expect_gpus, args.out, need, args.nccl, sizes, args.json, workload=workload,
+                         usd_per_gpu_hour=cfg.usd_per_gpu_hour, plan_json=args.plan_json)

@@ -130,6 +130,12 @@ def job_status(out: Path, trainer: str) -> dict:
     st["time_left_s"] = max_hours * 3600.0 - elapsed if (max_hours is not None and elapsed is not None) else None
     if results.get("training"):
         st["stop_reason"] = results["training"].get("stop_reason")
+        st["real"] = {"hours": (results["training"].get("elapsed_s_all_attempts") or 0) / 3600,
+                      "usd": results["training"].get("cost_usd")}
+    plan = _read_json(out / f"plan-{trainer}.json")
+    if plan.get("time", {}).get("hours") is not None:
+        st["plan"] = {"hours": plan["time"]["hours"], "usd": plan.get("money", {}).get("usd"),
+                      "mfu": plan.get("mfu", {}).get("value"), "mfu_source": plan.get("mfu", {}).get("source")}
     st["gpus"] = gpu_usage()
     return st
 
@@ -186,6 +192,12 @@ def format_status(st: dict) -> str:
     if st.get("stop_reason"):
         lines.append(f"  training stopped: {st['stop_reason']}" + (" (resume: rerun the same deploy command)"
                                                                    if st["stop_reason"] == "signal" else ""))
+    if st.get("plan"):
+        pl, real = st["plan"], st.get("real")
+        line = f"  plan: {pl['hours']:.2f} h" + (f", ${pl['usd']:,.2f}" if pl.get("usd") is not None else "")
+        if real:
+            line += f"  |  real: {real['hours']:.2f} h" + (f", ${real['usd']:,.2f}" if real.get("usd") is not None else "")
+        lines.append(line)
     if state == "finished" and st.get("tarball"):
         lines.append(f"  tarball {st['tarball']}")
         if st.get("download"):

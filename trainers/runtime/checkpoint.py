@@ -8,6 +8,14 @@ Layout of one checkpoint at optimizer step N (in `<run>/checkpoints/`):
                            config, world size, the validation metric. A checkpoint without its
                            meta file is incomplete and never resumed from.
 
+States a trainer shards across ranks (FSDP2's model and optimizer: `sharded=` in `save`/`resume`)
+are written with torch.distributed.checkpoint, every rank its own part:
+
+    shards_0000000N/       .metadata and __<rank>_<i>.distcp; every file's SHA-256 in the meta
+                           (each rank hashes what it wrote), resumed on the same world size
+    consolidated_0000000N.pt  the full model in one file for export and sampling (`consolidate`),
+                           written on demand by one process, its SHA-256 added to the meta
+
 Every file is written to a temporary name, fsynced and renamed, so a kill at any moment leaves
 either the old file or the new one. Resume picks the newest checkpoint whose checksums verify on
 every rank, and falls back to older ones (with a warning) when the newest is corrupt.
@@ -26,6 +34,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +47,8 @@ from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_max
 from trainers.runtime.files import atomic_write, atomic_write_json, sha256_file
 
 _META_RE = re.compile(r"^meta_(\d{8})\.json$")
-_STEP_FILE_RE = re.compile(r"^(model|rank\d{3}|meta)_(\d{8})\.(pt|json)$")
+_STEP_FILE_RE = re.compile(r"^(model|rank\d{3}|meta|consolidated)_(\d{8})\.(pt|json)$")
+_SHARD_DIR_RE = re.compile(r"^shards_(\d{8})$")
 
 
 def atomic_torch_save(path: Path, obj: Any) -> str:
@@ -73,6 +83,12 @@ class CheckpointManager:
 
     def meta_path(self, step: int) -> Path:
         return self.dir / f"meta_{step:08d}.json"
+
+    def shard_dir(self, step: int) -> Path:
+        return self.dir / f"shards_{step:08d}"
+
+    def consolidated_path(self, step: int) -> Path:
+        return self.dir / f"consolidated_{step:08d}.pt"
 
     def complete_steps(self) -> list[int]:
         """Steps with a readable meta file (complete checkpoints), newest first."""
@@ -113,6 +129,13 @@ class CheckpointManager:
                 scored.append((metric, -step, step))
         return min(scored)[2] if scored else None
 
+    def record_metric(self, step: int, metric: float) -> None:
+        """Rank 0: the validation metric of a checkpoint saved without one (a stop between
+        evaluations, measured afterwards), so `best` can pick it."""
+        record = self.read_meta(step)
+        record["metric"] = metric
+        atomic_write_json(self.meta_path(step), record)
+
     def evidence_of_a_run(self) -> list[str]:
         """Names of meta files (usable or set aside): a run was here and checkpointed."""
         if not self.dir.is_dir():
@@ -120,26 +143,55 @@ class CheckpointManager:
         return sorted(p.name for p in self.dir.iterdir() if p.name.startswith("meta_"))
 
     # ---- save --------------------------------------------------------------------------------
-    def save(self, step: int, shared: dict[str, Any], rank_state: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Collective: every rank calls it at the same step."""
+    def save(self, step: int, shared: dict[str, Any], rank_state: dict[str, Any], meta: dict[str, Any],
+             sharded: dict[str, Any] | None = None) -> None:
+        """Collective: every rank calls it at the same step. `sharded`: states (objects with
+        state_dict/load_state_dict over DTensors) saved with torch.distributed.checkpoint."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        files = self._save_sharded(step, sharded) if sharded else {}
+        files.update(self.write_local(step, shared, rank_state))
+        self.commit(step, files, meta, sorted(sharded or ()))
+
+    def write_local(self, step: int, shared: dict[str, Any] | None, rank_state: dict[str, Any]) -> dict[str, str]:
+        """Not collective (a background thread may run it): this rank's file, and the shared file on
+        rank 0; returns the SHA-256 of each, by name. Nothing is complete until `commit`."""
         self.dir.mkdir(parents=True, exist_ok=True)
         rank_file = self.rank_path(step, self.ctx.rank)
-        rank_sha = atomic_torch_save(rank_file, rank_state)
-        files = {rank_file.name: rank_sha}
+        files = {rank_file.name: atomic_torch_save(rank_file, rank_state)}
         if self.ctx.is_main:
             model_file = self.model_path(step)
             files[model_file.name] = atomic_torch_save(model_file, shared)
+        return files
+
+    def commit(self, step: int, files: dict[str, str], meta: dict[str, Any], sharded: list[str] | None = None) -> None:
+        """Collective, once every rank's files of `step` are on disk: rank 0 writes the meta (which
+        makes the checkpoint complete) from every rank's checksums, then prunes."""
         gathered = all_gather_object(self.ctx, files)
         if self.ctx.is_main:
             all_files: dict[str, str] = {}
             for part in gathered:
                 all_files.update(part)
-            record = dict(meta, step=step, world_size=self.ctx.world_size, files=all_files)
+            record = dict(meta, step=step, world_size=self.ctx.world_size, files=all_files, sharded=sharded or [])
             atomic_write_json(self.meta_path(step), record)
         keep = broadcast_object(self.ctx, self._keep_set() if self.ctx.is_main else None)
         if self.ctx.is_main:
             self._prune(keep)
         barrier(self.ctx)
+
+    def _save_sharded(self, step: int, sharded: dict[str, Any]) -> dict[str, str]:
+        """Collective: torch.distributed.checkpoint writes each rank's part; each rank returns the
+        SHA-256 of the files it wrote (rank 0 also of .metadata), named relative to the folder."""
+        import torch.distributed.checkpoint as dcp
+
+        folder = self.shard_dir(step)
+        if self.ctx.is_main and folder.exists():
+            shutil.rmtree(folder)  # left by an attempt killed before its meta: never mixed with new parts
+        barrier(self.ctx)
+        dcp.save(sharded, checkpoint_id=folder)
+        mine = sorted(folder.glob(f"__{self.ctx.rank}_*.distcp"))
+        if self.ctx.is_main:
+            mine.append(folder / ".metadata")
+        return {f"{folder.name}/{p.name}": sha256_file(p) for p in mine}
 
     def _keep_set(self) -> list[int]:
         steps = self.complete_steps()
@@ -158,6 +210,9 @@ class CheckpointManager:
         for path, step, kind in sorted(files, key=lambda f: f[2] != "meta"):
             if step not in keep_set:
                 path.unlink(missing_ok=True)
+        for path in self.dir.iterdir():
+            if (m := _SHARD_DIR_RE.match(path.name)) and int(m.group(1)) not in keep_set:
+                shutil.rmtree(path, ignore_errors=True)
 
     def _quarantine(self, step: int) -> None:
         """Take an unusable checkpoint out of the complete set (its meta renamed, bytes kept for a
@@ -175,14 +230,67 @@ class CheckpointManager:
         return target
 
     def load_verified(self, step: int, map_location) -> dict[str, Any]:
-        """The model file of a complete checkpoint, after checking its SHA-256 against the meta."""
-        name = self.model_path(step).name
-        record = self.meta(step)
-        expected = (record or {}).get("files", {}).get(name)
-        if expected is None or not self.model_path(step).is_file() or sha256_file(self.model_path(step)) != expected:
-            raise UsageError(f"checkpoint {self.dir / name} is missing or fails its SHA-256 check; "
-                             f"pick another with --checkpoint")
-        return torch.load(self.model_path(step), map_location=map_location, weights_only=True)
+        """The model file of a complete checkpoint, after checking its SHA-256 against the meta; with
+        the states of its consolidated file merged in when it has one (see `consolidate`)."""
+        shared = self._load_file_verified(step, self.model_path(step), map_location)
+        if self.consolidated_path(step).name in ((self.meta(step) or {}).get("files") or {}):
+            consolidated = self._load_file_verified(step, self.consolidated_path(step), map_location)
+            shared["states"] = {**shared.get("states", {}), **consolidated}
+        return shared
+
+    def _load_file_verified(self, step: int, path: Path, map_location) -> dict[str, Any]:
+        expected = ((self.meta(step) or {}).get("files") or {}).get(path.name)
+        if expected is None or not path.is_file() or sha256_file(path) != expected:
+            raise UsageError(f"checkpoint {path} is missing or fails its SHA-256 check; pick another with --checkpoint")
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+    def sharded_names(self, step: int) -> list[str]:
+        """The states of a checkpoint that live in its shards folder ([] for a plain checkpoint)."""
+        return list((self.meta(step) or {}).get("sharded") or [])
+
+    def load_sharded(self, step: int, states: dict[str, Any]) -> None:
+        """Collective: load `states` (a subset of the checkpoint's sharded ones) in place, after this
+        rank has checked the shard files it reads."""
+        import torch.distributed.checkpoint as dcp
+
+        record = self.meta(step) or {}
+        problem = self._verify_names(step, self._shard_files_needed(step, record), record)
+        bad_anywhere = all_reduce_max(self.ctx, [1.0 if problem else 0.0])[0] > 0
+        if bad_anywhere:
+            raise UsageError(f"checkpoint step {step}'s shards are unusable ({problem or 'on another rank'}); pick "
+                             f"another with --checkpoint")
+        dcp.load(states, checkpoint_id=self.shard_dir(step))
+
+    def consolidate(self, step: int, names: tuple[str, ...] = ("model",)) -> Path:
+        """One process, no process group needed: the named sharded states of checkpoint `step` as one
+        torch file of full tensors (for export and sampling), its SHA-256 added to the meta. The
+        shard files are checked first; an existing consolidated file that verifies is kept."""
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        record = self.read_meta(step)
+        target = self.consolidated_path(step)
+        known = record["files"].get(target.name)
+        if known and target.is_file() and sha256_file(target) == known:
+            return target
+        missing = [n for n in names if n not in (record.get("sharded") or [])]
+        if missing:
+            raise UsageError(f"checkpoint step {step} has no sharded {', '.join(missing)} to consolidate")
+        shard_files = [n for n in record["files"] if n.startswith(f"{self.shard_dir(step).name}/")]
+        problem = self._verify_names(step, shard_files, record)
+        if problem:
+            raise UsageError(f"checkpoint step {step} cannot be consolidated: {problem}")
+        # DCP's own single-process reader (what its dcp_to_torch_save uses), limited to `names`; no_dist
+        # so rank 0 alone may call it inside a live process group.
+        full: dict[str, Any] = {}
+        _load_state_dict(full, storage_reader=FileSystemReader(self.shard_dir(step)),
+                         planner=_EmptyStateDictLoadPlanner(keys=set(names)), no_dist=True)
+        sha = atomic_torch_save(target, {n: full[n] for n in names})
+        record = self.read_meta(step)
+        record["files"][target.name] = sha
+        atomic_write_json(self.meta_path(step), record)
+        return target
 
     def verify(self, step: int) -> str | None:
         """Every file of a checkpoint against its meta; the first problem, or None when all match."""
@@ -198,11 +306,24 @@ class CheckpointManager:
         return None
 
     # ---- resume ------------------------------------------------------------------------------
+    def _shard_files_needed(self, step: int, meta: dict[str, Any]) -> list[str]:
+        """The shard files this rank reads: .metadata and its own parts (every part after a change of
+        world size, when torch.distributed.checkpoint reshards)."""
+        prefix = f"{self.shard_dir(step).name}/"
+        names = [n for n in meta.get("files", {}) if n.startswith(prefix)]
+        if meta.get("world_size") != self.ctx.world_size:
+            return names
+        return [n for n in names if n == prefix + ".metadata" or n.startswith(f"{prefix}__{self.ctx.rank}_")]
+
     def _verify_local(self, step: int, meta: dict[str, Any]) -> str | None:
         """Check the files this rank needs; return a reason when something is wrong."""
         needed = [self.model_path(step).name]
         if meta.get("world_size") == self.ctx.world_size:
             needed.append(self.rank_path(step, self.ctx.rank).name)
+        needed += self._shard_files_needed(step, meta)
+        return self._verify_names(step, needed, meta)
+
+    def _verify_names(self, step: int, needed: list[str], meta: dict[str, Any]) -> str | None:
         for name in needed:
             expected = meta.get("files", {}).get(name)
             path = self.dir / name
@@ -214,10 +335,12 @@ class CheckpointManager:
                 return f"{name} checksum mismatch"
         return None
 
-    def resume(self, map_location: torch.device) -> Resumed | None:
+    def resume(self, map_location: torch.device, sharded: dict[str, Any] | None = None) -> Resumed | None:
         """Collective: the newest checkpoint that verifies on every rank, loaded; None when the
         folder holds no checkpoint. Raises UsageError (on every rank) when it holds checkpoints and
-        none of them is usable: starting over from step 0 must be asked for (`--restart`)."""
+        none of them is usable: starting over from step 0 must be asked for (`--restart`).
+        `sharded` states are loaded in place from the checkpoint's shards folder; a checkpoint whose
+        sharded states are not these (a run switched between DDP and FSDP) is refused."""
         candidates = broadcast_object(self.ctx, self._meta_steps() if self.ctx.is_main else None)
         for step in candidates:
             try:
@@ -236,7 +359,16 @@ class CheckpointManager:
                 if self.ctx.is_main:
                     self._quarantine(step)
                 continue
+            saved_sharded = sorted(meta.get("sharded") or [])
+            if saved_sharded != sorted(sharded or ()):
+                raise UsageError(f"checkpoint step {step} was saved with sharded states {saved_sharded or 'none'}, "
+                                 f"this run shards {sorted(sharded or ()) or 'none'}: resume with the same "
+                                 f"parallelism (--parallel), or use a new --run-dir")
             shared = torch.load(self.model_path(step), map_location=map_location, weights_only=True)
+            if sharded:
+                import torch.distributed.checkpoint as dcp
+
+                dcp.load(sharded, checkpoint_id=self.shard_dir(step))
             rank_state = None
             if meta.get("world_size") == self.ctx.world_size:
                 rank_state = torch.load(self.rank_path(step, self.ctx.rank), map_location="cpu", weights_only=True)

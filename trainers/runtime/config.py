@@ -23,13 +23,13 @@ from trainers.errors import UsageError
 
 def option(default: Any, help: str, resume_safe: bool = False, choices: tuple | None = None, *,
            min: float | None = None, gt: float | None = None, max: float | None = None,
-           lt: float | None = None) -> Any:
+           lt: float | None = None, aliases: tuple[str, ...] = ()) -> Any:
     """A config field: its flag's help, whether it may change on resume, and the values it accepts.
     Numbers are checked in one place (`check_values`): floats must be finite, and within
-    [min, max] / (gt, lt) where given."""
+    [min, max] / (gt, lt) where given. `aliases`: other flags for the same field (a seed's name)."""
     bounds = {k: v for k, v in (("min", min), ("gt", gt), ("max", max), ("lt", lt)) if v is not None}
     return dataclasses.field(default=default, metadata={"help": help, "resume_safe": resume_safe,
-                                                        "choices": choices, "bounds": bounds})
+                                                        "choices": choices, "bounds": bounds, "aliases": aliases})
 
 
 _BOUND_TEXT = {"min": ">= {}", "gt": "> {}", "max": "<= {}", "lt": "< {}"}
@@ -115,12 +115,13 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
         choices = f"; one of: {', '.join(meta['choices'])}" if meta.get("choices") else ""
         bounds = f"; {describe_bounds(tp, meta['bounds'])}" if meta.get("bounds") else ""
         help_text = f"{meta.get('help', '')}{choices}{bounds} (default: {default_text})"
+        flags = (flag_of(f.name), *meta.get("aliases", ()))
         if tp is bool:
-            parser.add_argument(flag_of(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=f.default, help=help_text)
         else:
             # Ranges and choices are checked by check_values, which names the bad value in one line.
-            parser.add_argument(flag_of(f.name), dest=f.name, type=tp, default=f.default, help=help_text,
+            parser.add_argument(*flags, dest=f.name, type=tp, default=f.default, help=help_text,
                                 metavar=tp.__name__.upper())
 
 

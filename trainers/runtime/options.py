@@ -22,6 +22,9 @@ class RunOptions:
                              min=1)
     ckpt_every_min: float | None = option(None, "also checkpoint every N minutes of wall clock (rank 0's clock, "
                                           "agreed)", resume_safe=True, gt=0)
+    ckpt_async: bool | None = option(None, "write checkpoints in a background thread after a copy to host memory "
+                                     "(the final one is waited for); default: on with CUDA, off on CPU",
+                                     resume_safe=True)
     keep_last: int = option(3, "checkpoints kept besides the best", resume_safe=True, min=1)
     log_every: int = option(10, "log training metrics every N steps", resume_safe=True, min=1)
     max_hours: float | None = option(None, "wall-clock budget in hours, across restarts", resume_safe=True, gt=0)

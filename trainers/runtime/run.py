@@ -17,7 +17,9 @@
         return run.finish(summary, evaluate=...)
 
 What it guarantees, for every trainer alike:
-- resume restores every object in `states` (anything with state_dict/load_state_dict), the run's
+- resume restores every object in `states` (anything with state_dict/load_state_dict) and in
+  `sharded_states` (states split across ranks, e.g. FSDP2's model and optimizer, written with
+  torch.distributed.checkpoint, each rank its part), the run's
   own counters (elapsed time, early stopping, best), and *this rank's* RNG streams and data position;
 - `step_done` checkpoints at the step cadence (and after each evaluation, with the metric), agrees
   on a stop with every rank (signal, budget, early stop, the last step) and saves exactly once on a
@@ -43,11 +45,12 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from trainers.errors import CheckPassed, UsageError
+from trainers.errors import CheckPassed, RunFailed, UsageError
 from trainers.runtime import config as cfgmod
 from trainers.runtime import rng
+from trainers.runtime.async_save import BackgroundWrite, HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.dist import DistContext, barrier, broadcast_object
+from trainers.runtime.dist import DistContext, all_reduce_max, barrier, broadcast_object
 from trainers.runtime.faults import maybe_inject
 from trainers.runtime.files import atomic_write_json, remove_stale_temp_files
 from trainers.runtime.flops import peak_tflops
@@ -64,6 +67,7 @@ HEARTBEAT_S = 30.0
 RESERVE_FACTOR = 2.0
 AGREE_TARGET_S = 1.0  # adaptive agreement: about once a second (a signal still stops within seconds)
 AGREE_MAX_STEPS = 100
+EXIT_ALLOWANCE_S = 2.0  # results.json and leaving the process (torch takes a while), when all of it must fit
 
 
 class Stateful(Protocol):
@@ -103,17 +107,25 @@ class Run:
     def __init__(self, cfg, ctx: DistContext, trainer: str, states: dict[str, Stateful], total_steps: int | None,
                  unit: str = "samples", metric_name: str = "loss", eval_every: int = 0,
                  flops_per_item: float | None = None, started_at: float | None = None,
-                 data_fingerprint: str | None = None):
+                 data_fingerprint: str | None = None, sharded_states: dict[str, Stateful] | None = None,
+                 budget_includes_startup: bool = False):
         self.cfg = cfg
         self.ctx = ctx
         self.trainer = trainer
         self.states = states
+        # Both dicts are read at resume and at each save, so a loop may fill them after entering the
+        # run (a check-only start then never builds the model).
+        self.sharded_states = sharded_states if sharded_states is not None else {}
         self.total_steps = total_steps
         self.unit = unit
         self.metric_name = metric_name
         self.eval_every = eval_every
         self.flops_per_item = flops_per_item
         self.data_fingerprint = data_fingerprint
+        # The budget's clock starts at `started_at` (the process start), not when the run is entered,
+        # and keeps EXIT_ALLOWANCE_S for the end too: the whole process, not only the loop, ends
+        # inside --max-hours / --budget-usd.
+        self.budget_includes_startup = budget_includes_startup
         self.run_dir = Path(cfg.run_dir)
         self.started_at = started_at if started_at is not None else time.time()
         self.step = 0
@@ -130,6 +142,9 @@ class Run:
         self._slowest = {"checkpoint": 0.0, "evaluation": 0.0}
         self._since_agree = 0
         self._agree_every = 1
+        self._pending: BackgroundWrite | None = None  # a checkpoint being written behind the loop
+        self._snapshot = HostSnapshot()
+        self._writes_behind_s = 0.0
         self._exit = contextlib.ExitStack()
 
     # ---- lifetime ------------------------------------------------------------------------------
@@ -141,6 +156,9 @@ class Run:
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", self.ctx, self.cfg.keep_last, self.log)
         self.early = EarlyStopping(self.cfg.patience, getattr(self.cfg, "min_delta", 0.0))
         self.stopper = StopAgreement(self.ctx, self.cfg.budget(self.ctx.world_size))
+        if self.budget_includes_startup:
+            self.stopper.count_from(self.started_at)
+            self._update_reserve()
         self.stopper.install_signal_handlers()
         self._exit.callback(self.stopper.restore_signal_handlers)
         self.bar = progress(self.total_steps, 0, self.ctx.is_main, self.trainer)
@@ -194,7 +212,8 @@ class Run:
             if aside is not None:
                 self.log.warning("--restart: starting over from step 0; the old checkpoints are in %s", aside)
                 (self.run_dir / HEARTBEAT).unlink(missing_ok=True)
-        resumed = self.ckpt.resume(self.ctx.device)
+        resumed = self.ckpt.resume(self.ctx.device, sharded=self.sharded_states) if self.sharded_states \
+            else self.ckpt.resume(self.ctx.device)
         if resumed is None:
             rng.seed_everything(rng.rank_seed(self.cfg.seed, self.ctx.rank))
             start = Start()
@@ -225,7 +244,8 @@ class Run:
     def _update_reserve(self) -> None:
         """What the end of a budget must keep free: the final checkpoint and the final evaluation, at
         twice the slowest of each measured so far (the final evaluation also covers the test split)."""
-        self.stopper.reserve_s = RESERVE_FACTOR * (self._slowest["checkpoint"] + self._slowest["evaluation"])
+        self.stopper.reserve_s = RESERVE_FACTOR * (self._slowest["checkpoint"] + self._slowest["evaluation"]) + \
+            (EXIT_ALLOWANCE_S if self.budget_includes_startup else 0.0)
 
     def _check_data_unchanged(self) -> None:
         """A run trains on one dataset: a resume whose data fingerprint differs from the one the run
@@ -270,6 +290,15 @@ class Run:
         atomic_write_json(self.run_dir / HEARTBEAT, {"elapsed_s": self.stopper.elapsed_s(), "step": step,
                                                      "total_steps": self.total_steps, "world_size": self.ctx.world_size,
                                                      "trainer": self.trainer, "time": time.time(), "pid": os.getpid()})
+
+    def budget_fraction(self) -> float:
+        """How much of the wall-clock / money budget is spent, counting the time kept for the end
+        (elapsed + reserve) / limit, in [0, 1]; 0 without a budget. This rank's clock: agree on it
+        (e.g. a max over ranks) before acting on it together (a schedule that follows the budget)."""
+        limit = self.stopper.budget.limit_s()
+        if not limit:
+            return 0.0
+        return min(1.0, (self.stopper.elapsed_s() + self.stopper.reserve_s) / limit)
 
     # ---- cadence -------------------------------------------------------------------------------
     def should_log(self, step: int) -> bool:
@@ -345,6 +374,8 @@ class Run:
             reason = StopReason.COMPLETED
         if reason != StopReason.NONE and self._last_saved_step != step:
             self._save(step, position, None)
+        if reason != StopReason.NONE:
+            self._settle()  # the loop ends: its last checkpoint is complete before anything else runs
         self.reason = reason
         return reason
 
@@ -361,9 +392,17 @@ class Run:
         every_min = getattr(self.cfg, "ckpt_every_min", None)
         time_due = bool(self.ctx.is_main and every_min and time.monotonic() - self._last_save_time >= every_min * 60)
         proposal = self._propose_agree_every()
-        reason, (time_save, agreed_every) = self.stopper.agree_values(float(time_due), float(proposal))
+        pending = self._pending
+        writing = pending is not None and not pending.done()
+        failed = pending is not None and not writing and pending.error is not None
+        reason, (time_save, agreed_every, any_writing, any_failed) = self.stopper.agree_values(
+            float(time_due), float(proposal), float(writing), float(failed))
         self._since_agree = 0
         self._agree_every = max(1, int(agreed_every))
+        if pending is not None and any_failed:
+            self._write_failed(pending)
+        elif pending is not None and not any_writing:
+            self._commit_pending()  # every rank's files are on disk: complete it (collective, agreed)
         return reason, time_save > 0
 
     def _propose_agree_every(self) -> int:
@@ -392,22 +431,34 @@ class Run:
             clock.steady_steps += clock.window_steps
         clock.windows_closed += 1
         logged_step, values = self._pending_log
-        values.update({f"{self.unit}_per_s": clock.window_items / seconds,
+        per_s = clock.window_items / seconds
+        values.update({f"{self.unit}_per_s": per_s, f"{self.unit}_per_s_per_device": per_s / self.ctx.world_size,
                        "step_time_s": seconds / max(clock.window_steps, 1),
                        "peak_memory_bytes": peak_memory_bytes(self.ctx.device)})
+        mfu = self.mfu(per_s)
+        if mfu is not None:
+            values["mfu"] = mfu
         self.metrics.log(logged_step, "train", values)
         self._pending_log = None
         clock.window_start, clock.window_items, clock.window_steps, clock.excluded_in_window = now, 0, 0, 0.0
 
     def _save(self, step: int, position: dict, metric: float | None) -> None:
+        self._settle()  # one write in flight at most (every rank saves at the same step: collective-safe)
         t0 = time.perf_counter()
         shared = {"states": {name: obj.state_dict() for name, obj in self.states.items()},
                   "run": {"step": step, "elapsed_s": self.stopper.elapsed_s(), "early_stopping": self.early.state_dict(),
                           "initial_metric": self.initial_metric, "last_metric": self.last_metric,
                           "best_step": self.best_step, "position_rank0": position}}
         rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
-        self.ckpt.save(step, shared, rank_state, {"metric": metric, "metric_name": self.metric_name,
-                                                  "trainer": self.trainer, "config": cfgmod.to_dict(self.cfg)})
+        meta = {"metric": metric, "metric_name": self.metric_name, "trainer": self.trainer,
+                "config": cfgmod.to_dict(self.cfg)}
+        if self.sharded_states:
+            self.ckpt.save(step, shared, rank_state, meta, sharded=self.sharded_states)
+        elif self._write_behind():
+            snap = self._snapshot.take({"shared": shared if self.ctx.is_main else None, "rank": rank_state})
+            self._pending = BackgroundWrite(step, meta, lambda: self.ckpt.write_local(step, snap["shared"], snap["rank"]))
+        else:
+            self.ckpt.save(step, shared, rank_state, meta)
         self._last_saved_step = step
         self._last_save_time = time.monotonic()
         self._heartbeat(step, force=True)
@@ -417,18 +468,60 @@ class Run:
         self._clock.phases["checkpoint"] += dt
         self._clock.excluded_in_window += dt
 
+    def _write_behind(self) -> bool:
+        setting = getattr(self.cfg, "ckpt_async", None)
+        return self.ctx.device.type == "cuda" if setting is None else bool(setting)
+
+    def _settle(self) -> None:
+        """Collective: wait for the checkpoint being written behind the loop, then complete it (or
+        stop every rank with the failure). The wait is checkpoint time (the loop stands still)."""
+        pending = self._pending
+        if pending is None:
+            return
+        t0 = time.perf_counter()
+        pending.wait()
+        if all_reduce_max(self.ctx, [1.0 if pending.error is not None else 0.0])[0] > 0:
+            self._write_failed(pending)
+        self._commit_pending()
+        dt = time.perf_counter() - t0
+        self._clock.phases["checkpoint"] += dt
+        self._clock.excluded_in_window += dt
+
+    def _commit_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        self.ckpt.commit(pending.step, pending.files, pending.meta)
+        self._writes_behind_s += pending.seconds
+        # a final save is waited for: the budget's reserve counts the whole write, not the copy
+        self._slowest["checkpoint"] = max(self._slowest["checkpoint"], pending.seconds)
+        self._update_reserve()
+
+    def _write_failed(self, pending: BackgroundWrite) -> None:
+        """Every rank stops here together (the failure came through a collective)."""
+        self._pending = None
+        steps = self.ckpt.complete_steps()
+        where = f"this rank: {pending.error}" if pending.error is not None else "on another rank"
+        raise RunFailed(f"writing the checkpoint of step {pending.step} failed ({where}); the newest complete "
+                      f"checkpoint is {'step ' + str(steps[0]) if steps else 'none'}: fix the disk and run the same "
+                      f"command to resume from it")
+
     # ---- the end -------------------------------------------------------------------------------
     def restore_best(self, names: tuple[str, ...] = ("model",)) -> int | None:
-        """Load the best checkpoint (lowest validation metric; else the newest) into those states,
-        after checking its SHA-256. Returns its step (None when there is no checkpoint)."""
+        """Collective. Load the best checkpoint (lowest validation metric; else the newest) into those
+        states, after checking its SHA-256. Returns its step (None when there is no checkpoint)."""
+        self._settle()
         steps = self.ckpt.complete_steps()
         if not steps:
             return None
         best = self.ckpt.best_step()
         step = steps[0] if best is None else best
-        saved = self.ckpt.load_verified(step, self.ctx.device)["states"]
-        for name in names:
-            self.states[name].load_state_dict(saved[name])
+        plain = [name for name in names if name not in self.sharded_states]
+        if plain:
+            saved = self.ckpt.load_verified(step, self.ctx.device)["states"]
+            for name in plain:
+                self.states[name].load_state_dict(saved[name])
+        sharded = {name: self.sharded_states[name] for name in names if name in self.sharded_states}
+        if sharded:
+            self.ckpt.load_sharded(step, sharded)
         return step
 
     def throughput(self) -> dict:
@@ -444,6 +537,7 @@ class Run:
                 "per_s_per_device": steady / self.ctx.world_size if steady else None,
                 "effective_per_s": clock.items_this_attempt / wall, "items_this_attempt": clock.items_this_attempt,
                 "steady_steps": clock.steady_steps, "note": steady_note,
+                "checkpoint_writes_behind_s": self._writes_behind_s,  # overlapped with training (--ckpt-async)
                 "breakdown_s": {"startup": self.entered_at - self.started_at, "first_window": clock.first_window_s,
                                 "steady_steps": clock.steady_s, **clock.phases,
                                 "other": max(wall - accounted - (self.entered_at - self.started_at), 0.0),
@@ -458,6 +552,7 @@ class Run:
     def finish(self, summary: dict, evaluate: Callable[[], dict | None] | None = None) -> dict | None:
         """Collective. Write results.json (merged): the training section first, then the evaluation
         (skipped after a signal, with the command that runs it later)."""
+        self._settle()
         if self.reason == StopReason.NONE:
             self.reason = StopReason.COMPLETED  # resumed at or past the last step
         self.log.info("training stopped: %s at step %d%s", self.reason.name.lower(), self.step,

@@ -30,6 +30,11 @@ class StopAgreement:
         self.signal_name: str | None = None
         self._previous_handlers: dict[int, object] = {}
 
+    def count_from(self, wall_time: float) -> None:
+        """Start this attempt's clock at `wall_time` (time.time()) instead of now: the time spent
+        before the run began (imports, data, model) is spent budget too."""
+        self._start = time.monotonic() - max(0.0, time.time() - wall_time)
+
     def elapsed_s(self) -> float:
         return self.elapsed_before_s + (time.monotonic() - self._start)
 

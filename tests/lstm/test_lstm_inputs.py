@@ -1,0 +1,82 @@
+"""Bad input to `trainers lstm train`: one line naming the value and what would do, exit 2, nothing written."""
+
+import pandas as pd
+import pytest
+
+from trainers.cli import main
+
+TINY = ["--synthetic-tickers", "3", "--synthetic-days", "700", "--window", "16", "--hidden", "8", "--device", "cpu"]
+
+
+def bars_file(path, tickers, freq="h", periods=200):
+    ts = pd.date_range("2023-01-01", periods=periods, freq=freq)
+    rows = [pd.DataFrame({"date": ts, "ticker": t, "open": 10.0, "high": 11.0, "low": 9.0, "close": 10.0 + i,
+                          "volume": 100.0}) for i, t in enumerate(tickers)]
+    pd.concat(rows).to_csv(path, index=False)
+    return f"file:{path}"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--symbols", "SYN000,NOPE"], "unknown symbol(s) NOPE: --source synthetic has no bars for them (it has SYN000"),
+    (["--symbols", "../x"], "malformed symbol(s) '../x'"),
+    (["--symbols", "SYN000,SYN000"], "duplicate symbol(s) SYN000"),
+    (["--synthetic-days", "300"], "SYN000: too little history: 300 1d bars cannot hold train/val/test"),
+    (["--window", "400"], "too little history"),
+    (["--timeframes", "1h,4h"], "the first timeframe must be the base bars' interval, 1d for this data"),
+    (["--timeframes", "1d,7h"], "'7h' does not divide a day"),
+    (["--timeframes", "1d,1M,1w"], "each longer than the one before"),
+    (["--horizon", "0"], "--horizon 0 is not allowed: need an integer >= 1"),
+    (["--horizon", "-2"], "--horizon -2 is not allowed: need an integer >= 1"),
+    (["--dead-zone", "nan"], "--dead-zone nan is not allowed: need a finite number >= 0"),
+    (["--cost-bps", "inf"], "--cost-bps inf is not allowed"),
+    (["--dead-zone", "0.5"], "no labelled window"),
+    (["--jobs-per-gpu", "2"], "--jobs-per-gpu 2 packs workers onto GPUs; on CPU"),
+    (["--symbols", "SYN000", "--tickers-file", "x.txt"], "give --symbols or --tickers-file, not both"),
+    (["--source", "nasdaq"], "--source 'nasdaq' is not one of"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, needle, capsys):
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", "--run-dir", str(run_dir), *TINY, *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+    assert not run_dir.exists()
+
+
+def test_bad_files_are_refused_before_anything_is_written(tmp_path, capsys):
+    run_dir = tmp_path / "job"
+    cases = [
+        (bars_file(tmp_path / "a.csv", ["BTC-USD", "../../etc"]), "malformed symbol(s) '../../etc'"),
+        (bars_file(tmp_path / "b.csv", ["BTC-USD"], freq="7min"), "bars every 7 minutes do not divide a day"),
+        (bars_file(tmp_path / "c.csv", ["BTC-USD"], periods=150), "BTC-USD: too little history: 150 1h bars"),
+        ("file:" + str(tmp_path / "missing.csv"), "no such file"),
+    ]
+    mixed = tmp_path / "d.csv"
+    pd.concat([pd.read_csv(bars_file(tmp_path / "d1.csv", ["BTC-USD"])[5:]),
+               pd.read_csv(bars_file(tmp_path / "d2.csv", ["ETH-USD"], freq="D")[5:])]).to_csv(mixed, index=False)
+    cases.append((f"file:{mixed}", "different bar intervals (1d, 1h)"))
+    names = tmp_path / "symbols.txt"
+    names.write_text("BTC-USD\n# a comment\n../up\n")
+    cases.append(("synthetic --tickers-file " + str(names), "malformed symbol(s) '../up'"))
+    for source, needle in cases:
+        extra = source.split(" ")
+        assert main(["lstm", "train", "--run-dir", str(run_dir), "--window", "16", "--source", *extra]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (source, lines)
+        assert not run_dir.exists()
+
+
+def test_jobs_per_gpu_binds_k_workers_to_each_gpu(monkeypatch):
+    import torch
+
+    from trainers.errors import UsageError
+    from trainers.lstm.config import LstmConfig
+    from trainers.lstm.train import worker_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda _device: None)
+    cfg = LstmConfig(jobs_per_gpu=2)
+    assert [worker_device(cfg, r).index for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    with pytest.raises(UsageError, match="start at most --jobs-per-gpu 2 x 4 = 8 workers per node"):
+        worker_device(cfg, 8)
+    assert worker_device(LstmConfig(device="cpu"), 5).type == "cpu"

@@ -1,0 +1,86 @@
+"""The trading agent end to end: 2-rank DDP training on CPU to results (table, PNG, markdown),
+`evaluate` again from the checkpoint, `export` checked by onnxruntime at other batch sizes; and bad
+input refused in one line with exit code 2, writing nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import read_metrics, read_results, run_cli, run_torchrun
+from trainers.cli import main
+
+TINY = ["--synthetic-tickers", "6", "--num-stocks", "4", "--synthetic-days", "700", "--window", "8",
+        "--episode-days", "30", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64", "--hidden", "16",
+        "--total-steps", "2048", "--eval-every", "2", "--seeds", "2", "--random-runs", "3", "--log-every", "2",
+        "--device", "cpu"]
+
+
+@pytest.mark.slow
+def test_two_rank_ddp_training_to_results_evaluate_and_export(tmp_path):
+    run_dir = tmp_path / "run"
+    run_torchrun(["ppo", "train", *TINY, "--run-dir", str(run_dir), "--grad-accum", "2", "--target-kl", "0.5"])
+    r = read_results(run_dir)
+    t = r["training"]
+    # 2048 steps / (8 envs x 16 steps x 2 ranks) = 8 updates per agent; 2 seeds x (clstm + mlp) = 4 agents
+    assert t["world_size"] == 2 and t["stop_reason"] == "completed" and t["steps"] == 32
+    assert t["updates_per_agent"] == 8 and t["env_steps_per_update"] == 256
+    assert t["throughput"]["unit"] == "env_steps" and t["throughput"]["per_s_steady"] > 0
+    table = r["evaluation"]["table"]
+    assert set(table) == {"ppo_clstm", "ppo_mlp", "buy_and_hold_equal_weight", "equal_weight_market_rebalanced",
+                          "random_policy"}
+    assert table["ppo_clstm"]["summary"]["n"] == 2 and [row["seed"] for row in table["ppo_mlp"]["per_seed"]] == [0, 1]
+    for row in table["ppo_clstm"]["per_seed"]:
+        assert row["selected_update"] in (2, 4, 6, 8) and row["validation"]["days"] > 0
+    assert "buy-and-hold" in r["evaluation"]["verdict"]
+    assert (run_dir / "equity_test.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| ppo_clstm | 2 |" in (run_dir / "results.md").read_text()
+    # metrics gathered from both ranks: 8 envs x 2 ranks finish an episode every 30 steps
+    logged = [m for m in read_metrics(run_dir) if m.get("kind") == "train" or "episodes" in m]
+    assert any(m.get("episodes", 0) >= 16 for m in logged), logged[:3]
+
+    before = json.dumps(table, sort_keys=True)
+    assert main(["ppo", "evaluate", "--run-dir", str(run_dir)]) == 0  # in-process: one interpreter start less
+    assert json.dumps(read_results(run_dir)["evaluation"]["table"], sort_keys=True) == before  # deterministic
+
+    run_cli(["ppo", "export", "--run-dir", str(run_dir), "--latency-iters", "3"], check=True)
+    e = read_results(run_dir)["export"]
+    assert e["parity"]["batch_sizes"] == [1, 5, 64] and e["export_batch"] == 2
+    assert e["parity"]["max_abs_error"] <= 1e-4 and len(e["sha256"]) == 64
+    assert e["agent"].startswith("clstm/seed") and (run_dir / "model.onnx").exists()
+    assert e["inputs"]["market"] == ["batch", 8, 4, 6] and e["preprocessing"]["tickers"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--num-stocks", "1"], "--num-stocks 1 is not allowed: need an integer >= 2"),
+    (["--synthetic-days", "900", "--window", "200"], "--window 200 is longer than the training period (138"),
+    (["--synthetic-days", "500", "--window", "400"], "with window 400"),
+    (["--cost-bps", "-5"], "--cost-bps -5.0 is not allowed: need a finite number >= 0"),
+    (["--cost-bps", "nan"], "--cost-bps nan is not allowed"),
+    (["--initial-cash", "inf"], "--initial-cash inf is not allowed"),
+    (["--lr", "nan"], "--lr nan is not allowed"),
+    (["--episode-days", "5000"], "--episode-days 5000 is longer than the training period"),
+    (["--action", "short"], "--action 'short' is not one of: trades, weights"),
+    (["--num-stocks", "40"], "--num-stocks 40 is more than --synthetic-tickers 30"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, needle, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["ppo", "train", "--run-dir", str(run_dir), "--device", "cpu", *args]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+    assert not run_dir.exists()
+
+
+def test_a_file_with_one_complete_stock_is_refused(tmp_path, capsys):
+    from trainers.market.synthetic import synthetic_market
+
+    frame = synthetic_market(n_tickers=3, n_days=600, seed=0)
+    frame = frame[~((frame["ticker"] != "SYN000") & (frame.index % 7 == 0))]  # two stocks miss days
+    frame.to_csv(tmp_path / "prices.csv", index=False)
+    run_dir = tmp_path / "run"
+    assert main(["ppo", "train", "--run-dir", str(run_dir), "--source", f"file:{tmp_path / 'prices.csv'}",
+                 "--min-history-days", "100", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "portfolio needs >= 2" in err[0] and not run_dir.exists()

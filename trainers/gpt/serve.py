@@ -1,0 +1,184 @@
+"""`trainers gpt serve`: the trained GPT behind HTTP, on FastAPI + uvicorn (the optional `serve` extra).
+
+    GET  /health     {"status": "ok", checkpoint step, vocabulary, queue length, ...}
+    POST /generate   {"prompt": "...", "max_new_tokens": 100, "temperature": 1.0, "top_k": null,
+                      "seed": 0, "stream": false}
+                     -> {"text": ..., "tokens": n, "seconds": ..., "queued_s": ...}
+                     with "stream": true: server-sent events, one `data: {"token": "c"}` per character,
+                     then `event: done` with the same summary (or `event: error` on a timeout)
+
+Requests are served one at a time, in arrival order, by a single generation thread (a FIFO
+queue, not batching: a character model at these sizes is bound by per-token latency, and one
+thread keeps torch's state simple); at most --max-queue wait, more get 503. Each request has a
+deadline (--request-timeout-s, counted from arrival, queueing included): a request that cannot
+finish by then ends with 504 (or an error event when streaming). Refused before queueing: a prompt
+longer than --max-prompt-chars (413), max_new_tokens above --max-new-tokens-limit, an empty
+prompt, characters the model never saw (named) and malformed fields (422).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainers.gpt.infer import Loaded, encode, load_for_inference
+from trainers.gpt.model import generate
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: str
+    max_new_tokens: int = Field(100, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=1)
+    seed: int = Field(0, ge=0, lt=1 << 63)
+    stream: bool = False
+
+
+class Worker:
+    """One thread runs every generation, in arrival order; `pending` counts queued + running."""
+
+    def __init__(self, loaded: Loaded, max_queue: int):
+        self.loaded = loaded
+        self.max_queue = max_queue
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        self.pending = 0
+        self.lock = threading.Lock()
+        self.served = 0
+
+    def admit(self) -> bool:
+        with self.lock:
+            if self.pending >= self.max_queue:
+                return False
+            self.pending += 1
+            return True
+
+    def done(self) -> None:
+        with self.lock:
+            self.pending -= 1
+            self.served += 1
+
+    def run(self, tokens: list[int], req: GenerateRequest, deadline: float, emit, cancelled: threading.Event) -> dict:
+        """In the worker thread: generate, calling emit(char) per token; stops at the deadline."""
+        try:
+            return self._generate(tokens, req, deadline, emit, cancelled)
+        finally:
+            self.done()
+
+    def _generate(self, tokens, req, deadline, emit, cancelled) -> dict:
+        started = time.monotonic()
+        out, status = [], "done"
+        if started >= deadline:
+            return {"status": "timeout", "tokens": 0, "started": started, "text": ""}
+        g = torch.Generator().manual_seed(req.seed)
+        vocab = self.loaded.vocab
+        for token in generate(self.loaded.model, tokens, req.max_new_tokens, req.temperature, req.top_k, g):
+            out.append(vocab[token])
+            emit(vocab[token])
+            if cancelled.is_set():
+                status = "cancelled"
+                break
+            if time.monotonic() >= deadline and len(out) < req.max_new_tokens:
+                status = "timeout"
+                break
+        return {"status": status, "tokens": len(out), "started": started, "text": "".join(out)}
+
+
+def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeout_s: float, max_queue: int) -> FastAPI:
+    app = FastAPI(title="trainers gpt", description=__doc__.split("\n\n")[0])
+    worker = Worker(loaded, max_queue)
+    params = sum(p.numel() for p in loaded.model.parameters())
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ok", "checkpoint_step": loaded.step, "vocab_size": len(loaded.vocab),
+                "parameters": params, "device": str(loaded.device), "queue": worker.pending,
+                "served": worker.served, "limits": {"max_new_tokens": max_new_tokens,
+                                                    "max_prompt_chars": max_prompt_chars,
+                                                    "request_timeout_s": timeout_s, "max_queue": max_queue}}
+
+    @app.post("/generate")
+    async def generate_endpoint(req: GenerateRequest, request: Request):
+        arrived = time.monotonic()
+        if len(req.prompt) > max_prompt_chars:
+            raise HTTPException(413, f"prompt has {len(req.prompt)} characters; the limit is {max_prompt_chars}")
+        if req.max_new_tokens > max_new_tokens:
+            raise HTTPException(422, f"max_new_tokens {req.max_new_tokens} is above the limit {max_new_tokens}")
+        if not req.prompt:
+            raise HTTPException(422, "prompt is empty; give at least one character")
+        try:
+            tokens = encode(loaded.vocab, req.prompt)
+        except ValueError as exc:
+            raise HTTPException(422, f"prompt: {exc}") from None
+        if not worker.admit():
+            raise HTTPException(503, f"{max_queue} requests are already waiting; retry later",
+                                headers={"Retry-After": "1"})
+        deadline = arrived + timeout_s
+        loop = asyncio.get_running_loop()
+        cancelled = threading.Event()
+
+        def summary(result: dict) -> dict:
+            return {"prompt": req.prompt, "text": result["text"], "tokens": result["tokens"],
+                    "status": result["status"], "queued_s": result["started"] - arrived,
+                    "seconds": time.monotonic() - arrived, "checkpoint_step": loaded.step}
+
+        if not req.stream:
+            result = await loop.run_in_executor(worker.pool, worker.run, tokens, req, deadline, lambda _c: None,
+                                                cancelled)
+            body = summary(result)
+            if result["status"] == "timeout":
+                return JSONResponse({"detail": f"request timed out after {timeout_s:g} s ({result['tokens']} "
+                                               f"characters generated)", **body}, status_code=504)
+            return body
+
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(char: str) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, ("token", char))
+
+        future = loop.run_in_executor(worker.pool, worker.run, tokens, req, deadline, emit, cancelled)
+        future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, ("end", f)))
+
+        async def stream():
+            try:
+                while True:
+                    kind, value = await events.get()
+                    if kind == "token":
+                        yield f"data: {json.dumps({'token': value})}\n\n"
+                        continue
+                    result = value.result()
+                    if result["status"] == "timeout":
+                        error = {"error": f"request timed out after {timeout_s:g} s", **summary(result)}
+                        yield f"event: error\ndata: {json.dumps(error)}\n\n"
+                    else:
+                        yield f"event: done\ndata: {json.dumps(summary(result))}\n\n"
+                    return
+            finally:
+                cancelled.set()  # a client that left stops its generation at the next token
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+def serve(run_dir: Path, checkpoint: str, host: str, port: int, device: str, max_new_tokens: int,
+          max_prompt_chars: int, timeout_s: float, max_queue: int, threads: int = 0) -> None:
+    import uvicorn
+
+    if threads:
+        torch.set_num_threads(threads)
+    loaded = load_for_inference(Path(run_dir), checkpoint, device)
+    app = build_app(loaded, max_new_tokens, max_prompt_chars, timeout_s, max_queue)
+    print(f"serving {run_dir} (checkpoint step {loaded.step}, {len(loaded.vocab)} characters) on "
+          f"http://{host}:{port}  (GET /health, POST /generate)", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,378 @@
+"""Train the char-level GPT (seed 004, done right): build, resume, a flat loop, finish.
+
+Each optimizer step reads this rank's windows of the endless stream (its own, never read twice in
+a pass), gathers them from the token array on the device, runs `grad_accum` micro-steps under
+autocast and steps AdamW with the learning rate of the schedule. The model is DDP-replicated or
+FSDP2-sharded per block, by the memory estimate (trainers/gpt/size.py) or by `--parallel`. Stops
+(steps, tokens, wall clock, money, signals, patience), checkpoints and results go through the run
+boundary (trainers.runtime.run); the final evaluation restores the best checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainers.errors import UsageError
+from trainers.gpt import size
+from trainers.gpt.config import GptConfig
+from trainers.gpt.data import Corpus, WindowStream, check_vocab, device_tokens, load_corpus, windows
+from trainers.gpt.evaluate import baselines, default_prompt, sample_text, summarise, validation_loss
+from trainers.gpt.markov import MarkovSource
+from trainers.gpt.model import GPT, count_parameters, flops_per_token
+from trainers.runtime import config as cfgmod
+from trainers.runtime.dist import DistContext, all_reduce_max, all_reduce_sum, barrier, distributed
+from trainers.runtime.files import atomic_write_json
+from trainers.runtime.precision import autocast, build_adamw, enable_tf32, make_grad_scaler, precision_for
+from trainers.runtime.run import Run
+from trainers.runtime.stops import StopReason
+
+VOCAB_FILE = "vocab.json"
+SAMPLE_SEED = 1234  # the same sample prompt and seed at every evaluation: comparable lines
+
+
+def build_model(cfg: GptConfig, vocab_size: int = size.SIZING_VOCAB) -> GPT:
+    """The model for `cfg` (a sizing vocabulary when the corpus is not read yet: preflight builds it
+    on the meta device, which allocates nothing, even at depth 64)."""
+    return GPT(vocab_size, cfg.depth, cfg.head_dim, cfg.seq_len, cfg.positions, cfg.tie_embeddings)
+
+
+def shape_of(cfg: GptConfig, vocab_size: int = size.SIZING_VOCAB) -> size.Shape:
+    return size.Shape(cfg.depth, cfg.head_dim, vocab_size, cfg.seq_len, cfg.positions, cfg.tie_embeddings)
+
+
+def markov_source(cfg: GptConfig) -> MarkovSource:
+    return MarkovSource(cfg.markov_alphabet, cfg.markov_order, cfg.markov_concentration, cfg.data_seed)
+
+
+class Schedule:
+    """The learning-rate multiplier: linear warmup over `warmup` steps, then a function of progress
+    in [0, 1], the furthest of steps / max steps and the budget spent (agreed by all ranks at log
+    points). wsd: stable at 1, then linear to `floor` over the last `cooldown` of progress; cosine:
+    from 1 to `floor`. Checkpointed, so a resumed run continues the same curve."""
+
+    def __init__(self, kind: str, warmup: int, total_steps: int | None, cooldown: float, floor: float):
+        self.kind, self.warmup, self.total_steps, self.cooldown, self.floor = kind, warmup, total_steps, cooldown, floor
+        self.budget_progress = 0.0
+
+    def progress(self, step: int) -> float:
+        by_steps = 0.0
+        if self.total_steps:
+            by_steps = (step - self.warmup) / max(1, self.total_steps - self.warmup)
+        return min(1.0, max(0.0, by_steps, self.budget_progress))
+
+    def factor(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        p = self.progress(step)
+        if self.kind == "cosine":
+            return self.floor + (1.0 - self.floor) * 0.5 * (1.0 + math.cos(math.pi * p))
+        if p <= 1.0 - self.cooldown:
+            return 1.0
+        return self.floor + (1.0 - self.floor) * (1.0 - p) / self.cooldown
+
+    def state_dict(self) -> dict:
+        return {"budget_progress": self.budget_progress}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.budget_progress = float(state["budget_progress"])
+
+
+class VocabState:
+    """The vocabulary in every checkpoint; a resume that reads characters differently is refused."""
+
+    def __init__(self, chars: list[str], run_dir: Path):
+        self.chars, self.run_dir = chars, run_dir
+
+    def state_dict(self) -> dict:
+        return {"chars": list(self.chars)}
+
+    def load_state_dict(self, state: dict) -> None:
+        check_vocab(list(state["chars"]), self.chars, self.run_dir)
+
+
+def total_steps_of(cfg: GptConfig) -> int | None:
+    limits = [cfg.max_steps] if cfg.max_steps else []
+    if cfg.max_tokens:
+        limits.append(math.ceil(cfg.max_tokens / cfg.batch_tokens))
+    return min(limits) if limits else None
+
+
+def plan_layout(cfg: GptConfig, shape: size.Shape, ctx: DistContext, act_bytes: int) -> tuple[str, bool, list[dict]]:
+    """(ddp | fsdp, activation checkpointing, the estimate's rows). `auto` takes the first layout the
+    memory estimate fits on this GPU; on a CPU (no memory to fit) plain DDP without recomputation."""
+    if cfg.parallel == "fsdp" and not ctx.distributed:
+        raise UsageError("--parallel fsdp needs a process group: run under torchrun (even --nproc_per_node=1)")
+    if cfg.parallel == "fsdp" and cfg.tie_embeddings:
+        raise UsageError("--tie-embeddings works with --parallel ddp only (a tied matrix across FSDP units is not "
+                         "supported here); leave it out or use ddp")
+    gpu_bytes = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
+    rows = size.table(shape, ctx.world_size, cfg.device_batch_size, gpu_bytes, act_bytes)
+    if cfg.parallel == "auto":
+        shardable = ctx.distributed and ctx.world_size > 1 and not cfg.tie_embeddings
+        options = ["ddp", "fsdp", "fsdp+ac"] if shardable else ["ddp", "ddp+ac"]
+    else:
+        options = [cfg.parallel, cfg.parallel + "+ac"]
+    if cfg.activation_checkpointing != "auto":
+        options = [o for o in options if o.endswith("+ac") == (cfg.activation_checkpointing == "on")]
+    fitting = options
+    if gpu_bytes is not None:
+        fitting = [o for o in options if size.memory_per_gpu(shape, o, ctx.world_size, cfg.device_batch_size,
+                                                             act_bytes).total <= gpu_bytes]
+        if not fitting:
+            all_rows = size.table(shape, ctx.world_size, cfg.device_batch_size, gpu_bytes, act_bytes)
+            raise UsageError(f"depth {cfg.depth} ({shape.parameters() / 1e9:.2f}B parameters) does not fit "
+                             f"{gpu_bytes / size.GIB:.0f} GiB per GPU with {', '.join(options)} at "
+                             f"--device-batch-size {cfg.device_batch_size} on {ctx.world_size} GPU(s) (estimate: "
+                             f"{size.describe(all_rows)}); use a smaller --device-batch-size, more GPUs, "
+                             f"--parallel auto or a smaller --depth")
+    layout = fitting[0]
+    return layout.split("+")[0], layout.endswith("+ac"), rows
+
+
+def wrap(model: GPT, parallel: str, checkpointing: bool, compile_blocks: bool, ctx: DistContext, precision):
+    """Recomputation, compilation and sharding, in torchtitan's order (on the meta device, before
+    the weights exist): activation checkpointing per block, torch.compile per block (one graph
+    serves every layer), then FSDP2 per block and at the root."""
+    model.checkpoint_blocks = checkpointing
+    if compile_blocks:
+        for block in model.blocks:
+            block.compile()
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=precision.autocast_dtype, reduce_dtype=torch.float32) \
+            if precision.autocast_dtype is not None else MixedPrecisionPolicy()
+        for block in model.blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    return model
+
+
+def materialise(model: GPT, parallel: str, seed: int, ctx: DistContext) -> None:
+    """Allocate the weights on the device and draw them. DDP: the same draw on every rank. FSDP:
+    each rank draws its own shards (a stream per rank), so no rank ever holds the full model."""
+    model.to_empty(device=ctx.device)
+    model.tie_weights()
+    model.reset_buffers()
+    g = torch.Generator(ctx.device).manual_seed(seed if parallel == "ddp" else seed * 1_000 + ctx.rank + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            local.normal_(0.0, model.init_std(name), generator=g)
+
+
+def train(cfg: GptConfig, started_at: float | None = None) -> dict | None:
+    """`started_at`: when the process began (the budget counts from there)."""
+    started_at = time.time() if started_at is None else started_at
+    cfg.validate()
+    cfg.check_end()
+    with distributed(cfg.device, cfg.collective_timeout_s) as ctx:
+        return _train(cfg, ctx, started_at)
+
+
+def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
+    # Every check that can refuse the input runs before the first write into the run folder.
+    run_dir = Path(cfg.run_dir)
+    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    accum = cfg.grad_accum(ctx.world_size)
+    precision = precision_for(ctx.device, cfg.precision)
+    if precision.needs_grad_scaler and cfg.parallel == "fsdp":
+        raise UsageError("--parallel fsdp needs bf16 (an Ampere or newer GPU); fp16 with a grad scaler is DDP only")
+    saved_vocab = json.loads((run_dir / VOCAB_FILE).read_text())["chars"] if (run_dir / VOCAB_FILE).exists() else None
+    corpus = load_corpus(cfg.data, cfg.cache_dir, cfg.seq_len, cfg.val_frac, markov_source(cfg), cfg.synthetic_chars,
+                         log=print if ctx.is_main else (lambda _msg: None),
+                         check_vocab_of=lambda vocab: saved_vocab is None or check_vocab(saved_vocab, vocab, run_dir))
+    train_np, val_np = corpus.split(cfg.val_frac)
+    per_rank = cfg.device_batch_size * accum
+    if WindowStream.steps_in_pass(len(train_np), cfg.seq_len, ctx.world_size * per_rank, cfg.seq_len - 1) < 1:
+        raise UsageError(f"the training split ({len(train_np):,} characters) cannot fill one step of --batch-tokens "
+                         f"{cfg.batch_tokens}; use a smaller --batch-tokens or --seq-len, or more text")
+    shape = shape_of(cfg, len(corpus.vocab))
+    act_bytes = 2 if precision.autocast_dtype is not None else 4
+    parallel, checkpointing, memory = plan_layout(cfg, shape, ctx, act_bytes)
+    compile_blocks = cfg.compile == "on" or (cfg.compile == "auto" and ctx.device.type == "cuda")
+    tf32 = enable_tf32(ctx.device)
+    total_steps = total_steps_of(cfg)
+    states: dict = {}  # filled once the run folder is ours (a check-only start never builds the model)
+    sharded: dict = {}
+
+    with Run(cfg, ctx, "gpt", states, total_steps, unit="tokens", metric_name="loss", eval_every=cfg.eval_every,
+             flops_per_item=shape.flops_per_token(), started_at=started_at, data_fingerprint=corpus.fingerprint,
+             sharded_states=sharded, budget_includes_startup=True) as run:
+        log = run.log
+        if ctx.is_main and not (run_dir / VOCAB_FILE).exists():
+            atomic_write_json(run_dir / VOCAB_FILE, {"chars": corpus.vocab, "fingerprint": corpus.fingerprint})
+        with torch.device("meta"):
+            model = build_model(cfg, len(corpus.vocab))
+        wrap(model, parallel, checkpointing, compile_blocks, ctx, precision)
+        materialise(model, parallel, cfg.seed, ctx)
+        n_params = count_parameters(model)  # DTensors count their global size
+        optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, cfg.beta2), ctx.device)
+        scaler = make_grad_scaler(ctx.device, precision)
+        schedule = Schedule(cfg.schedule, cfg.warmup_steps, total_steps, cfg.cooldown_frac, cfg.min_lr_ratio)
+        states.update(schedule=schedule, vocab=VocabState(corpus.vocab, run_dir), scaler=scaler)
+        if parallel == "fsdp":
+            from trainers.runtime.sharded import ShardedModel, ShardedOptimizer
+
+            sharded.update(model=ShardedModel(model), optimizer=ShardedOptimizer(model, optimizer))
+        else:
+            states.update(model=model, optimizer=optimizer)
+        log.info("gpt: depth %d, dim %d, %d heads of %d, %s parameters (%.2f tokens/param at the end: %s), "
+                 "%.3g FLOPs/token; %s%s on %d %s rank(s), precision %s%s%s", cfg.depth, shape.dim, shape.heads,
+                 cfg.head_dim, f"{n_params:,}", 0.0 if not total_steps else total_steps * cfg.batch_tokens / n_params,
+                 "by steps" if total_steps else "by budget", shape.flops_per_token(), parallel,
+                 " + activation checkpointing" if checkpointing else "", ctx.world_size, ctx.device.type,
+                 precision.name, ", TF32" if tf32 else "", ", compiled blocks" if compile_blocks else "")
+        log.info("data: %s, %s characters, vocabulary %d, train/val %s/%s tokens%s", corpus.source["kind"],
+                 f"{len(corpus.tokens):,}", len(corpus.vocab), f"{len(train_np):,}", f"{len(val_np):,}",
+                 f"; entropy floor {corpus.floor['window_floor_nats']:.4f} nats/char" if corpus.floor else "")
+        log.info("batch: %d tokens = %d rank(s) x %d sequences x %d tokens x %d accumulation steps; memory "
+                 "estimate per GPU: %s", cfg.batch_tokens, ctx.world_size, cfg.device_batch_size, cfg.seq_len, accum,
+                 size.describe(memory))
+
+        # count models on the same windows, computed once (their cost belongs to the startup, not the end)
+        base = baselines(train_np, val_np, len(corpus.vocab), cfg.seq_len, cfg.eval_tokens) if ctx.is_main else None
+        if ctx.is_main:
+            log.info("baselines on the validation windows (nats/char): %s",
+                     {k: round(v, 4) for k, v in base.items() if v is not None})
+        start = run.resume()
+        stream = WindowStream(len(train_np), cfg.seq_len, ctx.world_size, ctx.rank, per_rank, cfg.seed, ctx.device,
+                              **WindowStream.start(start.position, start.position_rank0))
+        tokens = device_tokens(train_np, ctx.device)
+        val = device_tokens(val_np, ctx.device)
+        utf8 = torch.from_numpy(corpus.utf8_bytes).to(ctx.device)
+        prompt = default_prompt(corpus.vocab)
+
+        def evaluate_now(step: int, initial: bool = False) -> float:
+            result = validation_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx, precision,
+                                     utf8)
+            extra = {"bpc": result["bpc"], "bpb": result["bpb"], "tokens": result["tokens"]}
+            if corpus.floor:
+                extra["gap_to_floor_nats"] = result["loss"] - corpus.floor["window_floor_nats"]
+            if cfg.sample_chars:
+                extra["sample"] = prompt + sample_text(model, corpus.vocab, prompt, cfg.sample_chars, SAMPLE_SEED)
+            run.metrics.log(step, "eval", extra)
+            if "sample" in extra:
+                log.info("step %d sample: %r", step, extra["sample"][:120])
+            run.evaluated(step, result["loss"], initial=initial)
+            return result["loss"]
+
+        if not start.resumed:
+            with run.timing("evaluation"):
+                evaluate_now(0, initial=True)
+        if ctx.distributed and parallel == "ddp":
+            train_model = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                              gradient_as_bucket_view=True)
+        else:
+            train_model = model
+
+        step = start.step
+        window_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
+        window_micro = 0
+        model.train()
+        while total_steps is None or step < total_steps:
+            lr = cfg.lr * schedule.factor(step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            starts = stream.batch()
+            for micro in range(accum):
+                x, y = windows(tokens, starts[micro * cfg.device_batch_size:(micro + 1) * cfg.device_batch_size],
+                               cfg.seq_len)
+                with gradient_sync(train_model, micro == accum - 1):
+                    with autocast(ctx.device, precision):
+                        loss = train_model(x, y)
+                    scaler.scale(loss / accum).backward()
+                window_loss += loss.detach()
+                window_micro += 1
+            if cfg.grad_clip > 0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            stream.advance()
+
+            if run.should_log(step):
+                loss_sum, micro_count = all_reduce_sum(ctx, [float(window_loss), float(window_micro)])
+                # the schedule follows the budget too: every rank takes the furthest clock
+                schedule.budget_progress = all_reduce_max(ctx, [run.budget_fraction()])[0]
+                run.log_train(step, {"loss": loss_sum / micro_count, "lr": lr, "tokens_seen": step * cfg.batch_tokens,
+                                     "pass": stream.pass_index})
+                window_loss.zero_()
+                window_micro = 0
+            if run.should_eval(step):
+                with run.timing("evaluation"):
+                    evaluate_now(step)
+            if run.step_done(step, stream.position(), cfg.batch_tokens) != StopReason.NONE:
+                break
+
+        def final_evaluation() -> dict | None:
+            # The last step (saved at the stop) was not evaluated unless the cadence hit it; at the end
+            # of a wsd cooldown it is often the best: measure it, so "best" can pick it.
+            newest = run.ckpt.complete_steps()[:1]
+            if newest and (run.ckpt.meta(newest[0]) or {}).get("metric") is None:
+                last = validation_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx,
+                                       precision, utf8)
+                if ctx.is_main:
+                    run.ckpt.record_metric(newest[0], last["loss"])
+                barrier(ctx)
+            best = run.restore_best()
+            result = validation_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx, precision,
+                                     utf8)
+            samples = [prompt + sample_text(model, corpus.vocab, prompt, cfg.sample_chars, SAMPLE_SEED)] \
+                if cfg.sample_chars else []
+            evaluation = None
+            if ctx.is_main:
+                evaluation = summarise(result, base, corpus.floor, best)
+                evaluation["samples"] = samples
+                log.info("final: val %.4f nats/char (%.4f bpc) at step %s; baselines %s%s", result["loss"],
+                         result["bpc"], best, {k: round(v, 4) for k, v in evaluation["baselines_nats"].items() if v},
+                         f"; entropy floor {corpus.floor['window_floor_nats']:.4f}" if corpus.floor else "")
+            barrier(ctx)
+            return evaluation
+
+        summary = summary_of(cfg, corpus, shape, len(train_np), len(val_np), model, run, step, parallel, checkpointing,
+                             compile_blocks, precision.name, accum, memory, stream)
+        return run.finish(summary, evaluate=final_evaluation)
+
+
+def gradient_sync(train_model, sync: bool):
+    """DDP all-reduces gradients only on the last micro-step of an optimizer step. FSDP2
+    reduce-scatters every micro-step: skipping it would keep unsharded gradients of the whole
+    model, the memory sharding exists to save."""
+    if sync or not isinstance(train_model, DDP):
+        return contextlib.nullcontext()
+    return train_model.no_sync()
+
+
+def summary_of(cfg, corpus: Corpus, shape: size.Shape, n_train: int, n_val: int, model, run, step: int, parallel: str,
+               checkpointing: bool, compiled: bool, precision: str, accum: int, memory: list[dict],
+               stream: WindowStream) -> dict:
+    tokens_seen = step * cfg.batch_tokens
+    best_bpc = run.early.best / math.log(2) if run.early.best is not None else None
+    data = {**corpus.source, "fingerprint": corpus.fingerprint, "vocab_size": len(corpus.vocab),
+            "train_tokens": n_train, "val_tokens": n_val, "val_frac": cfg.val_frac,
+            "skipped_empty_files": corpus.skipped}
+    if corpus.floor:
+        data["entropy_floor"] = corpus.floor
+    return {"data": data,
+            "model": {"parameters": count_parameters(model), "nominal_12_L_d2": shape.nominal_parameters(),
+                      "flops_per_token": flops_per_token(model, cfg.seq_len), "depth": cfg.depth, "dim": shape.dim,
+                      "heads": shape.heads, "head_dim": cfg.head_dim, "seq_len": cfg.seq_len,
+                      "positions": cfg.positions, "tie_embeddings": cfg.tie_embeddings,
+                      "vocab_size": len(corpus.vocab)},
+            "training": {"tokens_seen": tokens_seen, "tokens_per_parameter": tokens_seen / count_parameters(model),
+                         "best_val_bpc": best_bpc, "best_val_step": run.best_step,
+                         "entropy_floor_nats": corpus.floor["window_floor_nats"] if corpus.floor else None,
+                         "parallel": parallel, "activation_checkpointing": checkpointing, "compiled": compiled,
+                         "precision": precision, "batch_tokens": cfg.batch_tokens, "grad_accum": accum,
+                         "device_batch_size": cfg.device_batch_size, "memory_estimate": memory,
+                         "stream": stream.position(), "schedule": cfg.schedule}}

@@ -1,0 +1,1 @@
+"""Per-symbol LSTM direction models (seed 003), many at once on every device."""

@@ -1,0 +1,140 @@
+"""Evaluation of one symbol's model on validation and test, beside its baselines (trainers.lstm.metrics;
+the linear one, a logistic regression on the last bar's features, is fitted here), and `trainers lstm
+evaluate` over a job's symbols."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trainers.lstm.features import SymbolData
+from trainers.lstm.metrics import classification_metrics, long_flat_strategy
+from trainers.lstm.model import DirectionLSTM, direction_loss
+
+
+@torch.no_grad()
+def predict_logits(model: DirectionLSTM, data: SymbolData, anchors: torch.Tensor, batch_size: int) -> torch.Tensor:
+    was_training = model.training
+    model.eval()
+    out = [model(data.gather(anchors[i:i + batch_size])[0]) for i in range(0, len(anchors), batch_size)]
+    model.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0, device=anchors.device)
+
+
+def validation_loss(model: DirectionLSTM, data: SymbolData, batch_size: int) -> float:
+    """Log loss (unweighted BCE on the logits) over every labelled validation window: the metric
+    that picks the best checkpoint and drives early stopping."""
+    anchors = data.ids["val"]
+    logits = predict_logits(model, data, anchors, batch_size)
+    return float(torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), data.label[anchors]))
+
+
+def fit_logistic_regression(data: SymbolData, l2: float = 1e-3, iters: int = 200) -> torch.nn.Linear:
+    """The linear anchor: logistic regression on the last bar's (normalised) features, class-weighted
+    like the model, fitted on the training split by L-BFGS from zeros (deterministic)."""
+    anchors = data.ids["train"]
+    x, y = data.features[anchors], data.label[anchors]
+    linear = torch.nn.Linear(data.n_features, 1).to(x.device)
+    torch.nn.init.zeros_(linear.weight)
+    torch.nn.init.zeros_(linear.bias)
+    pos_weight = torch.tensor(data.pos_weight, device=x.device)
+    optimizer = torch.optim.LBFGS(linear.parameters(), lr=1.0, max_iter=iters, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = direction_loss(linear(x).squeeze(-1), y, pos_weight) + l2 * linear.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return linear
+
+
+def bars_per_year(ts: np.ndarray) -> float:
+    years = (ts[-1] - ts[0]) / np.timedelta64(1, "D") / 365.25
+    return float((len(ts) - 1) / years) if years > 0 else float("nan")
+
+
+def evaluate_symbol(model: DirectionLSTM, data: SymbolData, batch_size: int, cost_bps: float, bins: int,
+                    splits=("val", "test")) -> dict:
+    """Per split: classification metrics on the labelled windows, the long/flat strategy on every
+    window; probabilities only here (sigmoid of the logit)."""
+    out = {}
+    per_year = bars_per_year(data.ts)
+    linear = fit_logistic_regression(data)
+    for split in splits:
+        labelled = data.ids[split]
+        p = torch.sigmoid(predict_logits(model, data, labelled, batch_size)).double().cpu().numpy()
+        y = data.label[labelled].double().cpu().numpy()
+        with torch.no_grad():
+            linear_p = torch.sigmoid(linear(data.features[labelled]).squeeze(-1)).double().cpu().numpy()
+        result = classification_metrics(y, p, data.train_up_rate, bins, data.past_ret[labelled.cpu().numpy()],
+                                        linear_p)
+        trade = torch.from_numpy(data.trade_ids[split]).to(labelled.device)
+        p_trade = torch.sigmoid(predict_logits(model, data, trade, batch_size)).double().cpu().numpy()
+        result["strategy"] = long_flat_strategy(p_trade, data.ret_1[data.trade_ids[split]], cost_bps, per_year)
+        out[split] = result
+    return out
+
+
+def log_symbol_summary(log, symbol: str, evaluation: dict) -> None:
+    for split in ("val", "test"):
+        e = evaluation[split]
+        m, b, s = e["model"], e["baselines"], e["strategy"]
+        auc = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+        log.info("%s %s: acc %.4f (majority %.4f) bal-acc %.4f AUC %s (linear %s) log loss %.4f (base %.4f) "
+                 "brier %.4f (base %.4f) | long/flat %+.2f%% vs buy&hold %+.2f%% | %s", symbol, split, m["accuracy"],
+                 b["majority_class_rate"], m["balanced_accuracy"], auc(m["roc_auc"]),
+                 auc(b["logistic_regression"]["roc_auc"]), m["log_loss"], b["base_rate"]["log_loss"],
+                 m["brier"], b["base_rate"]["brier"], 100 * s["long_flat"]["total_return"],
+                 100 * s["buy_and_hold"]["total_return"], e["skill"]["verdict"])
+
+
+def evaluate_run(run_dir: str, symbols: str | None = None, checkpoint: str = "best", device: str = "auto",
+                 log=print) -> dict:
+    """`trainers lstm evaluate`: the metrics of every symbol of a job that has a checkpoint (or the
+    ones named), e.g. those a signal stopped before their evaluation; rewrites the job summary."""
+    import dataclasses
+    from pathlib import Path
+
+    from trainers.errors import UsageError
+    from trainers.lstm.config import LstmConfig, parse_symbols
+    from trainers.lstm.features import build_symbol_data
+    from trainers.lstm.job import prepare_job, symbol_dir
+    from trainers.lstm.summary import refresh_job_summary
+    from trainers.lstm.train import build_model
+    from trainers.runtime.dist import pick_device
+    from trainers.runtime.results import merge_results, read_results
+    from trainers.runtime.rundir import load_checkpoint_states, load_run_config
+
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir, LstmConfig)
+    job = read_results(run_dir)
+    if not job.get("job"):
+        raise UsageError(f"--run-dir {run_dir} holds no lstm job results.json; point it at the folder "
+                         f"`trainers lstm train` wrote")
+    wanted = parse_symbols(symbols) if symbols else list(job.get("symbols", {}))
+    unknown = [s for s in wanted if s not in job.get("symbols", {})]
+    if unknown:
+        raise UsageError(f"--symbols {', '.join(unknown)}: not in this job (it has {', '.join(job['symbols'])})")
+    with_checkpoint = [s for s in wanted if any((symbol_dir(run_dir, s) / "checkpoints").glob("meta_*.json"))]
+    if not with_checkpoint:
+        raise UsageError(f"no symbol of {', '.join(wanted[:10])} has a checkpoint yet; train first")
+    plan = prepare_job(dataclasses.replace(cfg, symbols=",".join(with_checkpoint), tickers_file=None), log=log)
+    dev = pick_device(0, device)
+    out = {}
+    for s in with_checkpoint:
+        folder = symbol_dir(run_dir, s)
+        scfg = load_run_config(folder, LstmConfig)
+        step, states = load_checkpoint_states(folder, checkpoint, str(dev))
+        data = build_symbol_data(plan.bars[s], scfg, plan.timeframes).to(dev)
+        model = build_model(scfg, data.n_features).to(dev)
+        model.load_state_dict(states["model"])
+        evaluation = evaluate_symbol(model, data, scfg.eval_batch_size, scfg.cost_bps, scfg.calibration_bins)
+        evaluation["checkpoint_step"] = step
+        merge_results(folder, {"evaluation": evaluation})
+        out[s] = evaluation
+        log(f"{s}: checkpoint step {step}; test {evaluation['test']['skill']['verdict']}")
+    refresh_job_summary(run_dir)
+    return out

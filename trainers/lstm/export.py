@@ -1,0 +1,121 @@
+"""ONNX per symbol: `features [batch, window, F] -> probability [batch]` (the sigmoid of the logit),
+traced at batch 2 and checked by onnxruntime against PyTorch at batch sizes 1, 7 and 64.
+
+Training workers export each symbol as it finishes (in parallel, `--export`, the default);
+`trainers lstm export --run-dir JOB` exports the symbols whose export is missing or stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from trainers.errors import UsageError
+from trainers.lstm.config import LstmConfig, parse_symbols
+from trainers.lstm.model import UpProbability
+from trainers.onnx import check_parity, check_tolerance, export_program, measure_latency, opset
+from trainers.runtime.checkpoint import CheckpointManager
+from trainers.runtime.files import atomic_write_json, sha256_file
+from trainers.runtime.results import merge_results, read_results
+from trainers.runtime.rundir import load_checkpoint_states, load_run_config, resolve_checkpoint, single_process_context
+
+EXPORT_BATCH = 2  # the example the graph is traced with; the checks use other sizes
+CHECK_BATCHES = (1, 7, 64)
+
+
+def cases(window: int, n_in: int, batches, seed: int = 0) -> dict[str, tuple[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return {f"batch_{b}": (torch.randn((b, window, n_in), generator=g),) for b in batches}
+
+
+def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-4, latency_iters: int = 20) -> dict:
+    """Export one symbol's run folder; writes model.onnx and export.json, merges `export` into its
+    results.json. Raises ExportMismatch (and deletes the file) when onnxruntime disagrees."""
+    from trainers.lstm.train import build_model
+
+    folder = Path(folder)
+    cfg = load_run_config(folder, LstmConfig)
+    results = read_results(folder)
+    model_info = results.get("model")
+    if not model_info:
+        raise UsageError(f"{folder} holds no finished training (no model section in results.json); train it first")
+    step, states = load_checkpoint_states(folder, checkpoint)
+    model = build_model(cfg, model_info["n_features"])
+    model.load_state_dict(states["model"])
+    module = UpProbability(model).eval()
+    path = folder / "model.onnx"
+    t0 = time.perf_counter()
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    export_program(module, (torch.zeros(EXPORT_BATCH, cfg.window, model_info["n_features"]),), path,
+                   input_names=["features"], output_names=["probability"], dynamic_shapes={"x": {0: batch}})
+    export_s = time.perf_counter() - t0
+    parity = check_parity(module, path, cases(cfg.window, model_info["n_features"], CHECK_BATCHES), ["features"],
+                          tolerance)
+    parity["batch_sizes"] = list(CHECK_BATCHES)
+    latency = measure_latency(module, path, cases(cfg.window, model_info["n_features"], (1, 256), seed=1),
+                              ["features"], latency_iters)
+    info = {"path": path.name, "symbol": cfg.symbols, "checkpoint_step": step, "export_batch": EXPORT_BATCH,
+            "export_s": export_s, "opset": opset(path), "bytes": path.stat().st_size, "sha256": sha256_file(path),
+            "parity": parity, "latency_cpu": latency,
+            "input": {"name": "features", "shape": ["batch", cfg.window, model_info["n_features"]]},
+            "output": {"name": "probability", "shape": ["batch"], "meaning": "P(close rises over the horizon)"},
+            "preprocessing": results.get("preprocessing")}
+    atomic_write_json(folder / "export.json", info)
+    merge_results(folder, {"export": info})
+    return info
+
+
+def export_is_current(folder: Path) -> bool:
+    """model.onnx is the best checkpoint's and its bytes are the ones export.json records."""
+    export = read_results(folder).get("export") if (folder / "results.json").exists() else None
+    path = folder / "model.onnx"
+    if not export or export.get("stale") or not path.is_file():
+        return False
+    try:
+        best = resolve_checkpoint(CheckpointManager(folder / "checkpoints", single_process_context(), 1,
+                                                    logging.getLogger("trainers")), "best")
+    except UsageError:
+        return False
+    return export.get("checkpoint_step") == best and sha256_file(path) == export.get("sha256")
+
+
+def export_run(run_dir: Path, symbols: str | None = None, checkpoint: str = "best", tolerance: float = 1e-4,
+               latency_iters: int = 20, force: bool = False, log=print) -> dict:
+    """`trainers lstm export`: every finished symbol of the job (or the ones named) whose export is
+    missing or stale; the job summary is rewritten after."""
+    from trainers.lstm.queue import read_marker
+    from trainers.lstm.summary import refresh_job_summary
+
+    check_tolerance(tolerance)
+    run_dir = Path(run_dir)
+    job = read_results(run_dir)
+    if not (run_dir / "config.json").is_file() or not job.get("job"):
+        raise UsageError(f"--run-dir {run_dir} is not an lstm job folder (no config.json or job results.json); "
+                         f"point it at the folder `trainers lstm train` wrote")
+    wanted = parse_symbols(symbols) if symbols else list(job.get("symbols", {}))
+    unknown = [s for s in wanted if s not in job.get("symbols", {})]
+    if unknown:
+        raise UsageError(f"--symbols {', '.join(unknown)}: not in this job (it has {', '.join(job['symbols'])})")
+    done, skipped, failed = [], [], {}
+    for s in wanted:
+        folder = run_dir / "symbols" / s
+        marker = read_marker(folder)
+        if marker is None or marker["status"] != "ok":
+            skipped.append(s)
+            continue
+        if not force and checkpoint == "best" and export_is_current(folder):
+            done.append(s)
+            continue
+        try:
+            info = export_symbol(folder, checkpoint, tolerance, latency_iters)
+            log(f"{s}: exported {folder / 'model.onnx'} (step {info['checkpoint_step']}), onnxruntime vs PyTorch "
+                f"max abs error {info['parity']['max_abs_error']:.2e} at batch sizes {info['parity']['batch_sizes']}")
+            done.append(s)
+        except Exception as exc:  # noqa: BLE001 - one symbol's failure is reported, the others go on
+            failed[s] = f"{type(exc).__name__}: {exc}"
+            log(f"{s}: export failed: {failed[s]}")
+    refresh_job_summary(run_dir)
+    return {"exported": done, "not_finished": skipped, "failed": failed}

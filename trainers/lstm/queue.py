@@ -1,0 +1,116 @@
+"""The job queue: symbols spread over every worker of every node through torchrun's own c10d store.
+
+    pending = [symbols without a done marker]       rank 0 scans the job folder, once per attempt
+    token   = a fresh id per attempt                 broadcast with the list (the only collective)
+    claim   = store.add(f"{token}/next", 1) - 1      atomic: each index goes to exactly one worker
+
+No scheduler of our own: a worker that finishes early simply claims the next index, so fast workers
+take more symbols and the last ones start wherever a worker is free.
+
+Why claims cannot be lost. A claim is not a completion: only `symbols/<S>/done.json` (written
+atomically after the symbol's evaluation, status ok or failed) marks a symbol finished. When a
+worker is SIGKILLed, torchrun stops the others and starts a new attempt; the new attempt re-scans
+the folder, so every symbol that was claimed but not finished is pending again and resumes from
+its own newest checkpoint. The agent's store outlives the workers and keeps the old counter, so
+each attempt counts under its own token. Failed symbols stay failed across restarts of one launch
+(their error is recorded) and are tried again by the next launch.
+
+Stops. A worker that gets a signal or runs out of the job's budget publishes a stop record
+(`compare_set`: the first record wins); the others read it at most every POLL_S seconds during
+training and stop their own symbol at the next step, with a checkpoint. At the end every worker
+adds 1 to `finished`; rank 0 waits for all of them (at most GRACE_S once it was signalled itself:
+torchrun's SIGKILL follows SIGTERM after 30 s) and writes the job's summary.
+
+Single process (no torchrun): the same code on an in-memory store.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from trainers.runtime.dist import DistContext
+from trainers.runtime.files import atomic_write_json
+
+POLL_S = 0.5
+GRACE_S = 2.0
+DONE = "done.json"
+
+
+def open_store(ctx: DistContext, timeout_s: float):
+    """The store torchrun's agent hosts (TORCHELASTIC_USE_AGENT_STORE, the default) or, under another
+    launcher, the one rank 0's process group hosts; an in-memory one without torchrun."""
+    if not ctx.distributed:
+        return dist.HashStore()
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def read_marker(symbol_dir: Path) -> dict | None:
+    """The done marker, or None (absent or unreadable: a half-written marker never counts as done)."""
+    path = symbol_dir / DONE
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return marker if isinstance(marker, dict) and marker.get("status") in ("ok", "failed") else None
+
+
+def write_marker(symbol_dir: Path, marker: dict) -> None:
+    atomic_write_json(symbol_dir / DONE, marker)
+
+
+def pending_symbols(job_dir: Path, symbols: list[str], retry_failed: bool) -> tuple[list[str], dict]:
+    """Symbols to train in this attempt (in the job's order) and the counts by state."""
+    pending, counts = [], {"ok": 0, "failed": 0, "pending": 0}
+    for s in symbols:
+        marker = read_marker(job_dir / "symbols" / s)
+        state = "pending" if marker is None or (marker["status"] == "failed" and retry_failed) else marker["status"]
+        counts[state] += 1
+        if state == "pending":
+            pending.append(s)
+    return pending, counts
+
+
+class JobQueue:
+    def __init__(self, store, token: str, pending: list[str]):
+        self.store = dist.PrefixStore(f"trainers/lstm/{token}/", store)
+        self.token = token
+        self.pending = pending
+        self._next_poll = 0.0
+        self._stop: dict | None = None
+
+    def claim(self) -> tuple[int, str] | None:
+        """(index, symbol) of the next unclaimed symbol; None when all are taken."""
+        index = int(self.store.add("next", 1)) - 1
+        return (index, self.pending[index]) if index < len(self.pending) else None
+
+    def request_stop(self, record: dict) -> dict:
+        """Publish why the job stops; returns the record in force (the first one published wins)."""
+        got = self.store.compare_set("stop", "", json.dumps(record))
+        self._stop = json.loads(got)
+        return self._stop
+
+    def stop_record(self, force: bool = False) -> dict | None:
+        """The published stop record, if any (read from the store at most every POLL_S seconds)."""
+        if self._stop is None and (force or time.monotonic() >= self._next_poll):
+            self._next_poll = time.monotonic() + POLL_S
+            if self.store.check(["stop"]):
+                self._stop = json.loads(self.store.get("stop"))
+        return self._stop
+
+    def worker_done(self) -> None:
+        self.store.add("finished", 1)
+
+    def wait_for_workers(self, world_size: int, deadline: float | None) -> int:
+        """Poll until every worker is done (or the deadline passes); returns how many are."""
+        while True:
+            done = int(self.store.add("finished", 0))
+            if done >= world_size or (deadline is not None and time.monotonic() >= deadline):
+                return done
+            time.sleep(0.2)

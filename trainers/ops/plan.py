@@ -1,0 +1,324 @@
+"""`trainers plan`: memory, time and money for a trainer's job on a GPU, before a pod is rented.
+
+Parameters are counted from the trainer's own model built on the meta device (no memory used).
+Memory per GPU is itemised for DDP, FSDP2 (sharded over the GPUs) and FSDP2 with activation
+checkpointing; a plan says whether each fits (with the headroom) and, when none does, the change
+that makes it fit. Time comes from the model's FLOPs per step at an MFU taken from this repository's
+committed GPU benchmark for that trainer and GPU when there is one, else a stated default labelled
+as an assumption, plus the gradient traffic at the link's bus bandwidth (not assumed overlapped:
+an upper bound). Money is device-hours at the price the user gives.
+
+Every trainer describes its job with a `Workload` (its `size.py`: `workload(cfg) -> Workload`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from trainers.errors import UsageError
+from trainers.ops.devices import DEVICES, TABLE_DATE, Device
+
+GIB = 1 << 30
+CONTEXT_BYTES = int(1.0 * GIB)  # CUDA context, cuBLAS/NCCL workspaces
+FRAGMENTATION = 0.05  # the caching allocator's slack over what is live
+DDP_BUCKETS_BYTES = 2 * 25 * (1 << 20)
+DEFAULT_MFU = {"transformer": 0.40, "small": 0.10}  # assumptions when no benchmark of ours says otherwise
+STRATEGIES = ("ddp", "ddp+ac", "fsdp", "fsdp+ac")
+
+
+@dataclass
+class Workload:
+    """What a plan needs to know about one trainer's job (from `trainers/<name>/size.py`)."""
+
+    trainer: str
+    parameters: int
+    n_blocks: int  # the repeated blocks FSDP2 shards one at a time
+    block_parameters: int  # the largest block
+    unit: str  # what an item is: samples, tokens, graphs, env steps
+    items_per_micro: int  # per GPU per micro-batch
+    grad_accum: int
+    flops_per_item: float  # training FLOPs per item (3 x forward)
+    activation_bytes: Callable[[int, bool], int]  # (micro-batch items, checkpointing) -> bytes per GPU
+    kind: str = "transformer"  # which default MFU applies
+    strategies: tuple = ("ddp",)  # what the trainer can run: FSDP2 and checkpointing only where it has them
+    items_total: float | None = None  # what the config asks for (epochs x dataset, max tokens ...)
+    shape: dict = field(default_factory=dict)  # the trainer's own size fields, for the report
+    notes: list[str] = field(default_factory=list)
+    extra_bytes: int = 0  # batch-independent memory on the device: datasets, rollout buffers, environments
+    jobs_per_gpu: int = 1  # independent jobs (processes) sharing one GPU, each with its own model
+    independent: bool = False  # the GPUs run separate jobs: no gradient traffic between them
+    min_step_s: float = 0.0  # a floor on the step time (small models are bound by launches, not FLOPs)
+    global_batch_items: int | None = None  # a global batch fixed in items (the GPT's tokens): accumulation follows
+    memory_fn: Callable[[str, int, int], dict] | None = None  # the trainer's own estimate (the GPT's size.py)
+
+
+def memory(w: Workload, strategy: str, gpus: int, compute_bytes: int, items_per_micro: int | None = None) -> dict:
+    """Bytes per GPU, itemised. AdamW with a bf16/fp16 autocast keeps fp32 weights, fp32 grads and two
+    fp32 moments (16 bytes per parameter); FSDP2 shards all of it over the GPUs and gathers one block
+    (plus the next, prefetched) in the compute dtype at a time."""
+    micro = items_per_micro or w.items_per_micro
+    if w.memory_fn is not None:
+        return w.memory_fn(strategy, gpus, micro)
+    n = w.parameters
+    shard = gpus if strategy.startswith("fsdp") else 1
+    out = {"weights": 4 * n // shard, "grads": 4 * n // shard, "optimizer": 8 * n // shard}
+    if not strategy.startswith("fsdp"):
+        out["compute_copies"] = compute_bytes * n if compute_bytes < 4 else 0  # autocast's cast weights
+        out["buffers"] = DDP_BUCKETS_BYTES
+    else:
+        # two blocks unsharded in the compute dtype (current + prefetched), one block's fp32 grads
+        out["compute_copies"] = 2 * compute_bytes * w.block_parameters
+        out["buffers"] = 4 * w.block_parameters
+    out["activations"] = int(w.activation_bytes(micro, strategy.endswith("+ac")))
+    out["data_and_buffers"] = w.extra_bytes
+    live = sum(out.values())
+    out["overhead"] = CONTEXT_BYTES + int(FRAGMENTATION * live)
+    if w.jobs_per_gpu > 1:  # K processes on one GPU: K models, K CUDA contexts
+        out = {k: v * w.jobs_per_gpu for k, v in out.items()}
+    out["total"] = sum(v for k, v in out.items() if k != "total")
+    return out
+
+
+def measured_mfu(trainer: str, device: Device, root: Path | None = None) -> float | None:
+    """The MFU a committed GPU benchmark of ours measured for this trainer on this device, if any."""
+    root = root or Path(__file__).resolve().parents[2] / "bench" / "results"
+    best = None
+    for path in sorted(root.glob(f"*{trainer}*gpu*.json")) + sorted(root.glob("train_gpu*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        name = str(record.get("device", ""))
+        if record.get("trainer", trainer) != trainer or device.name.split(" (")[0].upper() not in name.upper():
+            continue
+        for row in record.get("results", []):
+            value = (row.get("kit") or row).get("mfu") if isinstance(row, dict) else None
+            if isinstance(value, (int, float)) and value > 0:
+                best = max(best or 0.0, float(value))
+    return best
+
+
+def step_time(w: Workload, strategy: str, gpus: int, device: Device, mfu: float, grad_accum: int | None = None,
+              busbw_gbps: float | None = None) -> dict:
+    accum = grad_accum or w.grad_accum
+    if w.global_batch_items:  # fixed in items: the micro-steps per step follow the number of GPUs
+        accum = max(1, w.global_batch_items // (w.items_per_micro * gpus))
+    items = w.items_per_micro * accum * gpus * w.jobs_per_gpu
+    # K small jobs packed on a GPU each get their own share of it (the MFU covers the packing)
+    compute = w.flops_per_item * items / (gpus * device.peak_tflops * 1e12 * mfu)
+    busbw = (busbw_gbps or device.busbw_gbps) * 1e9
+    ring = 2 * (gpus - 1) / gpus if gpus > 1 else 0.0
+    if not strategy.startswith("fsdp"):
+        traffic = ring * 4 * w.parameters  # fp32 gradients, all-reduced once per step
+    else:  # per micro-batch: gather bf16 params for forward and backward, reduce-scatter fp32 grads
+        traffic = accum * ring / 2 * (2 * 2 * w.parameters + 4 * w.parameters)
+    comm = traffic / busbw if gpus > 1 and not w.independent else 0.0
+    step = max(compute + comm, w.min_step_s)
+    return {"items_per_step": items, "compute_s": compute, "communication_s": comm, "step_s": step,
+            "launch_bound": step > compute + comm, "items_per_s": items / step}
+
+
+@dataclass
+class Plan:
+    trainer: str
+    device: str
+    gpus: int
+    parameters: int
+    strategies: dict
+    chosen: str | None
+    fix: str | None
+    time: dict
+    money: dict
+    mfu: dict
+    assumptions: list[str]
+    shape: dict
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute_bytes: int | None = None,
+         usd_per_gpu_hour: float | None = None, items: float | None = None, hours: float | None = None,
+         budget_usd: float | None = None, mfu: float | None = None) -> Plan:
+    if gpus < 1:
+        raise UsageError(f"--gpus {gpus} must be >= 1")
+    compute_bytes = compute_bytes or 2  # bf16 autocast (fp16 + a scaler on chips without bf16)
+    assumptions = [f"device table of {TABLE_DATE}: {device.name}, {device.memory_gib:g} GiB, "
+                   f"{device.peak_tflops:g} TFLOP/s dense peak, all-reduce bus bandwidth {device.busbw_gbps:g} GB/s "
+                   f"({device.link}; assumed, not measured here)"]
+    strategies = {}
+    usable = device.memory_gib * GIB
+    if parallel != "auto" and parallel not in w.strategies:
+        raise UsageError(f"--parallel {parallel}: the {w.trainer} trainer runs {', '.join(w.strategies)}")
+    for s in STRATEGIES:
+        m = memory(w, s, gpus, compute_bytes)
+        strategies[s] = {"memory_bytes": m, "fits": m["total"] <= usable, "supported": s in w.strategies,
+                         "headroom_bytes": int(usable - m["total"])}
+    if parallel == "auto":
+        chosen = next((s for s in STRATEGIES if strategies[s]["fits"] and s in w.strategies), None)
+    else:
+        chosen = parallel if strategies[parallel]["fits"] else None
+    fix = None if chosen else suggest_fix(w, device, gpus, compute_bytes, parallel)
+    measured = measured_mfu(w.trainer, device)
+    used_mfu = mfu or measured or DEFAULT_MFU.get(w.kind, 0.3)
+    source = ("given" if mfu else "measured by this repository's GPU benchmark" if measured else
+              f"ASSUMED (no GPU benchmark of ours for {w.trainer} on {device.key}; default for {w.kind} models)")
+    t = step_time(w, chosen or ("ddp" if parallel == "auto" else parallel), gpus, device, used_mfu)
+    t["strategy"] = chosen
+    total_items = items if items is not None else w.items_total
+    money, timing = {"usd_per_gpu_hour": usd_per_gpu_hour}, dict(t)
+    if budget_usd is not None:
+        if not usd_per_gpu_hour:
+            raise UsageError("--budget-usd needs --usd-per-gpu-hour > 0 to turn money into hours")
+        hours = budget_usd / (usd_per_gpu_hour * gpus)
+    if hours is not None:
+        timing["hours"] = hours
+        timing["items"] = t["items_per_s"] * hours * 3600
+        timing["steps"] = timing["items"] / t["items_per_step"]
+    elif total_items:
+        timing["items"] = total_items
+        timing["hours"] = total_items / t["items_per_s"] / 3600
+        timing["steps"] = total_items / t["items_per_step"]
+    if "hours" in timing:
+        money["device_hours"] = timing["hours"] * gpus
+        money["usd"] = money["device_hours"] * usd_per_gpu_hour if usd_per_gpu_hour is not None else None
+    return Plan(w.trainer, device.key, gpus, w.parameters, strategies, chosen, fix, timing, money,
+                {"value": used_mfu, "source": source}, assumptions + w.notes, w.shape)
+
+
+def suggest_fix(w: Workload, device: Device, gpus: int, compute_bytes: int, parallel: str) -> str:
+    """The smallest change that makes the job fit, in the order a user would try them."""
+    usable = device.memory_gib * GIB
+
+    def fits(s, g, micro) -> bool:
+        return s in w.strategies and memory(w, s, g, compute_bytes, micro)["total"] <= usable
+
+    if parallel in ("ddp", "auto") and fits("fsdp", gpus, None):
+        return "use FSDP2 (--parallel fsdp): weights, grads and optimizer state sharded over the GPUs"
+    if parallel in ("ddp", "fsdp") and fits("fsdp+ac", gpus, None):
+        return "use FSDP2 with activation checkpointing (--parallel fsdp with checkpointing, or auto)"
+    micro = w.items_per_micro
+    while micro > 1:
+        micro //= 2
+        for s in STRATEGIES:
+            if fits(s, gpus, micro):
+                factor = w.items_per_micro // micro
+                return (f"a micro-batch {factor}x smaller with {factor}x gradient accumulation (same global batch) "
+                        f"under {s}")
+    for more in (2, 4, 8, 16, 32, 64, 128, 256):
+        best = next((s for s in reversed(STRATEGIES) if s in w.strategies), "ddp")
+        if more > gpus and best != "ddp" and fits(best, more, 1):
+            return f"at least {more} GPUs of this kind with {best} at a micro-batch of 1 (a smaller model fits fewer)"
+    if "ddp" in w.strategies and w.strategies == ("ddp",):
+        return ("a smaller model or a GPU with more memory: this trainer replicates the model on every GPU (DDP), "
+                "so more GPUs do not help memory")
+    return "a smaller model: even sharded over 256 GPUs with checkpointing it does not fit"
+
+
+def duration(hours: float) -> str:
+    return f"{hours:,.2f} h" if hours >= 1 else f"{hours * 60:,.1f} min"
+
+
+COLUMN = 17  # wide enough for "NO, 1,234.5 over" and a space between columns
+
+
+def format_plan(p: Plan, w: Workload) -> str:
+    gib = lambda b: f"{b / GIB:,.1f} GiB"  # noqa: E731
+    shown = [s for s in STRATEGIES if p.strategies[s]["supported"]]
+    lines = [f"{p.trainer} on {p.gpus} x {DEVICES[p.device].name}: {p.parameters:,} parameters"
+             + (f" ({', '.join(f'{k} {v}' for k, v in p.shape.items())})" if p.shape else "")]
+    lines.append(f"{'memory per GPU':<18}" + "".join(f"{s:>{COLUMN}}" for s in shown))
+    items = [k for k in p.strategies[shown[0]]["memory_bytes"] if k != "total"] + ["total"]
+    for item in items:
+        lines.append(f"  {item:<16}" + "".join(f"{gib(p.strategies[s]['memory_bytes'][item]):>{COLUMN}}" for s in shown))
+
+    def headroom(s: str) -> str:
+        st = p.strategies[s]
+        amount = f"{abs(st['headroom_bytes']) / GIB:,.1f}"
+        return f"yes, {amount} free" if st["fits"] else f"NO, {amount} over"
+
+    lines.append(f"  {'fits (GiB)':<16}" + "".join(f"{headroom(s):>{COLUMN}}" for s in shown))
+    lines.append(f"plan: {p.chosen}" if p.chosen else f"does NOT fit: {p.fix}")
+    t = p.time
+    lines.append(f"step: {t['items_per_step']:,} {w.unit}, compute {t['compute_s'] * 1e3:,.1f} ms + gradient traffic "
+                 f"{t['communication_s'] * 1e3:,.1f} ms at MFU {p.mfu['value']:.0%} ({p.mfu['source']})"
+                 + (f", but at least {w.min_step_s * 1e3:.0f} ms a step (ASSUMED: small models are bound by kernel "
+                    f"launches and Python, not FLOPs)" if t.get("launch_bound") else "")
+                 + f"; {t['items_per_s']:,.0f} {w.unit}/s")
+    if "hours" in t:
+        usd = p.money.get("usd")
+        lines.append(f"job: {t['items']:,.4g} {w.unit} = {t['steps']:,.0f} steps in {duration(t['hours'])} = "
+                     f"{p.money['device_hours']:,.1f} device-hours" + (f" = ${usd:,.2f}" if usd is not None else
+                                                                        " (give --usd-per-gpu-hour for the cost)"))
+    for a in p.assumptions:
+        lines.append(f"  note: {a}")
+    return "\n".join(lines)
+
+
+def compare(w: Workload, gpus: int, parallel: str, prices: dict[str, float], items: float | None, hours: float | None,
+            mfu: float | None) -> list[dict]:
+    """The same job on every known GPU that has a price, cheapest first (those that do not fit last)."""
+    rows = []
+    for key, device in DEVICES.items():
+        p = plan(w, device, gpus, parallel, usd_per_gpu_hour=prices.get(key), items=items, hours=hours, mfu=mfu)
+        rows.append({"device": key, "fits": p.chosen is not None, "strategy": p.chosen, "fix": p.fix,
+                     "items_per_s": p.time["items_per_s"], "hours": p.time.get("hours"),
+                     "usd": p.money.get("usd"), "usd_per_gpu_hour": prices.get(key), "mfu": p.mfu})
+    return sorted(rows, key=lambda r: (not r["fits"], r["usd"] if r["usd"] is not None else math.inf,
+                                       r["hours"] or math.inf))
+
+
+# ---- small models: count on the real model, on the CPU, at batch 1 -----------------------------------
+
+def saved_bytes_per_item(model, make_inputs: Callable[[int], tuple], batches: tuple[int, int] = (32, 96)) -> float:
+    """Bytes autograd saves for backward per item of the batch, measured with saved_tensors_hooks
+    (the slope between two batch sizes: batch-independent saves drop out; parameters not counted).
+    Activations are linear in the batch, so this extrapolates to any micro-batch."""
+    import torch
+
+    params = {p.data_ptr() for p in model.parameters()}
+
+    def saved(batch: int) -> int:
+        seen, total = set(), [0]
+
+        def pack(t):
+            if t.data_ptr() not in seen and t.data_ptr() not in params:
+                seen.add(t.data_ptr())
+                total[0] += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(*make_inputs(batch))
+        return total[0]
+
+    small, large = batches
+    return (saved(large) - saved(small)) / (large - small)
+
+
+def forward_flops(model, inputs: tuple) -> float:
+    """Matmul FLOPs of one forward: torch's FlopCounterMode, plus the recurrent layers it does not
+    count (an LSTM step is 4 gates x 2 x hidden x (input + hidden) per layer)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    extra = [0.0]
+
+    def count_lstm(module, args, _out):
+        x = args[0]
+        steps = x.shape[0] * x.shape[1] if x.dim() == 3 else x.shape[0]
+        h, size_in = module.hidden_size, module.input_size
+        for layer in range(module.num_layers):
+            extra[0] += steps * 8 * h * ((size_in if layer == 0 else h) + h)
+
+    hooks = [m.register_forward_hook(count_lstm) for m in model.modules() if isinstance(m, torch.nn.LSTM)]
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return float(counter.get_total_flops()) + extra[0]

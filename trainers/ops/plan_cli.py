@@ -1,0 +1,81 @@
+"""The body of `trainers plan` (flags: trainers/ops/cli.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from trainers.errors import UsageError
+from trainers.ops.devices import DEVICES, TABLE_DATE
+from trainers.ops.plan import compare, format_plan, plan
+from trainers.registry import trainer_config, trainer_module
+from trainers.runtime.files import atomic_write_json
+
+
+def load_workload(trainer: str, options: list[str]):
+    cfg = trainer_config(trainer, options)
+    cfg.validate()  # every value checked (types, ranges, choices) before it is sized
+    try:
+        size = trainer_module(trainer, "size")
+    except ModuleNotFoundError:
+        raise UsageError(f"the {trainer} trainer has no plan yet (no trainers/{trainer}/size.py)") from None
+    return size.workload(cfg)
+
+
+def read_prices(path: str | None, fallback: float | None, gpu: str) -> dict[str, float]:
+    if path is None:
+        return {gpu: fallback} if fallback else {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--prices {path}: not a readable JSON object of GPU -> USD per hour ({exc})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--prices {path}: not a JSON object of GPU -> USD per hour")
+    prices = {}
+    for key, value in data.items():
+        if key.startswith("_"):
+            continue
+        if key not in DEVICES:
+            raise UsageError(f"--prices {path}: unknown GPU {key!r}; known: {', '.join(DEVICES)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise UsageError(f"--prices {path}: the price of {key} is {value!r}; need a number > 0")
+        prices[key] = float(value)
+    return prices
+
+
+def main(args) -> int:
+    if args.list_gpus:
+        print(f"known GPUs (table of {TABLE_DATE}):")
+        for d in DEVICES.values():
+            print(f"  {d.key:<11} {d.name:<30} {d.memory_gib:>5g} GiB  {d.peak_tflops:>6g} TFLOP/s  {d.link}")
+        return 0
+    if args.gpu not in DEVICES:
+        raise UsageError(f"--gpu {args.gpu!r} is not one of: {', '.join(DEVICES)}")
+    if sum(x is not None for x in (args.items, args.hours, args.budget_usd)) > 1:
+        raise UsageError("give one of --items/--tokens, --hours or --budget-usd")
+    w = load_workload(args.trainer, args.extra)
+    if args.compare:
+        prices = read_prices(args.prices, args.usd_per_gpu_hour, args.gpu)
+        rows = compare(w, args.gpus, args.parallel, prices, args.items, args.hours, args.mfu)
+        print(f"{args.trainer} on {args.gpus} GPUs of each kind ({w.parameters:,} parameters); prices "
+              f"{'from ' + args.prices if args.prices else 'given for ' + args.gpu if prices else 'not given'}")
+        print(f"{'gpu':<11}{'fits':>6}{'strategy':>10}{'items/s':>14}{'hours':>10}{'$/GPU-h':>9}{'cost $':>12}")
+        for r in rows:
+            print(f"{r['device']:<11}{'yes' if r['fits'] else 'NO':>6}{r['strategy'] or '-':>10}"
+                  f"{r['items_per_s']:>14,.0f}{(r['hours'] or 0):>10,.2f}"
+                  f"{(r['usd_per_gpu_hour'] or 0):>9.2f}{(r['usd'] if r['usd'] is not None else float('nan')):>12,.2f}")
+        out = {"trainer": args.trainer, "gpus": args.gpus, "parameters": w.parameters, "rows": rows,
+               "prices_from": args.prices or ("--usd-per-gpu-hour" if prices else None)}
+    else:
+        p = plan(w, DEVICES[args.gpu], args.gpus, args.parallel, usd_per_gpu_hour=args.usd_per_gpu_hour,
+                 items=args.items, hours=args.hours, budget_usd=args.budget_usd, mfu=args.mfu)
+        print(format_plan(p, w))
+        out = p.to_json()
+        optimal = getattr(trainer_module(args.trainer, "size"), "compute_optimal", None)
+        if optimal is not None and (args.hours or args.budget_usd):
+            out["compute_optimal"] = optimal(p, DEVICES[args.gpu])
+            print(out["compute_optimal"]["line"])
+    if args.json:
+        atomic_write_json(Path(args.json), out)
+    return 0

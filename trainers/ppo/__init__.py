@@ -1,0 +1,1 @@
+"""The CLSTM-PPO trading agent (seed 001)."""

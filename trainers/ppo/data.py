@@ -1,0 +1,46 @@
+"""The agent's market from any source of the market package (synthetic, yfinance cache, user files)."""
+
+from __future__ import annotations
+
+from trainers.market.panel import to_panel
+from trainers.market.sources import DataRequest, load_source
+from trainers.market.universe import resolve_tickers
+from trainers.ppo.config import PpoConfig
+from trainers.ppo.env import EnvSpec
+from trainers.ppo.features import TradingData, build_trading_data
+
+
+def data_request(cfg: PpoConfig) -> DataRequest:
+    tickers = None
+    if cfg.source == "yfinance" or cfg.tickers or cfg.tickers_file:
+        tickers = resolve_tickers(cfg.tickers, cfg.tickers_file, cfg.universe)
+    return DataRequest(source=cfg.source, tickers=tickers, cache_dir=cfg.cache_dir, start=cfg.start, end=cfg.end,
+                       years=cfg.years, min_rows=cfg.min_history_days, synthetic_tickers=cfg.synthetic_tickers,
+                       synthetic_days=cfg.synthetic_days, synthetic_seed=cfg.data_seed,
+                       synthetic_momentum=cfg.synthetic_momentum)
+
+
+def fix_date_range(cfg: PpoConfig, saved: dict | None) -> None:
+    """Real data: pin start/end on the first run so a resume next week reads the same dates."""
+    if cfg.source == "synthetic":
+        return
+    if saved is not None:
+        cfg.start = cfg.start or saved.get("start")
+        cfg.end = cfg.end or saved.get("end")
+    else:
+        cfg.start, cfg.end = data_request(cfg).date_range()
+
+
+def load_trading_data(cfg: PpoConfig, log=print) -> tuple[TradingData, dict]:
+    frame, source_info = load_source(data_request(cfg), log=log)
+    data, pick_info = build_trading_data(to_panel(frame), cfg.num_stocks, cfg.window, cfg.val_frac, cfg.test_frac,
+                                         cfg.min_split_dates)
+    return data, {**source_info, **pick_info, **data.describe()}
+
+
+def env_spec(cfg: PpoConfig) -> EnvSpec:
+    spec = EnvSpec(window=cfg.window, episode_days=cfg.episode_days, action=cfg.action, h_max=cfg.h_max,
+                   initial_cash=cfg.initial_cash, cost_bps=cfg.cost_bps, reward=cfg.reward,
+                   reward_scale=cfg.reward_scale)
+    spec.check()
+    return spec

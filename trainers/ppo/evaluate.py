@@ -1,0 +1,255 @@
+"""Backtests on the validation and test periods, net of the same costs, and the metrics a quant reads.
+
+The agent of each seed is the snapshot with the best validation score (--select-by: cumulative return,
+the agent's own objective, or Sharpe; the test period is run once,
+here, for the final report). Beside it on the same test dates: equal-weight buy-and-hold (bought on
+the first day, never traded again), the equal-weight market (rebalanced to equal weights every day,
+paying the costs of rebalancing), the same PPO with MLPs instead of the cascaded LSTM, and a random
+policy. Metrics (daily, 252 trading days a year, no risk-free rate):
+
+    cumulative return   V_T / V_0 - 1                 annualised return  (V_T / V_0)^(252/T) - 1
+    annualised vol      std(r, ddof=1) * sqrt(252)    Sharpe             mean(r) / std(r, ddof=1) * sqrt(252)
+    Sortino             mean(r) / sqrt(mean(min(r, 0)^2)) * sqrt(252)
+    max drawdown        max_t (1 - V_t / max_{s<=t} V_s)                  Calmar  annualised return / max drawdown
+    turnover            mean over days of traded value / portfolio value before trading (buys + sells)
+    trades              number of (stock, day) buys or sells
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from trainers.ppo.env import EnvSpec, Market, fixed_range_env
+from trainers.ppo.features import TRADING_DAYS
+
+METRICS = ("cumulative_return", "annualised_return", "annualised_vol", "sharpe", "sortino", "max_drawdown",
+           "calmar", "turnover", "trades")
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den > 0 and math.isfinite(den) else None
+
+
+def performance(values: np.ndarray, traded_value: np.ndarray | None = None, trades: np.ndarray | None = None,
+                periods: int = TRADING_DAYS) -> dict:
+    """Metrics of one equity curve V_0..V_T (and the traded value and trade count of each of the T
+    decisions). Ratios with a zero denominator are None."""
+    v = np.asarray(values, dtype=np.float64)
+    r = v[1:] / v[:-1] - 1.0
+    days = len(r)
+    total = v[-1] / v[0]
+    ann_return = total ** (periods / days) - 1.0
+    std = r.std(ddof=1) if days > 1 else 0.0
+    downside = math.sqrt(np.mean(np.minimum(r, 0.0) ** 2))
+    drawdown = float(np.max(1.0 - v / np.maximum.accumulate(v)))
+    sharpe = _ratio(r.mean(), std)
+    sortino = _ratio(r.mean(), downside)
+    out = {"cumulative_return": float(total - 1.0), "annualised_return": float(ann_return),
+           "annualised_vol": float(std * math.sqrt(periods)),
+           "sharpe": None if sharpe is None else float(sharpe * math.sqrt(periods)),
+           "sortino": None if sortino is None else float(sortino * math.sqrt(periods)),
+           "max_drawdown": drawdown, "calmar": _ratio(float(ann_return), drawdown), "days": days,
+           "final_value": float(v[-1])}
+    if traded_value is not None:
+        out["turnover"] = float(np.mean(np.asarray(traded_value) / v[:-1]))
+    if trades is not None:
+        out["trades"] = int(np.sum(trades))
+    return out
+
+
+# ---- baselines that need no environment --------------------------------------------------------
+def buy_and_hold(close: np.ndarray, cash: float, cost: float) -> dict:
+    """Equal dollars in every stock on day 0 (paying the cost), held: V_t = shares . close_t."""
+    n = close.shape[1]
+    shares = cash / (n * (1.0 + cost)) / close[0]
+    values = np.concatenate([[cash], (close[1:] * shares).sum(1)])
+    traded = np.zeros(len(close) - 1)
+    traded[0] = cash / (1.0 + cost)
+    trades = np.zeros(len(close) - 1)
+    trades[0] = n
+    return {"values": values, "traded_value": traded, "trades": trades}
+
+
+def equal_weight_market(close: np.ndarray, cash: float, cost: float) -> dict:
+    """Rebalanced to equal weights at every close, paying cost on |trade| (the trade is sized on
+    the value before its own cost: a second-order approximation, error ~ cost^2)."""
+    n = close.shape[1]
+    held = np.zeros(n)
+    value = cash
+    values, traded, trades = [cash], [], []
+    for t in range(len(close) - 1):
+        change = np.abs(value / n - held)
+        value -= cost * change.sum()
+        held = np.full(n, value / n) * close[t + 1] / close[t]
+        value = held.sum()
+        values.append(value)
+        traded.append(change.sum())
+        trades.append(int((change > 0).sum()))
+    return {"values": np.array(values), "traded_value": np.array(traded), "trades": np.array(trades)}
+
+
+# ---- policies through the environment ----------------------------------------------------------
+@torch.no_grad()
+def run_policy(market: Market, spec: EnvSpec, start: int, stop: int, act, num_envs: int = 1) -> dict:
+    """Run `act(market_window, portfolio) -> action` over decisions start..stop-1 in `num_envs`
+    parallel copies; equity curves [num_envs, days+1], traded value and trades [num_envs, days]."""
+    env = fixed_range_env(market, spec, start, stop, num_envs)
+    values = [env.value().cpu()]
+    traded, trades = [], []
+    for _ in range(stop - start):
+        t, portfolio = env.observe()
+        action = act(market.windows(t, spec.window), portfolio)
+        _obs, _reward, _done, info = env.step(action)
+        values.append(info["value"].cpu())
+        traded.append(info["traded_value"].cpu())
+        trades.append(info["trades"].cpu())
+    return {"values": torch.stack(values, 1).numpy(), "traded_value": torch.stack(traded, 1).numpy(),
+            "trades": torch.stack(trades, 1).numpy()}
+
+
+def deterministic_actor(policy, norms):
+    policy.eval()
+
+    def act(market_window, portfolio):
+        inputs = (market_window, portfolio)
+        if norms is not None:
+            inputs = tuple(n(x) for n, x in zip(norms, inputs))
+        return policy.deterministic(*inputs).double()
+    return act
+
+
+def random_actor(n_stocks: int, seed: int, device: torch.device):
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def act(market_window, portfolio):
+        return torch.rand(len(portfolio), n_stocks, generator=gen, device=device, dtype=torch.float64) * 2 - 1
+    return act
+
+
+SELECT_BY = {"return": "cumulative_return", "sharpe": "sharpe"}
+
+
+def validation_score(market: Market, spec: EnvSpec, split: tuple[int, int], policy, norms, select_by: str) -> float:
+    """The deterministic policy's cumulative return or Sharpe over `split` (Sharpe 0 when it never
+    moves). Sharpe is blind to exposure (half in cash scores as all in), so `return` is the default."""
+    curve = run_policy(market, spec, *split, deterministic_actor(policy, norms))
+    return performance(curve["values"][0])[SELECT_BY[select_by]] or 0.0
+
+
+def _row(curves: dict, i: int | None = None) -> dict:
+    pick = (lambda a: a) if i is None else (lambda a: a[i])
+    return performance(pick(curves["values"]), pick(curves["traded_value"]), pick(curves["trades"]))
+
+
+def summarise(rows: list[dict]) -> dict:
+    """mean, std (ddof=1 when > 1 row) and the values of each metric over seeds or runs."""
+    out = {"n": len(rows)}
+    for k in METRICS:
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        if vals:
+            out[k] = {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
+                      "values": vals}
+    return out
+
+
+def backtest(agents: list[dict], market: Market, spec: EnvSpec, splits: dict, close: np.ndarray, random_runs: int,
+             seed: int) -> dict:
+    """Every agent on validation and test, the baselines on test. `agents`: dicts with encoder,
+    seed, policy, norms, selected_update, val_score."""
+    test = splits["test"]
+    cost = spec.cost_bps / 1e4
+    prices = close[test[0]:test[1] + 1]
+    baselines = {"buy_and_hold_equal_weight": buy_and_hold(prices, spec.initial_cash, cost),
+                 "equal_weight_market_rebalanced": equal_weight_market(prices, spec.initial_cash, cost)}
+    rand = run_policy(market, spec, *test, random_actor(market.n_stocks, seed + 99_991, market.device), random_runs)
+    rows, curves = {}, {}
+    for a in agents:
+        curve = run_policy(market, spec, *test, deterministic_actor(a["policy"], a["norms"]))
+        val_curve = run_policy(market, spec, *splits["val"], deterministic_actor(a["policy"], a["norms"]))
+        label = f"ppo_{a['encoder']}"
+        rows.setdefault(label, []).append({**_row(curve, 0), "seed": a["seed"], "selected_update": a["selected_update"],
+                                           "validation": performance(val_curve["values"][0])})
+        curves[f"{label} seed {a['seed']}"] = curve["values"][0]
+    table = {label: {"summary": summarise(r), "per_seed": r} for label, r in rows.items()}
+    for name, b in baselines.items():
+        table[name] = {"summary": summarise([_row(b)]), "per_seed": [_row(b)]}
+        curves[name] = b["values"]
+    random_rows = [_row(rand, i) for i in range(random_runs)]
+    table["random_policy"] = {"summary": summarise(random_rows), "runs": random_runs}
+    curves["random policy (mean)"] = rand["values"].mean(0)
+    return {"table": table, "curves": curves}
+
+
+def _compare(agent: dict, base: dict) -> tuple[bool, bool, str]:
+    a_ret, b_ret = agent["cumulative_return"]["mean"], base["cumulative_return"]["mean"]
+    a_sh, b_sh = agent.get("sharpe", {}).get("mean"), base.get("sharpe", {}).get("mean")
+    text = (f"cumulative return {a_ret:+.2%} vs {b_ret:+.2%}, Sharpe {'n/a' if a_sh is None else f'{a_sh:.2f}'} "
+            f"vs {'n/a' if b_sh is None else f'{b_sh:.2f}'}")
+    return a_ret > b_ret, a_sh is not None and b_sh is not None and a_sh > b_sh, text
+
+
+def verdict(table: dict, main: str) -> str:
+    """Plain sentences: does the agent beat equal-weight buy-and-hold, and the equal-weight market,
+    on the test period net of costs? (With --action weights the zero action IS the equal-weight
+    market, so an agent that learned nothing matches that row.)"""
+    if main not in table:
+        return "No trained agent to compare."
+    out = []
+    for name, label in (("buy_and_hold_equal_weight", "equal-weight buy-and-hold"),
+                        ("equal_weight_market_rebalanced", "the equal-weight market (rebalanced daily)")):
+        beats_return, beats_sharpe, text = _compare(table[main]["summary"], table[name]["summary"])
+        if beats_return and beats_sharpe:
+            out.append(f"The agent ({main}) beats {label} on the test period net of costs: {text}.")
+        elif not beats_return and not beats_sharpe:
+            out.append(f"The agent ({main}) does NOT beat {label} on the test period: {text}.")
+        else:
+            out.append(f"Mixed: the agent ({main}) beats {label} on one of return and Sharpe only: {text}.")
+    return " ".join(out)
+
+
+def _fmt(summary: dict, key: str, pct: bool) -> str:
+    m = summary.get(key)
+    if m is None:
+        return "n/a"
+    if key == "trades":
+        return f"{m['mean']:.0f}" + (f" ± {m['std']:.0f}" if summary["n"] > 1 else "")
+    f = (lambda x: f"{x:+.2%}") if pct else (lambda x: f"{x:.3f}")
+    return f(m["mean"]) + (f" ± {f(m['std']).lstrip('+')}" if summary["n"] > 1 else "")
+
+
+def markdown(evaluation: dict) -> str:
+    pct = {"cumulative_return", "annualised_return", "annualised_vol", "max_drawdown", "turnover"}
+    lines = [f"Test period {evaluation['test_dates'][0]} .. {evaluation['test_dates'][1]} "
+             f"({evaluation['test_days']} trading days), net of {evaluation['cost_bps']:g} bp costs; "
+             "mean ± std over seeds (random policy: over runs).", "",
+             "| policy | n | " + " | ".join(METRICS) + " |", "|" + " --- |" * (len(METRICS) + 2)]
+    for name, entry in evaluation["table"].items():
+        s = entry["summary"]
+        lines.append(f"| {name} | {s['n']} | " + " | ".join(_fmt(s, k, k in pct) for k in METRICS) + " |")
+    lines += ["", evaluation["verdict"], ""]
+    return "\n".join(lines)
+
+
+def plot_equity(curves: dict, dates: list[str], path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    x = np.arange(len(dates))
+    for name, values in curves.items():
+        style = {"lw": 0.8, "alpha": 0.7} if name.startswith("ppo") else {"lw": 1.8}
+        ax.plot(x, values / values[0], label=name, **style)
+    ticks = np.linspace(0, len(dates) - 1, min(6, len(dates))).astype(int)
+    ax.set_xticks(ticks, [dates[i] for i in ticks])
+    ax.set_ylabel("portfolio value / initial")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)

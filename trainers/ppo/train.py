@@ -1,0 +1,236 @@
+"""Train the CLSTM-PPO trading agents (seed 001) with DDP over the learner: build, resume, a flat
+loop, finish.
+
+One run trains its agents one after another (the cascaded-LSTM agent for each of --seeds seeds,
+then the MLP baseline for each): step s of the loop is update s % U of agent s // U, where U is the
+number of PPO updates per agent. An update is a rollout of T steps in this rank's B environments
+(its own seeds), GAE, and PPO epochs whose gradients DDP averages over ranks. Every --eval-every
+updates the agent is validated (deterministic policy, --select-by on the validation period, computed
+identically on every rank) and its best snapshot kept. Checkpoints fall on update boundaries and
+hold every agent (policy, optimizer, normaliser, best snapshot); each rank's environments, episode
+counters and sampling generator go in its own `position`, so a resume continues exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainers.ppo import ppo
+from trainers.ppo.config import PpoConfig
+from trainers.ppo.data import env_spec, fix_date_range, load_trading_data
+from trainers.ppo.env import Market, VecPortfolioEnv
+from trainers.ppo.evaluate import validation_score
+from trainers.ppo.features import FEATURES
+from trainers.ppo.model import SquashedGaussianPolicy, TradingActorCritic
+from trainers.runtime import config as cfgmod
+from trainers.runtime.dist import DistContext, all_reduce_sum, distributed
+from trainers.runtime.precision import enable_tf32, make_grad_scaler, precision_for
+from trainers.runtime.run import Run
+from trainers.runtime.stops import StopReason
+
+EPISODE_STATS = ("episodes", "reward", "return", "final_value", "trades", "cost")
+
+
+def build_model(cfg: PpoConfig, n_stocks: int | None = None, encoder: str | None = None) -> SquashedGaussianPolicy:
+    net = TradingActorCritic(n_stocks or cfg.num_stocks, len(FEATURES), cfg.window, cfg.hidden,
+                             encoder or cfg.encoder, cfg.heads, math.log(cfg.init_std))
+    return SquashedGaussianPolicy(net)
+
+
+def settings(cfg: PpoConfig) -> ppo.PPOSettings:
+    return ppo.PPOSettings(rollout_steps=cfg.rollout_steps, gamma=cfg.gamma, gae_lambda=cfg.gae_lambda,
+                           update_epochs=cfg.update_epochs, minibatch_size=cfg.batch_size, grad_accum=cfg.grad_accum,
+                           clip_coef=cfg.clip_coef, clip_vloss=cfg.clip_vloss, ent_coef=cfg.ent_coef,
+                           vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl)
+
+
+@dataclass
+class Agent:
+    encoder: str
+    seed: int
+    policy: SquashedGaussianPolicy
+    norms: torch.nn.ModuleList | None
+    optimizer: torch.optim.Optimizer
+    best: dict | None = None  # {"update", "val_score", "policy", "norms"}: the snapshot the report uses
+    history: list | None = None  # [(update, val_score)]
+    updates_done: int = 0
+
+
+class AgentSet:
+    """Every agent of the run, as one stateful object in the checkpoint."""
+
+    def __init__(self, cfg: PpoConfig, n_stocks: int, device: torch.device):
+        self.agents = []
+        for encoder, seed in cfg.agents():
+            torch.manual_seed(seed)  # identical init on every rank (DDP also broadcasts rank 0's)
+            policy = build_model(cfg, n_stocks, encoder).to(device)
+            norms = ppo.make_norms([len(FEATURES), n_stocks + 1], device) if cfg.norm_obs else None
+            optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
+            self.agents.append(Agent(encoder, seed, policy, norms, optimizer, None, []))
+
+    def state_dict(self) -> dict:
+        return {"agents": [{"policy": a.policy.state_dict(), "norms": a.norms.state_dict() if a.norms else None,
+                            "optimizer": a.optimizer.state_dict(), "best": a.best,
+                            "history": [list(h) for h in a.history], "updates_done": a.updates_done}
+                           for a in self.agents]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for a, s in zip(self.agents, state["agents"], strict=True):
+            a.policy.load_state_dict(s["policy"])
+            if a.norms is not None:
+                a.norms.load_state_dict(s["norms"])
+            a.optimizer.load_state_dict(s["optimizer"])
+            a.best, a.history = s["best"], [tuple(h) for h in s["history"]]
+            a.updates_done = s["updates_done"]
+
+    def validated(self, a: Agent, update: int, score: float) -> bool:
+        a.history.append((update, score))
+        if a.best is not None and score <= a.best["val_score"]:
+            return False
+        a.best = {"update": update, "val_score": score,
+                  "policy": {k: v.detach().clone() for k, v in a.policy.state_dict().items()},
+                  "norms": {k: v.clone() for k, v in a.norms.state_dict().items()} if a.norms else None}
+        return True
+
+
+class Phase:
+    """One agent's training on this rank: its environments, sampling generator and episode counters."""
+
+    def __init__(self, index: int, agent: Agent, cfg: PpoConfig, market: Market, spec, train_range, ctx: DistContext,
+                 position: dict | None):
+        self.index = index
+        env_seed = agent.seed * 7919 + index
+        self.env = VecPortfolioEnv(market, spec, cfg.num_envs, train_range, seed=env_seed, rank=ctx.rank)
+        self.generator = torch.Generator(device=ctx.device).manual_seed(env_seed * 1_000 + ctx.rank)
+        self.done = torch.zeros(cfg.num_envs, dtype=torch.bool, device=ctx.device)
+        self.window = torch.zeros(len(EPISODE_STATS), dtype=torch.float64, device=ctx.device)
+        if position is not None and position.get("agent") == index:
+            self.env.load_state_dict(position["env"])
+            self.generator.set_state(position["generator"].cpu())  # a ByteTensor on the CPU, whatever the device
+            self.done = position["done"].to(ctx.device)
+            self.window = position["window"].to(ctx.device)
+        self.obs = self.env.observe()
+        self.train_policy = DDP(agent.policy, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) \
+            if ctx.distributed else agent.policy
+
+    def position(self) -> dict:
+        return {"agent": self.index, "env": self.env.state_dict(), "generator": self.generator.get_state(),
+                "done": self.done.clone(), "window": self.window.clone()}
+
+    def record(self, info: dict) -> None:
+        """Add the episodes that finished in this step to the log window (no host sync)."""
+        ep = info["episode"]
+        d = ep["done"].double()
+        self.window += torch.stack([d.sum(), (ep["reward"] * d).sum(), (ep["return"] * d).sum(),
+                                    (ep["final_value"] * d).sum(), (ep["trades"] * d).sum(), (ep["cost"] * d).sum()])
+
+
+def train(cfg: PpoConfig) -> dict | None:
+    started_at = time.time()
+    cfg.validate()
+    with distributed(cfg.device, cfg.collective_timeout_s) as ctx:
+        return _train(cfg, ctx, started_at)
+
+
+def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
+    # Everything that can reject the input happens before the first write into the run folder.
+    run_dir = Path(cfg.run_dir)
+    fix_date_range(cfg, cfgmod.saved_config(run_dir))
+    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    data, data_info = load_trading_data(cfg, log=print if ctx.is_main else (lambda _msg: None))
+    spec = env_spec(cfg)
+    train_range = data.splits["train"]
+    market = Market(data.close, data.features, ctx.device)
+    VecPortfolioEnv(market, spec, 1, train_range, seed=0)  # rejects an episode longer than the training period
+    precision = precision_for(ctx.device, cfg.precision)
+    tf32 = enable_tf32(ctx.device)
+    s = settings(cfg)
+    per_update = cfg.num_envs * cfg.rollout_steps * ctx.world_size
+    updates = math.ceil(cfg.steps_per_agent() / per_update)
+    agents = AgentSet(cfg, data.n_stocks, ctx.device)
+    total_steps = updates * len(agents.agents)
+    scaler = make_grad_scaler(ctx.device, precision)
+    n_params = {a.encoder: sum(p.numel() for p in a.policy.parameters()) for a in agents.agents}
+
+    def inputs(obs):
+        t, portfolio = obs
+        return market.windows(t, cfg.window), portfolio
+
+    with Run(cfg, ctx, "ppo", {"agents": agents, "scaler": scaler}, total_steps, unit="env_steps",
+             metric_name="pg_loss", started_at=started_at) as run:
+        log = run.log
+        log.info("ppo: agents %s, %s parameters; %d rank(s) x %d environments on %s, precision %s%s",
+                 ", ".join(f"{e}/seed{sd}" for e, sd in cfg.agents()), n_params, ctx.world_size, cfg.num_envs,
+                 ctx.device.type, precision.name, ", TF32" if tf32 else "")
+        log.info("data: %s; %d stocks x %d dates; decision dates train/val/test %s; embargo %d dates",
+                 data_info["source"], data.n_stocks, len(data.dates),
+                 "/".join(str(b - a) for a, b in data.splits.values()), data.embargo)
+        log.info("schedule: %d updates per agent of %d env steps (%d per rank x %d ranks), %d optimizer steps each",
+                 updates, per_update, per_update // ctx.world_size, ctx.world_size,
+                 cfg.update_epochs * math.ceil(cfg.num_envs * cfg.rollout_steps / cfg.batch_size))
+        start = run.resume()
+        step = start.step
+        phase: Phase | None = None
+        buf = None
+        while step < total_steps:
+            index, u = divmod(step, updates)
+            agent = agents.agents[index]
+            if phase is None or phase.index != index:
+                phase = Phase(index, agent, cfg, market, spec, train_range, ctx,
+                              start.position if phase is None else None)
+                buf = ppo.Rollout(cfg.rollout_steps, phase.obs, (data.n_stocks,), torch.float32, ctx.device)
+            lr = ppo.anneal_lr(agent.optimizer, cfg.lr, u, updates) if cfg.anneal_lr else cfg.lr
+            stats = ppo.NormStats(agent.norms, ctx.device) if agent.norms is not None else None
+            phase.obs, phase.done = ppo.collect(phase.env, agent.policy, agent.norms, inputs, buf, phase.obs,
+                                                phase.done, phase.generator, precision, ctx.device,
+                                                on_step=phase.record, stats=stats)
+            with torch.no_grad():
+                next_value = agent.policy(*ppo.normalise(agent.norms, inputs(phase.obs)),
+                                          torch.zeros(cfg.num_envs, data.n_stocks, device=ctx.device))[2]
+            adv, returns = ppo.advantages(buf, next_value, phase.done, cfg.gamma, cfg.gae_lambda)
+            update_stats = ppo.update(phase.train_policy, agent.policy, agent.norms, inputs, agent.optimizer, scaler,
+                                      buf, adv, returns, s, phase.generator, ctx, precision)
+            if stats is not None:
+                stats.merge_into(agent.norms, ctx)  # after the update: it trained on the statistics it acted with
+            step += 1
+            u += 1
+            agent.updates_done = u
+
+            if u % cfg.eval_every == 0 or u == updates:
+                with run.timing("evaluation"):
+                    score = validation_score(market, spec, data.splits["val"], agent.policy, agent.norms, cfg.select_by)
+                    best = agents.validated(agent, u, score)
+                    run.metrics.log(step, "val", {"agent": index, "update": u, f"val_{cfg.select_by}": score, "best": best})
+                    log.info("agent %d (%s, seed %d) update %d: validation %s %.4f%s", index, agent.encoder,
+                             agent.seed, u, cfg.select_by, score, " (best)" if best else "")
+            if run.should_log(step):
+                ep = dict(zip(EPISODE_STATS, all_reduce_sum(ctx, phase.window.tolist())))
+                n = max(ep["episodes"], 1.0)
+                values = {"agent": index, "update": u, "lr": lr, "episodes": int(ep["episodes"]),
+                          **{k: float(v) for k, v in update_stats.items()},
+                          "log_std": float(agent.policy.log_std.detach().mean())}
+                if ep["episodes"]:
+                    values.update({f"episode_{k}": ep[k] / n for k in EPISODE_STATS[1:]})
+                run.log_train(step, values)
+                phase.window.zero_()
+            if run.step_done(step, phase.position(), per_update) != StopReason.NONE:
+                break
+
+        def final_evaluation() -> dict | None:
+            from trainers.ppo.report import report
+
+            return report(agents, cfg, data, market, spec, run_dir, ctx, checkpoint_step=run.step)
+
+        summary = {"data": data_info,
+                   "model": {"parameters": n_params, "encoder": cfg.encoder, "heads": cfg.heads, "hidden": cfg.hidden,
+                             "window": cfg.window, "n_stocks": data.n_stocks, "n_features": len(FEATURES)},
+                   "training": {"updates_per_agent": updates, "env_steps_per_update": per_update,
+                                "agents": [f"{e}/seed{sd}" for e, sd in cfg.agents()], "precision": precision.name,
+                                "tf32": tf32}}
+        return run.finish(summary, evaluate=final_evaluation)

@@ -1,0 +1,95 @@
+"""Checkpoints written behind the training loop.
+
+A synchronous save stops every GPU while gigabytes go through pickle, the page cache and fsync. With
+`--ckpt-async` the loop only waits for a copy of the states into host memory (pinned and reused
+between saves on CUDA, so the copy runs at PCIe speed); a background thread writes and hashes the
+files while training goes on. Nothing about the on-disk contract changes:
+
+- the files are written atomically as before, and the checkpoint only becomes complete when rank 0
+  writes its meta, which needs every rank's checksums; that commit is a collective, so it happens at
+  a step boundary every rank agrees on: the stop agreement carries "my write is still running" and
+  "my write failed" (max over ranks), and the first agreement where no rank is still writing commits;
+- at most one write is in flight: the next save first waits for the previous one and commits it;
+- a stop (signal, budget, early stop, the last step) waits for its save and commits it before the
+  loop ends, so the newest complete checkpoint is still the last step trained;
+- a kill while a write is in flight leaves files without a meta: never resumed from, removed by the
+  next prune; the run resumes from the previous complete checkpoint;
+- a write that fails (disk full) is reported by every rank at the next agreement, in one line.
+
+FSDP2's sharded states (torch.distributed.checkpoint) are still written synchronously.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+
+class HostSnapshot:
+    """Copies of nested states (dicts, lists, tuples, tensors, plain values) in host memory. On CUDA
+    the buffers are pinned and reused when the next save has the same shapes (one write is in flight
+    at a time, so a buffer is never read while it is refilled)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+        self._cuda = False
+
+    def take(self, obj: Any) -> Any:
+        self._cuda = False
+        out = self._copy(obj, "")
+        if self._cuda:
+            torch.cuda.synchronize()  # the non-blocking device-to-host copies are done before the thread reads
+        return out
+
+    def _copy(self, obj: Any, path: str) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._tensor(obj, path)
+        if isinstance(obj, dict):
+            return {k: self._copy(v, f"{path}/{k}") for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+            return type(obj)(self._copy(v, f"{path}/{i}") for i, v in enumerate(obj))
+        return copy.deepcopy(obj)
+
+    def _tensor(self, t: torch.Tensor, path: str) -> torch.Tensor:
+        t = t.detach()
+        if t.device.type != "cuda":
+            return t.clone()  # training goes on mutating the original in place
+        self._cuda = True
+        buf = self._buffers.get(path)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self._buffers[path] = buf
+        buf.copy_(t, non_blocking=True)
+        return buf
+
+
+class BackgroundWrite:
+    """One checkpoint's files, written by a thread. `result()` after `done()`: the checksums, or the
+    exception the write raised (re-raised by the caller once every rank knows)."""
+
+    def __init__(self, step: int, meta: dict[str, Any], write: Callable[[], dict[str, str]]):
+        self.step = step
+        self.meta = meta
+        self.files: dict[str, str] | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(write,), name=f"checkpoint-{step}", daemon=True)
+        self._thread.start()
+
+    def _run(self, write: Callable[[], dict[str, str]]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self.files = write()
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop, which stops every rank with it
+            self.error = exc
+        self.seconds = time.perf_counter() - t0
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def wait(self) -> None:
+        self._thread.join()
