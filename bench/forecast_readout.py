@@ -1,9 +1,11 @@
-"""Benchmark: why the forecaster reads out at the last day, and why the tiny preset's LR is 2e-3.
+"""Benchmark: why the forecaster reads out at the last day, and whether the tiny preset wants a
+larger LR.
 
-Trains the demo configuration (every default but --epochs) in one process, four times: the
-window-mean readout the model had before and the last-day readout it has now, each at LR 1e-3
-(the old default) and 2e-3 (the tiny preset's now), and records the validation Rank IC and loss
-(the test split is not looked at: this is a model choice).
+Trains the demo configuration (every default but --epochs and --lr) in one process, four times:
+the window-mean readout the model had before and the last-day readout it has now, each at LR 1e-3
+(the default) and 2e-3, and records the validation Rank IC and loss (the test split is not looked
+at: this is a model choice). Measured (2026-11-22, 2-core CPU): the readout doubles the validation
+Rank IC (0.050 -> 0.137 at 1e-3); with it, 2e-3 is no better than 1e-3 (0.132), so 1e-3 stays.
 
     python bench/forecast_readout.py --epochs 4 --out bench/results/forecast_readout_cpu.json
 """

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from conftest import TINY_DATA, read_metrics, read_results, run_cli
-from trainers.forecast.config import ForecastConfig, peak_lr
 from trainers.forecast.train import optimizer_step
 from trainers.runtime.precision import make_grad_scaler, resolve_precision
 from trainers.runtime.schedule import warmup_cosine
@@ -21,11 +20,6 @@ def test_warmup_then_cosine_to_the_floor():
     assert warmup_cosine(55, 100, 10, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert warmup_cosine(100, 100, 10, 0.1) == pytest.approx(0.1)
     assert warmup_cosine(5, 100, 0, 0.2) < 1.0 and warmup_cosine(0, 100, 0, 0.2) == pytest.approx(1.0)
-
-
-def test_the_learning_rate_defaults_to_the_presets():
-    assert peak_lr(ForecastConfig()) == 2e-3 and peak_lr(ForecastConfig(preset="151m")) == 1e-3
-    assert peak_lr(ForecastConfig(preset="151m", lr=3e-4)) == 3e-4
 
 
 def test_grad_clip_bounds_the_gradient_norm(monkeypatch):
@@ -60,8 +54,8 @@ def test_grad_accum_gives_the_gradient_of_the_whole_batch(tmp_path):
     la = [m["loss"] for m in read_metrics(a) if m["kind"] == "train"]
     lb = [m["loss"] for m in read_metrics(b) if m["kind"] == "train"]
     assert len(la) == 4 and la == pytest.approx(lb, rel=1e-5)
-    lr = [m["lr"] for m in read_metrics(a) if m["kind"] == "train"]  # the tiny preset's 2e-3, warming up
-    assert lr == pytest.approx([2e-3 * warmup_cosine(s, 4, 50, 0.1) for s in range(1, 5)])
+    lr = [m["lr"] for m in read_metrics(a) if m["kind"] == "train"]  # the default 1e-3, warming up
+    assert lr == pytest.approx([1e-3 * warmup_cosine(s, 4, 50, 0.1) for s in range(1, 5)])
     assert read_results(a)["training"]["global_batch"] == read_results(b)["training"]["global_batch"] == 128
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainers.forecast.config import PRESETS, ForecastConfig, feature_names, peak_lr
+from trainers.forecast.config import PRESETS, ForecastConfig, feature_names
 from trainers.forecast.data import Market, WindowStore, fix_date_range, load_market, make_store
 from trainers.forecast.evaluate import evaluate_splits, log_summary, validation_loss
 from trainers.forecast.model import Forecaster, TrainStep, count_parameters, flops_per_sample
@@ -119,7 +119,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     torch.manual_seed(cfg.seed)  # identical init on every rank (DDP also broadcasts rank 0's weights)
     model = build_model(cfg, store).to(ctx.device)
     store.to(ctx.device)
-    optimizer = build_adamw(model, peak_lr(cfg), cfg.weight_decay, (0.9, 0.95), ctx.device)
+    optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.95), ctx.device)
     scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
     scaler = make_grad_scaler(ctx.device, precision)
     shape = PRESETS[cfg.preset]

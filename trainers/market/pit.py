@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from trainers.errors import UsageError
-from trainers.market.universe import check_symbols
+from trainers.market.symbols import check_symbols
 
 HISTORY_COLUMNS = ("symbol", "name", "added", "removed", "snapshot_date")
 
