@@ -42,7 +42,7 @@ class NaiveForecaster(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(self.input(x) + self.pos)
-        return self.head(self.norm(h).mean(dim=1)).squeeze(-1)
+        return self.head(self.norm(h[:, -1])).squeeze(-1)  # the kit's readout: the last day
 
 
 def naive_loader(dataset: WindowDataset, batch_size: int, workers: int, pin: bool) -> DataLoader:

@@ -69,6 +69,9 @@ def main() -> int:
     scaler = make_grad_scaler(device, precision)
     weight, scale = torch.ones(len(ids), device=device), torch.tensor(1.0 / len(ids), device=device)
 
+    step = TrainStep(model)
+    weight, scale = torch.ones(len(ids), device=device), torch.tensor(1.0 / len(ids), device=device)
+
     def ours():
         forward_backward(step, store, ids, weight, device, precision, scaler, scale)
         optimizer_step(model, opt, scaler, 1.0)

@@ -73,6 +73,13 @@ def test_eight_gpus_use_all_of_them_with_the_151m_preset(tmp_path):
     assert "==> [train]" in (out / "deploy-forecast.log").read_text()
 
 
+def test_the_point_in_time_universe_reaches_fetch_and_training(tmp_path):
+    proc, _ = deploy(tmp_path, "--dry-run", "--universe", "sp500-pit")
+    assert proc.returncode == 0, proc.stderr
+    assert "trainers fetch-sp500 --years 25 --universe sp500-pit" in proc.stdout
+    assert "--source cache" in proc.stdout and "--years 25 --universe sp500-pit" in proc.stdout
+
+
 def test_no_gpu_fails_fast_pointing_at_demo(tmp_path):
     for gpus, with_smi in ((0, True), (8, False)):
         case = tmp_path / f"{gpus}-{with_smi}"
@@ -95,6 +102,7 @@ def test_fewer_gpus_than_asked_is_an_error_naming_both(tmp_path):
                                          (["--nnodes", "2"], "needs --rdzv-endpoint"),
                                          (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank '2'"),
                                          (["--years"], "--years needs a value"),
+                                         (["--universe", "dow"], "--universe 'dow' must be one of: sp500, sp500-pit"),
                                          (["--max-hours", "nan"], "--max-hours 'nan' must be a number > 0"),
                                          (["--usd-per-gpu-hour", "-1"], "--usd-per-gpu-hour '-1' must be a number >= 0"),
                                          (["--budget-usd", "5"], "--budget-usd needs --usd-per-gpu-hour"),

@@ -1,10 +1,21 @@
-"""The forecaster on data from the cache a fetch filled."""
+"""The forecaster on the data users have: a cache a fetch filled, close-only files, the point-in-time
+S&P 500 universe (offline: a file, or an injected downloader), and the feature and label options."""
 
+import numpy as np
+import pandas as pd
 import pytest
+import torch
 
 from conftest import read_results, run_cli
 from trainers.cli import main
+from trainers.errors import UsageError
+from trainers.forecast.config import ForecastConfig
+from trainers.forecast.data import load_store
+from trainers.forecast.export import export_run
+from trainers.forecast.train import train
+from trainers.market import sources
 from trainers.market.fetch import PriceCache
+from trainers.market.synthetic import synthetic_market
 
 
 @pytest.mark.slow
@@ -23,3 +34,107 @@ def test_fetch_synthetic_into_cache_then_train_from_cache(tmp_path, capsys):
     assert r["data"]["tickers_used"] == [f"SYN00{i}" for i in range(6)] and r["data"]["n_tickers"] == 6
     assert r["config"]["start"] and r["config"]["end"]  # pinned on the first run for resumes
     assert "validation" in r["data"]
+
+
+def close_only_file(tmp_path, n_tickers=8, n_days=700, symbols=None, start="2000-01-03"):
+    frame = synthetic_market(n_tickers, n_days, seed=4, start=start, momentum=0.3)
+    if symbols is not None:
+        frame["ticker"] = frame["ticker"].map(dict(zip(sorted(frame["ticker"].unique()), symbols)))
+    path = tmp_path / "close_only.csv"
+    frame[["date", "ticker", "close"]].rename(columns={"close": "Close"}).to_csv(path, index=False)
+    return path
+
+
+def test_a_close_only_file_trains_on_the_features_it_allows_and_exports(tmp_path):
+    path = close_only_file(tmp_path)
+    run_dir = tmp_path / "run"
+    r = train(ForecastConfig(source=f"file:{path}", run_dir=str(run_dir), window=20, horizon=5, max_steps=3,
+                             min_history_days=100))
+    assert r["data"]["features"] == ["ret_1d", "vol_20d"] and r["preprocessing"]["features"] == ["ret_1d", "vol_20d"]
+    assert set(r["data"]["features_left_out"]) == {"range_hl", "ret_oc", "volume_z"}
+    assert "needs volume" in r["data"]["features_left_out"]["volume_z"]
+    assert r["data"]["validation"]["columns_absent"] == ["open", "high", "low", "volume"]
+    assert r["data"]["validation"]["rows_dropped"] == 0 and r["config"]["features"] == "ret_1d,vol_20d"
+    assert "range_hl left out" in (run_dir / "training.log").read_text()
+    info = export_run(run_dir, latency_iters=1)
+    assert info["input"]["shape"] == ["batch", 20, 2] and info["output"]["name"] == "rank_score"
+    with pytest.raises(UsageError, match="ret_oc needs open"):  # asking for a feature the data cannot give
+        load_store(ForecastConfig(source=f"file:{path}", window=20, horizon=5, min_history_days=100,
+                                  features="ret_1d,ret_oc"))
+
+
+def test_features_option_picks_and_orders_the_inputs(tmp_path):
+    store, info = load_store(ForecastConfig(synthetic_tickers=4, synthetic_days=500, window=20, horizon=5,
+                                            features="vol_20d,ret_1d"), log=lambda _m: None)
+    assert store.feature_names == ["vol_20d", "ret_1d"] and store.features.shape[-1] == 2
+    with pytest.raises(UsageError, match="distinct names"):
+        ForecastConfig(features="ret_1d,ret_1d").validate()
+    with pytest.raises(UsageError, match="distinct names"):
+        ForecastConfig(features="alpha").validate()
+
+
+def test_targets_are_the_return_its_excess_and_its_rank(tmp_path):
+    stores = {t: load_store(ForecastConfig(synthetic_tickers=6, synthetic_days=500, window=20, horizon=5, target=t),
+                            log=lambda _m: None)[0] for t in ("raw", "demeaned", "rank")}
+    ids = stores["raw"].sample_ids["train"]
+    t, n = ids // 6, ids % 6
+    raw = stores["raw"].target[t, n].double().numpy()
+    np.testing.assert_allclose(raw, stores["raw"].forward_return[t.numpy(), n.numpy()], rtol=1e-5)
+    demeaned = stores["demeaned"].target[t, n].double().numpy()
+    day = t.numpy() == t[0].item()
+    np.testing.assert_allclose(demeaned[day], raw[day] - raw[day].mean(), atol=1e-6)
+    rank = stores["rank"].target[t, n].numpy()
+    assert sorted(rank[day].tolist()) == pytest.approx([-1, -0.6, -0.2, 0.2, 0.6, 1])
+    assert np.argsort(rank[day]).tolist() == np.argsort(raw[day]).tolist()
+
+
+SP500_SAMPLE = ["AAPL", "AAL", "ABNB", "AAP", "MSFT", "ZZZZ"]  # AAL left 2024-09-23, ABNB joined 2023-09-18,
+#                                                               AAP left 2023-08-25; ZZZZ was never a member
+
+
+def test_sp500_pit_uses_each_company_only_while_it_was_in_the_index(tmp_path):
+    path = close_only_file(tmp_path, n_tickers=6, n_days=900, symbols=sorted(SP500_SAMPLE), start="2022-01-03")
+    store, info = load_store(ForecastConfig(source=f"file:{path}", universe="sp500-pit", window=20, horizon=5,
+                                            min_history_days=100), log=lambda _m: None)
+    assert store.tickers == ["AAL", "AAP", "AAPL", "ABNB", "MSFT"]  # ZZZZ, never a member, is not read
+    ids = torch.cat([store.sample_ids[s] for s in ("train", "val", "test")])
+    used: dict[str, list[str]] = {}
+    for i in ids.tolist():
+        used.setdefault(store.tickers[i % store.n_tickers], []).append(store.dates[i // store.n_tickers])
+    assert min(used["ABNB"]) >= "2023-09-18" and max(used["AAL"]) < "2024-09-23" and max(used["AAP"]) < "2023-08-25"
+    assert min(used["AAPL"]) < "2023-01-01" and max(used["AAPL"]) > "2025-01-01"  # a member all along
+    universe = info["universe"]
+    assert universe["name"] == "sp500-pit" and universe["members"] > 500
+    assert 0 < universe["covered_share"] < 0.02 and "NVDA" in universe["missing"] and "AAPL" not in universe["missing"]
+    assert sum(universe["missing"].values()) == pytest.approx(1 - universe["covered_share"])
+    with pytest.raises(UsageError, match="needs real prices"):
+        ForecastConfig(universe="sp500-pit").validate()
+
+
+def test_sp500_pit_from_yahoo_reports_what_could_not_be_fetched(tmp_path, monkeypatch):
+    """Offline: an injected downloader that has prices for three members and none for the rest."""
+    have = {"AAPL", "MSFT", "AAL"}
+    calls = []
+
+    def fake_download(tickers, start, end):
+        calls.append(list(tickers))
+        idx = pd.bdate_range(start, end, inclusive="left", name="Date")
+        parts = {}
+        for i, t in enumerate(sorted(have & set(tickers))):
+            close = 50 * np.exp(np.cumsum(np.random.default_rng(i).normal(0, 0.01, len(idx))))
+            parts[t] = pd.DataFrame({"Open": close, "High": close * 1.01, "Low": close * 0.99, "Close": close,
+                                     "Volume": 1e6}, index=idx)
+        frame = pd.concat(parts, axis=1, names=["Ticker", "Price"]) if parts else pd.DataFrame()
+        frame.attrs["errors"] = {t: "YFPricesMissingError('possibly delisted; no price data found')"
+                                 for t in tickers if t not in have}
+        return frame
+
+    monkeypatch.setattr(sources, "yfinance_downloader", fake_download)
+    cfg = ForecastConfig(source="yfinance", universe="sp500-pit", start="2021-01-04", end="2024-01-02", window=20,
+                         horizon=5, cache_dir=str(tmp_path / "cache"), min_history_days=100)
+    store, info = load_store(cfg, log=lambda _m: None)
+    asked = {t for batch in calls for t in batch}
+    assert {"AAL", "AAP", "AAPL"} <= asked and "ABNB" in asked  # every member of those years, the leavers too
+    assert store.tickers == ["AAL", "AAPL", "MSFT"] and info["fetch"]["empty"] == len(asked) - 3
+    assert info["universe"]["covered_share"] == pytest.approx(3 / 500, rel=0.2)
+    assert set(info["universe"]["missing"]) == asked - have

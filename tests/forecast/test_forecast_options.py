@@ -54,6 +54,8 @@ def test_grad_accum_gives_the_gradient_of_the_whole_batch(tmp_path):
     la = [m["loss"] for m in read_metrics(a) if m["kind"] == "train"]
     lb = [m["loss"] for m in read_metrics(b) if m["kind"] == "train"]
     assert len(la) == 4 and la == pytest.approx(lb, rel=1e-5)
+    lr = [m["lr"] for m in read_metrics(a) if m["kind"] == "train"]  # the default 1e-3, warming up
+    assert lr == pytest.approx([1e-3 * warmup_cosine(s, 4, 50, 0.1) for s in range(1, 5)])
     assert read_results(a)["training"]["global_batch"] == read_results(b)["training"]["global_batch"] == 128
 
 

@@ -43,11 +43,22 @@ def test_torchrun_trains_to_results_with_baselines(reference_run):
     assert r["run"]["git_commit"] and r["run"]["versions"]["torch"]
     for split in ("val", "test"):
         e = r["evaluation"][split]
-        assert {"mse", "directional_accuracy", "ic_mean"} <= set(e["model"])
-        assert set(e["baselines"]) == {"always_up", "persistence", "zero_return", "train_mean"}
+        assert {"mse", "directional_accuracy", "ic", "rank_ic", "long_short", "long_only", "decile_returns"} <= set(e["model"])
+        assert set(e["baselines"]) == {"always_up", "persistence", "zero_return", "train_mean", "ridge", "lightgbm"}
+        for name in ("persistence", "ridge", "lightgbm"):
+            b = e["baselines"][name]
+            assert "skipped" in b or {"ic", "rank_ic", "long_short", "long_only"} <= set(b), name
         assert e["baselines"]["always_up"]["directional_accuracy"] == e["up_rate"]
         assert e["rows"] == r["data"]["samples"][split]
-    assert r["evaluation"]["checkpoint_step"] is not None
+        assert e["verdict"] in ("skill", "no skill detected") and e["equal_weight"]["periods"] > 0
+    assert r["evaluation"]["checkpoint_step"] is not None and r["evaluation"]["cost_bps"] == 10
+    assert r["evaluation"]["baselines_fitted"]["ridge"]["alpha"] > 0
+    log = (reference_run / "training.log").read_text()
+    assert f"test: {r['evaluation']['test']['verdict'].upper()}" in log
+    report = (reference_run / "report.md").read_text()
+    assert "SYNTHETIC" in report and "| ridge |" in report and "](equity.png)" in report
+    for picture in ("loss.png", "ic.png", "equity.png", "deciles.png"):
+        assert (reference_run / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", picture
     logged = [m for m in read_metrics(reference_run) if m["kind"] == "train"]
     assert {"loss", "lr", "samples_per_s", "step_time_s", "peak_memory_bytes"} <= set(logged[0])
     assert list((reference_run / "tensorboard").glob("events.out.tfevents.*"))
@@ -69,13 +80,31 @@ def test_export_and_package_give_a_tarball_sha256sum_accepts(reference_run, tmp_
     check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=root, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     names = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
-    assert {"model.onnx", "results.json", "config.json", "training.log", "metrics.jsonl", "SHA256SUMS"} <= names
+    assert {"model.onnx", "results.json", "config.json", "training.log", "metrics.jsonl", "SHA256SUMS", "report.md",
+            "loss.png", "ic.png", "equity.png", "deciles.png"} <= names
     assert any(n.startswith("checkpoints/model_") for n in names) and any(n.startswith("tensorboard/") for n in names)
     # the packed ONNX runs on its own
     import onnxruntime as ort
 
-    out = ort.InferenceSession(str(root / "model.onnx")).run(None, {"features": np.zeros((5, 32, 5), np.float32)})[0]
+    session = ort.InferenceSession(str(root / "model.onnx"))
+    assert [o.name for o in session.get_outputs()] == ["rank_score"] == [r["export"]["output"]["name"]]
+    out = session.run(None, {"features": np.zeros((5, 32, 5), np.float32)})[0]
     assert out.shape == (5,)
+
+
+def test_evaluate_reprices_the_portfolios_with_other_costs_and_sizes(reference_run, tmp_path):
+    import shutil
+
+    from trainers.forecast.evaluate import evaluate_run
+
+    run = tmp_path / "copy"
+    shutil.copytree(reference_run, run)
+    before = read_results(run)["evaluation"]["test"]["model"]["long_short"]
+    free = evaluate_run(str(run), device="cpu", top_k=2, cost_bps=0)["test"]["model"]["long_short"]
+    assert free["ann_return"] == pytest.approx(free["ann_return_gross"])  # no costs: net is gross
+    assert before["ann_return"] < before["ann_return_gross"] and free["turnover"] != before["turnover"]
+    r = read_results(run)
+    assert r["evaluation"]["cost_bps"] == 0 and r["evaluation"]["top_k"] == 2 and "| model |" in (run / "report.md").read_text()
 
 
 def test_package_refuses_to_vouch_for_corrupt_bytes(reference_run, tmp_path):

@@ -54,10 +54,10 @@ def test_the_forecasters_activation_estimate_matches_what_autograd_saves(d, laye
 
 
 def test_weight_grad_and_optimizer_bytes_are_what_the_state_dicts_hold():
-    w = load_workload("forecast", ["--preset", "tiny"])
-    model = Forecaster(32, 2, 4, 64, 5, 120)
+    w = load_workload("forecast", ["--preset", "tiny", "--window", "90"])
+    model = Forecaster(32, 2, 4, 64, 5, 90)
     opt = torch.optim.AdamW(model.parameters())
-    model(torch.randn(2, 120, 5)).sum().backward()
+    model(torch.randn(2, 90, 5)).sum().backward()
     opt.step()
     weights = sum(t.numel() * t.element_size() for t in model.state_dict().values() if t.dim() > 0 and
                   t.dtype == torch.float32) - 0  # buffers are 0-dim
@@ -69,11 +69,12 @@ def test_weight_grad_and_optimizer_bytes_are_what_the_state_dicts_hold():
 
 
 def test_seed_000s_151m_at_2048_per_gpu_does_not_fit_80gb_and_the_fix_is_accumulation():
-    w = load_workload("forecast", ["--preset", "151m", "--batch-size", "2048"])
+    # a 120-day window (the kit's default before the demo moved to 60; seed 000 names none)
+    w = load_workload("forecast", ["--preset", "151m", "--batch-size", "2048", "--window", "120"])
     assert 150e6 < w.parameters < 153e6
     p = plan(w, DEVICES["h100-sxm"], 8)
     assert p.chosen is None and "2x smaller with 2x gradient accumulation" in p.fix
-    assert plan(load_workload("forecast", ["--preset", "151m", "--batch-size", "1024"]), DEVICES["h100-sxm"],
+    assert plan(load_workload("forecast", ["--preset", "151m", "--batch-size", "1024", "--window", "120"]), DEVICES["h100-sxm"],
                 8).chosen == "ddp"
 
 
@@ -115,7 +116,7 @@ def test_device_names_as_drivers_print_them():
 
 def test_the_plan_command(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert main(["plan", "--trainer", "forecast", "--preset", "151m", "--gpus", "8", "--usd-per-gpu-hour", "2.5",
+    assert main(["plan", "--trainer", "forecast", "--preset", "151m", "--window", "120", "--gpus", "8", "--usd-per-gpu-hour", "2.5",
                  "--hours", "2", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "151,286,785 parameters" in text and "plan: ddp" in text and "= $40.00" in text

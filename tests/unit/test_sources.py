@@ -35,7 +35,7 @@ def test_file_source_parquet_with_ticker_selection_and_dates(tmp_path):
 
 
 @pytest.mark.parametrize("content,name,match", [
-    ("date,ticker,open,high,low,close\n2020-01-01,A,1,1,1,1\n", "p.csv", "lacks column.*volume"),
+    ("date,ticker,open,high,low,volume\n2020-01-01,A,1,1,1,1\n", "p.csv", "lacks column.*close"),
     ("x", "p.txt", "unknown format '.txt'"),
     ("date,ticker,open,high,low,close,volume\nnot-a-date,A,1,1,1,1,1\n", "p.csv", "unparseable|could not"),
 ])

@@ -22,7 +22,7 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from trainers.forecast.evaluate import evaluate_run
 
-    evaluate_run(args.run_dir, args.checkpoint, args.device)
+    evaluate_run(args.run_dir, args.checkpoint, args.device, args.top_k, args.cost_bps)
     return 0
 
 
@@ -43,10 +43,15 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     cfgmod.add_dataclass_args(p, ForecastConfig)
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("evaluate", help="evaluate a run's checkpoint against the baselines on val and test")
+    p = sub.add_parser("evaluate", help="evaluate a run's checkpoint against the baselines on val and test; "
+                                        "rewrites results.json's evaluation, report.md and the pictures")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoint", default="best", help="best, latest or a step number (default: best)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--top-k", type=number(int, min=1), default=None,
+                   help="names held long (and short) by the portfolios (default: the run's --top-k)")
+    p.add_argument("--cost-bps", type=number(float, min=0), default=None,
+                   help="trading cost in basis points of the notional traded (default: the run's --cost-bps)")
     p.set_defaults(func=_evaluate)
 
     p = sub.add_parser("export", help="export ONNX and prove onnxruntime matches PyTorch at other batch sizes")

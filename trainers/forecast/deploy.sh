@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The forecaster's part of the deploy kit (sourced by deploy_8gpu.sh; hooks described in kit_lib.sh).
-# shellcheck disable=SC2034  # PRESET, YEARS and TRAIN_ARGS are read by the kit
+# shellcheck disable=SC2034  # PRESET, YEARS, UNIVERSE and TRAIN_ARGS are read by the kit
 
 PRESET="${PRESET:-}"
 YEARS="${YEARS:-25}"
+UNIVERSE="${UNIVERSE:-sp500}"
 
 trainer_usage() {
   cat <<'EOF_USAGE'
   --preset NAME          tiny | small | base | 151m (default: 151m, tiny with --demo) [PRESET]
   --years N              years of S&P 500 history to fetch (default: 25)           [YEARS]
+  --universe NAME        sp500 (today's members) | sp500-pit (every member of the
+                         index's history, each used only while it was in; default: sp500) [UNIVERSE]
 EOF_USAGE
 }
 
@@ -17,6 +20,7 @@ trainer_flag() {
   case "$1" in
     --preset) need_value "$@"; PRESET="$2" ;;
     --years) need_value "$@"; YEARS="$2" ;;
+    --universe) need_value "$@"; UNIVERSE="$2" ;;
     *) CONSUMED=0 ;;
   esac
 }
@@ -25,12 +29,13 @@ trainer_defaults() {
   if [[ "$DEMO" -eq 1 ]]; then PRESET="${PRESET:-tiny}"; else PRESET="${PRESET:-151m}"; fi
   [[ "$PRESET" =~ ^(tiny|small|base|151m)$ ]] || die "--preset '$PRESET' must be one of: tiny, small, base, 151m"
   is_positive "$YEARS" || die "--years '$YEARS' must be a positive number"
+  [[ "$UNIVERSE" =~ ^(sp500|sp500-pit)$ ]] || die "--universe '$UNIVERSE' must be one of: sp500, sp500-pit"
 }
 
 trainer_data() {
   if [[ "$DEMO" -eq 1 ]]; then echo "demo: synthetic data, nothing to fetch"; return; fi
   # resumable: fetches only what the cache lacks
-  run "$PY" -m trainers fetch-sp500 --years "$YEARS" --cache-dir "$OUT/cache/sp500"
+  run "$PY" -m trainers fetch-sp500 --years "$YEARS" --universe "$UNIVERSE" --cache-dir "$OUT/cache/sp500"
 }
 
 trainer_train_args() {
@@ -38,6 +43,6 @@ trainer_train_args() {
   if [[ "$DEMO" -eq 1 ]]; then
     TRAIN_ARGS+=(--source synthetic)
   else
-    TRAIN_ARGS+=(--source cache --cache-dir "$OUT/cache/sp500" --years "$YEARS")
+    TRAIN_ARGS+=(--source cache --cache-dir "$OUT/cache/sp500" --years "$YEARS" --universe "$UNIVERSE")
   fi
 }

@@ -1,6 +1,10 @@
 """Evaluation: the model's forecasts beside the baselines, on exactly the same rows.
 
-`forecast_metrics` is pure NumPy; the rest predicts with the model, sharded over ranks.
+For every split: the label metrics of the past (MSE, directional accuracy against the label,
+always-up, zero, train-mean, persistence), the signal (IC and Rank IC per date) and the
+portfolios built on each forecast (trainers.forecast.metrics), for the model, ridge, LightGBM and
+persistence, the equal-weight portfolio on the same dates, and a verdict. `split_report` is pure
+NumPy; the rest predicts with the model (sharded over ranks) and fits the baselines on rank 0.
 """
 
 from __future__ import annotations
@@ -8,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
+from trainers.forecast.baselines import fit_lightgbm, fit_ridge
 from trainers.forecast.config import ForecastConfig
 from trainers.forecast.data import WindowStore, load_store
+from trainers.forecast.metrics import backtest, decile_returns, ic_summary, per_date_ic, verdict
 from trainers.runtime.dist import (
     DistContext,
     all_gather_object,
@@ -22,58 +27,62 @@ from trainers.runtime.dist import (
 )
 from trainers.runtime.precision import autocast
 
-
-def _per_date_ic(date_index: np.ndarray, score: np.ndarray, target: np.ndarray, min_names: int = 5) -> np.ndarray:
-    """Spearman rank correlation across tickers, one value per date with >= min_names rows."""
-    frame = pd.DataFrame({"d": date_index, "s": score, "y": target})
-    counts = frame.groupby("d")["s"].transform("size")
-    frame = frame[counts >= min_names]
-    if frame.empty:
-        return np.array([])
-    ranks = frame.groupby("d")[["s", "y"]].rank()
-    ranks["d"] = frame["d"].to_numpy()
-    ranks["s"] -= ranks.groupby("d")["s"].transform("mean")
-    ranks["y"] -= ranks.groupby("d")["y"].transform("mean")
-    cov = (ranks["s"] * ranks["y"]).groupby(ranks["d"]).sum()
-    var_s = (ranks["s"] ** 2).groupby(ranks["d"]).sum()
-    var_y = (ranks["y"] ** 2).groupby(ranks["d"]).sum()
-    denom = np.sqrt(var_s * var_y)
-    ic = (cov / denom.where(denom > 0)).dropna()
-    return ic.to_numpy()
+PREDICTORS = ("model", "ridge", "lightgbm", "persistence")
 
 
-def _ic_summary(ic: np.ndarray) -> dict:
-    if len(ic) == 0:
-        return {"ic_mean": None, "ic_std": None, "ic_ir": None, "ic_dates": 0}
-    std = float(ic.std(ddof=1)) if len(ic) > 1 else None
-    return {"ic_mean": float(ic.mean()), "ic_std": std,
-            "ic_ir": float(ic.mean() / std) if std else None, "ic_dates": int(len(ic))}
+def forecast_metrics(date_index: np.ndarray, ticker_index: np.ndarray, pred: np.ndarray, label: np.ndarray,
+                     fwd_return: np.ndarray, horizon: int, top_k: int | None, cost_bps: float) -> tuple[dict, dict]:
+    """One forecast's metrics (label MSE and direction, IC, Rank IC, portfolios, deciles) and the
+    per-date series the pictures need."""
+    ic = per_date_ic(date_index, pred, fwd_return)
+    rank_ic = per_date_ic(date_index, pred, fwd_return, rank=True)
+    books = backtest(date_index, ticker_index, pred, fwd_return, horizon, top_k, cost_bps)
+    metrics = {"mse": float(np.mean((pred - label) ** 2)),
+               "directional_accuracy": float(np.mean((pred > 0) == (label > 0))),
+               "ic": ic_summary(ic.to_numpy(), horizon), "rank_ic": ic_summary(rank_ic.to_numpy(), horizon),
+               **{book: {k: v for k, v in got.items() if k != "curve"} for book, got in books.items()},
+               "decile_returns": decile_returns(date_index, pred, fwd_return)}
+    series = {"ic": ic, "rank_ic": rank_ic, "curves": {book: got["curve"] for book, got in books.items()}}
+    return metrics, series
 
 
-def forecast_metrics(date_index: np.ndarray, pred: np.ndarray, target: np.ndarray, past_return: np.ndarray,
-                     train_target_mean: float) -> dict:
-    """Model metrics and baselines: always-up, persistence (sign of the past horizon's return),
-    zero-return MSE and train-mean MSE. `up_rate` is the share of rows whose target is > 0."""
-    up = target > 0
-    model = {"mse": float(np.mean((pred - target) ** 2)),
-             "directional_accuracy": float(np.mean((pred > 0) == up))}
-    model.update(_ic_summary(_per_date_ic(date_index, pred, target)))
-    persistence = {"directional_accuracy": float(np.mean((past_return > 0) == up))}
-    persistence.update(_ic_summary(_per_date_ic(date_index, past_return, target)))
-    baselines = {
-        "always_up": {"directional_accuracy": float(np.mean(up))},
-        "persistence": persistence,
-        "zero_return": {"mse": float(np.mean(target ** 2))},
-        "train_mean": {"mse": float(np.mean((target - train_target_mean) ** 2))},
-    }
-    return {"rows": int(len(target)), "dates": int(len(np.unique(date_index))), "up_rate": float(np.mean(up)),
-            "model": model, "baselines": baselines}
+def split_report(date_index: np.ndarray, ticker_index: np.ndarray, label: np.ndarray, fwd_return: np.ndarray,
+                 predictions: dict[str, np.ndarray], skipped: dict[str, str], horizon: int, top_k: int | None,
+                 cost_bps: float, train_label_mean: float) -> tuple[dict, dict]:
+    """Every metric of one split. `predictions`: name -> forecast in label units, one per row (the
+    model's under "model"); `skipped`: name -> why a baseline is missing. `up_rate` is the share
+    of rows whose label is > 0."""
+    up = label > 0
+    series: dict = {}
+    results = {}
+    for name, pred in predictions.items():
+        results[name], series[name] = forecast_metrics(date_index, ticker_index, pred, label, fwd_return, horizon,
+                                                       top_k, cost_bps)
+    equal = backtest(date_index, ticker_index, None, fwd_return, horizon, top_k, cost_bps)["equal_weight"]
+    series["equal_weight"] = {"curves": {"equal_weight": equal.pop("curve")}}
+    model = results.pop("model")
+    baselines = {"always_up": {"directional_accuracy": float(np.mean(up))},
+                 "zero_return": {"mse": float(np.mean(label ** 2))},
+                 "train_mean": {"mse": float(np.mean((label - train_label_mean) ** 2))},
+                 **results, **{name: {"skipped": why} for name, why in skipped.items()}}
+    word, why = verdict(model["rank_ic"], model["long_short"])
+    report = {"rows": int(len(label)), "dates": int(len(np.unique(date_index))), "up_rate": float(np.mean(up)),
+              "model": model, "baselines": baselines, "equal_weight": equal,
+              "long_short_minus_equal_weight": _difference(model["long_short"], equal),
+              "verdict": word, "verdict_reason": why}
+    return report, series
+
+
+def _difference(a: dict, b: dict) -> float | None:
+    if a.get("ann_return") is None or b.get("ann_return") is None:
+        return None
+    return a["ann_return"] - b["ann_return"]
 
 
 @torch.no_grad()
 def predict_split(model, store: WindowStore, split: str, ctx: DistContext, batch_size: int,
                   precision) -> tuple[np.ndarray, np.ndarray] | None:
-    """Predicted log returns for every sample of `split`, sharded over ranks, gathered on rank 0."""
+    """Predictions in label units for every sample of `split`, sharded over ranks, gathered on rank 0."""
     model.eval()
     ids = store.sample_ids[split][ctx.rank::ctx.world_size]
     preds = []
@@ -83,6 +92,7 @@ def predict_split(model, store: WindowStore, split: str, ctx: DistContext, batch
             preds.append(model.predict_return(x).float())
     local = (ids.cpu().numpy(), torch.cat(preds).cpu().numpy() if preds else np.zeros(0, np.float32))
     parts = all_gather_object(ctx, local)
+    model.train()
     if not ctx.is_main:
         return None
     all_ids = np.concatenate([p[0] for p in parts])
@@ -91,22 +101,36 @@ def predict_split(model, store: WindowStore, split: str, ctx: DistContext, batch
     return all_ids[order], all_pred[order]
 
 
-def evaluate_splits(model, store: WindowStore, ctx: DistContext, batch_size: int, precision,
-                    splits=("val", "test")) -> dict | None:
-    """Collective; the metrics of every split on rank 0 (None elsewhere)."""
-    out = {}
+def evaluate_splits(model, store: WindowStore, ctx: DistContext, batch_size: int, precision, top_k: int | None,
+                    cost_bps: float, splits=("val", "test"), log=None) -> tuple[dict, dict] | None:
+    """Collective; (evaluation, per-date series for the report) on rank 0, None elsewhere. The
+    baselines are fitted on rank 0 while the other ranks wait."""
+    got = {split: predict_split(model, store, split, ctx, batch_size, precision) for split in splits}
+    if not ctx.is_main:
+        return None
+    ridge_info, ridge = fit_ridge(store, splits)
+    lightgbm_info, lightgbm = fit_lightgbm(store, splits)
+    if log is not None and "skipped" in lightgbm_info:
+        log.info("%s", lightgbm_info["skipped"])
+    evaluation: dict = {"baselines_fitted": {"ridge": ridge_info, "lightgbm": lightgbm_info},
+                        "label": store.preprocessing()["target"], "top_k": top_k, "cost_bps": cost_bps}
+    series: dict = {"dates": store.dates}
     for split in splits:
-        got = predict_split(model, store, split, ctx, batch_size, precision)
-        if got is None:
-            continue
-        ids, pred = got
-        ids_t = torch.from_numpy(ids).to(store.target.device)
-        t = store.date_index(ids_t)
-        n = ids_t - t * store.n_tickers
-        out[split] = forecast_metrics(t.cpu().numpy(), pred.astype(np.float64),
-                                      store.target[t, n].double().cpu().numpy(),
-                                      store.past_return[t, n].double().cpu().numpy(), store.target_mean)
-    return out if ctx.is_main else None
+        ids, pred = got[split]
+        expected = store.sample_ids[split].cpu().numpy()
+        assert np.array_equal(ids, expected), "model and baselines must be scored on the same rows"
+        t, n = ids // store.n_tickers, ids % store.n_tickers
+        label = store.target.cpu().numpy()[t, n].astype(np.float64)
+        predictions = {"model": pred.astype(np.float64), "ridge": ridge[split],
+                       "persistence": store.past_label[t, n]}
+        skipped = {}
+        if "skipped" in lightgbm_info:
+            skipped["lightgbm"] = lightgbm_info["skipped"]
+        else:
+            predictions["lightgbm"] = lightgbm[split]
+        evaluation[split], series[split] = split_report(t, n, label, store.forward_return[t, n], predictions, skipped,
+                                                        store.horizon, top_k, cost_bps, store.target_mean)
+    return evaluation, series
 
 
 @torch.no_grad()
@@ -125,18 +149,42 @@ def validation_loss(model, store: WindowStore, ctx: DistContext, batch_size: int
     return total_sse / count
 
 
-def log_summary(log, evaluation: dict) -> None:
-    for split in ("val", "test"):
+def _fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def table_rows(e: dict) -> list[tuple[str, dict]]:
+    """(name, metrics) of the model and every baseline that forecasts, in table order."""
+    rows = [("model", e["model"])]
+    rows += [(name, e["baselines"][name]) for name in PREDICTORS[1:] if name in e["baselines"]]
+    return rows
+
+
+def log_summary(log, evaluation: dict, splits=("val", "test")) -> None:
+    for split in splits:
         e = evaluation[split]
-        log.info("%s: model acc %.4f mse %.3e IC %s | always-up %.4f persistence %.4f zero-mse %.3e",
-                 split, e["model"]["directional_accuracy"], e["model"]["mse"],
-                 "n/a" if e["model"]["ic_mean"] is None else f"{e['model']['ic_mean']:.4f}",
-                 e["baselines"]["always_up"]["directional_accuracy"],
-                 e["baselines"]["persistence"]["directional_accuracy"], e["baselines"]["zero_return"]["mse"])
+        log.info("%s (%d rows, %d dates): %-11s %8s %8s %6s %6s %9s %7s %9s", split, e["rows"], e["dates"], "forecast",
+                 "IC", "RankIC", "ICIR", "t_nw", "L/S ann", "Sharpe", "long ann")
+        for name, m in table_rows(e):
+            if "skipped" in m:
+                log.info("%s   %-11s %s", split, name, m["skipped"])
+                continue
+            log.info("%s   %-11s %8s %8s %6s %6s %9s %7s %9s", split, name, _fmt(m["ic"]["mean"], "+.4f"),
+                     _fmt(m["rank_ic"]["mean"], "+.4f"), _fmt(m["rank_ic"]["icir"], "+.2f"),
+                     _fmt(m["rank_ic"]["t_nw"], "+.2f"), _fmt(m["long_short"]["ann_return"], "+.2%"),
+                     _fmt(m["long_short"]["sharpe"], "+.2f"), _fmt(m["long_only"]["ann_return"], "+.2%"))
+        ew = e["equal_weight"]
+        log.info("%s   %-11s %42s %7s %9s", split, "equal-wt", "", _fmt(ew["sharpe"], "+.2f"),
+                 _fmt(ew["ann_return"], "+.2%"))
+        log.info("%s: %s: %s (after %g bp costs)", split, e["verdict"].upper(), e["verdict_reason"],
+                 evaluation["cost_bps"])
 
 
-def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto") -> dict | None:
-    """`trainers forecast evaluate`: re-evaluate a run's checkpoint (one process or under torchrun)."""
+def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto", top_k: int | None = None,
+                 cost_bps: float | None = None) -> dict | None:
+    """`trainers forecast evaluate`: re-evaluate a run's checkpoint (one process or under torchrun),
+    rewriting results.json's evaluation, report.md and the pictures."""
+    from trainers.forecast.report import write_report
     from trainers.forecast.train import build_model
     from trainers.runtime.logs import get_logger
     from trainers.runtime.precision import precision_for
@@ -144,6 +192,8 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto") -
     from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
 
     cfg = load_run_config(Path(run_dir), ForecastConfig)
+    top_k = cfg.top_k if top_k is None else top_k
+    cost_bps = cfg.cost_bps if cost_bps is None else cost_bps
     with distributed(device, cfg.collective_timeout_s) as ctx, exclusive(Path(run_dir), ctx):
         log = get_logger(ctx.rank, None)
         step, states = load_checkpoint_states(Path(run_dir), checkpoint, str(ctx.device))
@@ -152,10 +202,13 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto") -
         precision = precision_for(ctx.device, cfg.precision if ctx.device.type == "cuda" else "auto")
         model = build_model(cfg).to(ctx.device)
         model.load_state_dict(states["model"])
-        evaluation = evaluate_splits(model, store, ctx, cfg.eval_batch_size, precision)
+        got = evaluate_splits(model, store, ctx, cfg.eval_batch_size, precision, top_k, cost_bps, log=log)
+        evaluation = None
         if ctx.is_main:
+            evaluation, series = got
             evaluation["checkpoint_step"] = step
             log_summary(log, evaluation)
-            merge_results(Path(run_dir), {"evaluation": evaluation}, log.warning)
+            results = merge_results(Path(run_dir), {"evaluation": evaluation}, log.warning)
+            write_report(Path(run_dir), results, series)
         barrier(ctx)
         return evaluation

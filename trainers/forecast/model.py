@@ -74,7 +74,10 @@ class Forecaster(nn.Module):
         h = h + self.pos[: x.shape[1]].to(h.dtype)
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h).mean(dim=1)).squeeze(-1)
+        # Read out at the last day (the anchor date), which attends to the whole window. Mean pooling
+        # weighted every day alike and buried the recent ones: on the demo market it reached half the
+        # validation Rank IC of this readout (0.04 vs 0.08 after 3 epochs; README).
+        return self.head(self.norm(h[:, -1])).squeeze(-1)
 
     def predict_return(self, x: torch.Tensor) -> torch.Tensor:
         return self(x) * self.target_std + self.target_mean

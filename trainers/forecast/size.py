@@ -4,8 +4,8 @@ model.py, and the bytes autograd saves for backward, counted per sample (tested 
 
 from __future__ import annotations
 
-from trainers.forecast.config import PRESETS, ForecastConfig
-from trainers.market.windows import FEATURES, plan_splits
+from trainers.forecast.config import PRESETS, ForecastConfig, feature_names
+from trainers.market.windows import plan_splits
 from trainers.ops.plan import Workload
 
 SP500_MEMBERS = 503  # the shipped universe (trainers/market/sp500.csv)
@@ -16,10 +16,10 @@ def activation_bytes_per_sample(window: int, n_features: int, d_model: int, n_la
     """Per block (pre-norm, SDPA): the norm input, the qkv input, q, k, v and the attention output,
     the projection input, the second norm's input, the MLP input (8 x T x d); the GELU input and
     output (2 x T x d_ff); norm statistics and the attention's log-sum-exp in fp32; with dropout on,
-    each residual branch's mask, saved in the compute dtype. Plus the input, the final norm and the
-    pooled head input."""
+    each residual branch's mask, saved in the compute dtype. Plus the input, and the final norm's and
+    the head's inputs (the readout is the last day's: d each)."""
     t, d = window, d_model
-    compute = t * n_features + n_layers * (8 * t * d + 2 * t * d_ff) + t * d + d
+    compute = t * n_features + n_layers * (8 * t * d + 2 * t * d_ff) + 2 * d
     fp32 = n_layers * (n_heads * t + 4 * t) + 2 * t
     masks = n_layers * 2 * t * d if dropout > 0 else 0
     return (compute + masks) * compute_bytes + fp32 * 4
@@ -47,13 +47,14 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
         model = build_model(cfg)
     parameters = sum(p.numel() for p in model.parameters())
     block = max(sum(p.numel() for p in b.parameters()) for b in model.blocks)
-    per_sample = activation_bytes_per_sample(cfg.window, len(FEATURES), shape.d_model, shape.n_layers, shape.n_heads,
+    n_features = len(feature_names(cfg))  # all of them unless --features says otherwise (no data is read here)
+    per_sample = activation_bytes_per_sample(cfg.window, n_features, shape.d_model, shape.n_layers, shape.n_heads,
                                              shape.d_ff, cfg.dropout, compute_bytes)
     samples = training_samples(cfg)
     return Workload(
         trainer="forecast", parameters=parameters, n_blocks=shape.n_layers, block_parameters=block, unit="samples",
         items_per_micro=cfg.batch_size, grad_accum=cfg.grad_accum,
-        flops_per_item=flops_per_sample(cfg.window, len(FEATURES), shape.d_model, shape.n_layers, shape.d_ff),
+        flops_per_item=flops_per_sample(cfg.window, n_features, shape.d_model, shape.n_layers, shape.d_ff),
         activation_bytes=lambda micro, _checkpointing: per_sample * micro, kind="transformer", strategies=("ddp",),
         items_total=float(samples * cfg.epochs), shape={"preset": cfg.preset, **vars(shape), "window": cfg.window},
         notes=[f"one epoch is about {samples:,} samples ({'synthetic' if cfg.source == 'synthetic' else 'S&P 500'}"

@@ -4,6 +4,11 @@ Each optimizer step takes this rank's share of a global batch (every sample once
 ranks), gathers the windows by index on the device, and normalises the loss by the global batch
 count so uneven shards still give the exact mean gradient. Stops, checkpoints and results go
 through the run boundary (trainers.runtime.run).
+
+`--walk-forward K` runs that same loop once per fold, each a complete run of its own in
+<run-dir>/fold_<k> (its own checkpoints, resume, results, report); this folder holds the config,
+the per-fold table and mean +- std. A restart skips the folds that finished and resumes the one
+that was running from its own checkpoints.
 """
 
 from __future__ import annotations
@@ -15,11 +20,11 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainers.forecast.config import PRESETS, ForecastConfig
-from trainers.forecast.data import WindowStore, fix_date_range, load_store
+from trainers.forecast.config import PRESETS, ForecastConfig, feature_names
+from trainers.forecast.data import Market, WindowStore, fix_date_range, load_market, make_store
 from trainers.forecast.evaluate import evaluate_splits, log_summary, validation_loss
 from trainers.forecast.model import Forecaster, TrainStep, count_parameters, flops_per_sample
-from trainers.market.windows import FEATURES
+from trainers.forecast.report import write_report
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed
 from trainers.runtime.precision import (
@@ -30,6 +35,7 @@ from trainers.runtime.precision import (
     maybe_compile,
     precision_for,
 )
+from trainers.runtime.results import read_results
 from trainers.runtime.run import Run
 from trainers.runtime.sampling import EpochCursor
 from trainers.runtime.schedule import build_scheduler
@@ -38,7 +44,7 @@ from trainers.runtime.stops import StopReason
 
 def build_model(cfg: ForecastConfig, store: WindowStore | None = None) -> Forecaster:
     shape = PRESETS[cfg.preset]
-    model = Forecaster(shape.d_model, shape.n_layers, shape.n_heads, shape.d_ff, n_features=len(FEATURES),
+    model = Forecaster(shape.d_model, shape.n_layers, shape.n_heads, shape.d_ff, n_features=len(feature_names(cfg)),
                        window=cfg.window, dropout=cfg.dropout)
     if store is not None:
         model.target_mean.fill_(store.target_mean)
@@ -84,15 +90,23 @@ def train(cfg: ForecastConfig) -> dict | None:
     started_at = time.time()
     cfg.validate()
     with distributed(cfg.device, cfg.collective_timeout_s) as ctx:
-        return _train(cfg, ctx, started_at)
+        if cfg.walk_forward and cfg.fold is None:
+            from trainers.forecast.walk_forward import walk_forward
+
+            return walk_forward(cfg, ctx, started_at)
+        return train_one(cfg, ctx, started_at)[0]
 
 
-def _train(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | None:
+def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
+              market: Market | None = None) -> tuple[dict | None, StopReason]:
+    """One run (the plain split, or one walk-forward fold): (results on rank 0, the agreed stop)."""
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
     fix_date_range(cfg, cfgmod.saved_config(run_dir))
     cfgmod.check_run_dir_compatible(run_dir, cfg)
-    store, data_info = load_store(cfg, log=print if ctx.is_main else (lambda _msg: None))
+    if market is None:
+        market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))
+    store, data_info = make_store(cfg, market)
     train_ids = store.sample_ids["train"]
     cursor = EpochCursor(len(train_ids), ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed)
     total_steps = cfg.epochs * cursor.steps_per_epoch
@@ -109,7 +123,7 @@ def _train(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | N
     scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
     scaler = make_grad_scaler(ctx.device, precision)
     shape = PRESETS[cfg.preset]
-    flops = flops_per_sample(cfg.window, len(FEATURES), shape.d_model, shape.n_layers, shape.d_ff)
+    flops = flops_per_sample(cfg.window, len(store.feature_names), shape.d_model, shape.n_layers, shape.d_ff)
 
     with Run(cfg, ctx, "forecast", {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler},
              total_steps, unit="samples", metric_name="loss", eval_every=cfg.eval_every, flops_per_item=flops,
@@ -117,9 +131,11 @@ def _train(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | N
         log = run.log
         log.info("forecast: %s preset, %s parameters, %d rank(s) on %s, precision %s%s", cfg.preset,
                  f"{count_parameters(model):,}", ctx.world_size, ctx.device.type, precision.name, ", TF32" if tf32 else "")
-        log.info("data: %s; %d tickers x %d dates; samples train/val/test %s; embargo %d dates",
-                 data_info["source"], data_info["n_tickers"], data_info["n_dates"],
-                 "/".join(str(store.stats[s]) for s in ("train", "val", "test")), store.plan.embargo)
+        log.info("data: %s; %d tickers x %d dates; samples train/val/test %s; embargo %d dates; label %s; "
+                 "features %s%s", data_info["source"], data_info["n_tickers"], data_info["n_dates"],
+                 "/".join(str(store.stats[s]) for s in ("train", "val", "test")), store.plan.embargo, cfg.target,
+                 ",".join(store.feature_names),
+                 "".join(f" ({f} left out: {why})" for f, why in data_info["features_left_out"].items()))
         log.info("schedule: %d steps per epoch, %d steps total, global batch %d", cursor.steps_per_epoch, total_steps,
                  cfg.batch_size * cfg.grad_accum * ctx.world_size)
 
@@ -171,10 +187,13 @@ def _train(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | N
 
         def evaluate() -> dict | None:
             best = run.restore_best()
-            evaluation = evaluate_splits(model, store, ctx, cfg.eval_batch_size, precision)
-            if ctx.is_main:
-                evaluation["checkpoint_step"] = best
-                log_summary(log, evaluation)
+            got = evaluate_splits(model, store, ctx, cfg.eval_batch_size, precision, cfg.top_k, cfg.cost_bps, log=log)
+            if not ctx.is_main:
+                return None
+            evaluation, series = got
+            evaluation["checkpoint_step"] = best
+            log_summary(log, evaluation)
+            write_report(run_dir, {**read_results(run_dir), "evaluation": evaluation}, series)
             return evaluation
 
         summary = {"data": data_info,
@@ -184,5 +203,5 @@ def _train(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | N
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "precision": precision.name, "tf32": tf32, "compiled": compiled,
                                 "global_batch": cfg.batch_size * cfg.grad_accum * ctx.world_size}}
-        return run.finish(summary, evaluate=evaluate)
+        return run.finish(summary, evaluate=evaluate), run.reason
 

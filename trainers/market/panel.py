@@ -11,16 +11,20 @@ from trainers.errors import UsageError
 
 COLUMNS = ("date", "ticker", "open", "high", "low", "close", "volume")
 PRICE_COLUMNS = ("open", "high", "low", "close")
+OPTIONAL_COLUMNS = ("open", "high", "low", "volume")  # what a close-only table may lack
 
 
-def normalise_columns(frame: pd.DataFrame, where: str) -> pd.DataFrame:
-    """Lower-case column names; fail with the names of any missing column."""
+def normalise_columns(frame: pd.DataFrame, where: str, optional: tuple[str, ...] = ()) -> pd.DataFrame:
+    """Lower-case column names; fail with the names of any missing column. Columns named in
+    `optional` may be missing: they are added empty (NaN), and whatever needs them is left out later."""
     renamed = frame.rename(columns={c: str(c).strip().lower() for c in frame.columns})
-    missing = [c for c in COLUMNS if c not in renamed.columns]
+    missing = [c for c in COLUMNS if c not in renamed.columns and c not in optional]
     if missing:
-        raise UsageError(f"{where} lacks column(s) {', '.join(missing)}; need {', '.join(COLUMNS)} "
+        need = [c for c in COLUMNS if c not in optional]
+        extra = f" ({', '.join(optional)} optional)" if optional else ""
+        raise UsageError(f"{where} lacks column(s) {', '.join(missing)}; need {', '.join(need)}{extra} "
                          f"(case-insensitive), found {', '.join(map(str, frame.columns))}")
-    out = renamed[list(COLUMNS)].copy()
+    out = renamed.reindex(columns=list(COLUMNS))  # an absent optional column comes back all NaN
     if not (pd.api.types.is_datetime64_dtype(out["date"]) and out["date"].dt.tz is None):
         out["date"] = pd.to_datetime(out["date"]).dt.tz_localize(None)
     out["date"] = out["date"].dt.normalize()

@@ -3,7 +3,8 @@
     synthetic      the deterministic synthetic market (labelled synthetic everywhere)
     yfinance       fetch what the cache lacks from Yahoo via yfinance, then read the cache
     cache          read the parquet cache only (no network)
-    file:PATH      the user's long-format CSV or parquet (date, ticker, open, high, low, close, volume)
+    file:PATH      the user's long-format CSV or parquet (date, ticker, close; open, high, low and
+                   volume when it has them: features that need a missing column are left out)
 
 Real-data sources are validated (trainers.market.validate) before they reach training; the report
 and the exact tickers used go into results.json. Nothing falls back to synthetic data silently.
@@ -25,7 +26,7 @@ from trainers.market.fetch import (
     years_ago,
     yfinance_downloader,
 )
-from trainers.market.panel import normalise_columns
+from trainers.market.panel import OPTIONAL_COLUMNS, normalise_columns
 from trainers.market.symbols import check_symbols
 from trainers.market.synthetic import synthetic_market
 from trainers.market.validate import validate_long_table
@@ -79,7 +80,7 @@ def read_user_file(path: str) -> pd.DataFrame:
     except (ValueError, OSError) as exc:
         raise UsageError(f"--source file:{path} could not be read: {str(exc).splitlines()[0]}") from None
     try:
-        frame = normalise_columns(frame, f"--source file:{path}")
+        frame = normalise_columns(frame, f"--source file:{path}", optional=OPTIONAL_COLUMNS)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--source file:{path} has unparseable values: {str(exc).splitlines()[0]}") from None
     frame["ticker"] = frame["ticker"].astype(str).str.strip().str.upper()

@@ -6,6 +6,8 @@ duplicates and malformed symbols with a message naming them, instead of download
 
 A current-constituents list has survivorship bias: companies that left the index (bankrupt,
 acquired, shrunk) are missing from the past, which flatters any backtest over history.
+`sp500-pit` is every symbol the membership history holds (trainers.market.pit); the forecaster
+then uses each one only on the dates it was a member.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from trainers.errors import UsageError
 from trainers.market.symbols import check_symbols, to_yfinance_symbol
 
 UNIVERSE_COLUMNS = ("symbol", "name", "gics_sector", "added", "snapshot_date")
-UNIVERSES = ("sp500",)
+UNIVERSES = ("sp500", "sp500-pit")
 
 
 def validate_symbols(symbols: list[str], where: str) -> list[str]:
@@ -52,6 +54,13 @@ def shipped_universe_path(name: str = "sp500") -> Path:
 def load_universe(name: str = "sp500", path: Path | None = None) -> pd.DataFrame:
     if name not in UNIVERSES:
         raise UsageError(f"--universe {name!r} is not one of: {', '.join(UNIVERSES)}")
+    if name == "sp500-pit" and path is None:
+        from trainers.market.pit import load_history
+
+        spells = load_history().groupby("symbol", sort=True)
+        return pd.DataFrame({"symbol": list(spells.groups), "name": spells["name"].last().tolist(),
+                             "gics_sector": "", "added": spells["added"].min().dt.strftime("%Y-%m-%d").tolist(),
+                             "snapshot_date": spells["snapshot_date"].last().tolist()})[list(UNIVERSE_COLUMNS)]
     path = path or shipped_universe_path(name)
     frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     return validate_universe(frame, str(path))

@@ -1,7 +1,8 @@
 """Checks on daily bars before anything trains: every problem is counted, reported and removed.
 
 Per ticker: duplicate dates (the later row is kept), non-positive or NaN prices, bars whose high/low
-do not contain open and close, runs of >= ZERO_VOLUME_RUN days without volume (a halted or stale
+do not contain open and close (a column the table lacks altogether, as in a close-only file, is
+not checked: it is absent, not bad), runs of >= ZERO_VOLUME_RUN days without volume (a halted or stale
 feed), one-day spikes that jump and revert by more than JUMP_FACTOR (bad prints), and tickers with
 fewer than `min_rows` bars left (excluded). One-day jumps beyond JUMP_FACTOR that do not revert are
 kept (they may be real) but counted.
@@ -43,13 +44,17 @@ def _validate(df: pd.DataFrame, codes: np.ndarray, n_tickers: int, min_rows: int
     keep &= ~dup
 
     prices = df[["open", "high", "low", "close"]].to_numpy(dtype=np.float64)
-    bad = ~(np.isfinite(prices).all(axis=1) & (prices > 0).all(axis=1))
+    present = np.isfinite(prices).any(axis=0)  # a column with no value at all is absent, not bad
+    present[3] = True  # close is never optional
+    checked = prices[:, present]
+    bad = ~(np.isfinite(checked).all(axis=1) & (checked > 0).all(axis=1))
     count(bad & keep, "bad_prices")
     keep &= ~bad
 
     o, h, lo, c = prices.T
     with np.errstate(invalid="ignore"):
-        inconsistent = (h * (1 + 1e-6) < np.maximum(o, c)) | (lo * (1 - 1e-6) > np.minimum(o, c))
+        # fmax/fmin: an absent open leaves the check of close against high and low
+        inconsistent = (h * (1 + 1e-6) < np.fmax(o, c)) | (lo * (1 - 1e-6) > np.fmin(o, c))
     count(inconsistent & keep, "inconsistent_ohlc")
     keep &= ~inconsistent
 
@@ -57,9 +62,10 @@ def _validate(df: pd.DataFrame, codes: np.ndarray, n_tickers: int, min_rows: int
         idx = np.flatnonzero(k)
         return idx, arr[idx], _same_ticker_as_previous(codes[idx])
 
-    volume = np.nan_to_num(df["volume"].to_numpy(dtype=np.float64))
+    raw_volume = df["volume"].to_numpy(dtype=np.float64)
+    volume = np.nan_to_num(raw_volume)
     idx, vol, same = on_kept(volume, keep)
-    zero = vol <= 0
+    zero = (vol <= 0) & bool(np.isfinite(raw_volume).any())  # no volume column: nothing to check
     new_run = np.ones(len(idx), dtype=bool)
     new_run[1:] = (zero[1:] != zero[:-1]) | ~same[1:]
     run_id = np.cumsum(new_run) - 1
@@ -110,6 +116,7 @@ def validate_long_table(frame: pd.DataFrame, min_rows: int) -> tuple[pd.DataFram
     summary["excluded"] = {str(names[i]): f"only {counts['rows_out'][i]} valid bars, need {min_rows}"
                            for i in np.flatnonzero(excluded)}
     summary["rows_dropped"] = int(len(df) - keep.sum())
+    summary["columns_absent"] = [c for c in ("open", "high", "low", "volume") if not df[c].notna().any()]
     return df[keep].reset_index(drop=True)[columns], summary
 
 

@@ -17,6 +17,10 @@ from trainers.errors import UsageError
 from trainers.market.panel import Panel
 
 FEATURES = ("ret_1d", "range_hl", "ret_oc", "volume_z", "vol_20d")
+# The price columns each feature is computed from: a table without one of them (a close-only
+# file) leaves those features out instead of filling them with made-up values.
+FEATURE_INPUTS = {"ret_1d": ("close",), "range_hl": ("high", "low"), "ret_oc": ("open", "close"),
+                  "volume_z": ("volume",), "vol_20d": ("close",)}
 LOOKBACK = 20  # longest trailing statistic in the features (days before the first window row)
 SPLITS = ("train", "val", "test")
 
@@ -33,18 +37,39 @@ def _trailing_mean(x: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def causal_features(p: Panel) -> np.ndarray:
-    """[dates, tickers, features]; row t depends on bars 0..t only."""
+def absent_columns(p: Panel) -> list[str]:
+    """Price columns with no value at all in the panel (a close-only file has no open/high/low/volume)."""
+    return [c for c in ("open", "high", "low", "close", "volume") if not np.isfinite(getattr(p, c)).any()]
+
+
+def available_features(p: Panel) -> tuple[list[str], dict[str, str]]:
+    """(the features the panel's columns allow, {left-out feature: why})."""
+    absent = set(absent_columns(p))
+    left_out = {f: f"needs {', '.join(c for c in cols if c in absent)}, which the data lacks"
+                for f, cols in FEATURE_INPUTS.items() if absent & set(cols)}
+    return [f for f in FEATURES if f not in left_out], left_out
+
+
+def causal_features(p: Panel, features: tuple[str, ...] | list[str] = FEATURES) -> np.ndarray:
+    """[dates, tickers, len(features)] in the order given; row t depends on bars 0..t only."""
+    unknown = [f for f in features if f not in FEATURE_INPUTS]
+    if unknown:
+        raise UsageError(f"unknown feature(s) {', '.join(unknown)}; choose from {', '.join(FEATURES)}")
     with np.errstate(divide="ignore", invalid="ignore"):
         log_close = np.log(p.close)
         ret_1d = np.vstack([np.full((1, p.shape[1]), np.nan), np.diff(log_close, axis=0)])
-        range_hl = np.log(p.high / p.low)
-        ret_oc = np.log(p.close / p.open)
-        log_vol = np.log1p(p.volume)
-        volume_z = log_vol - _trailing_mean(log_vol, LOOKBACK)
-        mean_r = _trailing_mean(ret_1d, LOOKBACK)
-        vol_20d = np.sqrt(np.maximum(_trailing_mean(ret_1d**2, LOOKBACK) - mean_r**2, 0.0))
-    feats = np.stack([ret_1d, range_hl, ret_oc, volume_z, vol_20d], axis=-1)
+
+        def vol_20d():
+            mean_r = _trailing_mean(ret_1d, LOOKBACK)
+            return np.sqrt(np.maximum(_trailing_mean(ret_1d**2, LOOKBACK) - mean_r**2, 0.0))
+
+        def volume_z():
+            log_vol = np.log1p(p.volume)
+            return log_vol - _trailing_mean(log_vol, LOOKBACK)
+
+        compute = {"ret_1d": lambda: ret_1d, "range_hl": lambda: np.log(p.high / p.low),
+                   "ret_oc": lambda: np.log(p.close / p.open), "volume_z": volume_z, "vol_20d": vol_20d}
+        feats = np.stack([compute[f]() for f in features], axis=-1)
     feats[~np.isfinite(feats)] = np.nan
     return feats
 
@@ -90,6 +115,28 @@ def plan_splits(n_dates: int, window: int, horizon: int, val_frac: float, test_f
     ranges["test"] = (a, a + n_test)
     assert a + n_test - 1 == last
     return SplitPlan(ranges, embargo, first, last)
+
+
+def plan_walk_forward(n_dates: int, window: int, horizon: int, val_frac: float, test_frac: float,
+                      min_split_dates: int, folds: int) -> list[SplitPlan]:
+    """`folds` expanding-window plans, oldest first. The last is exactly `plan_splits`'s plan; each
+    earlier one is the same layout moved back by one test block, so the test blocks tile the end of
+    the data without overlap, every fold's validation and test keep their sizes, and its training
+    range starts at the first usable date and ends one embargo before its validation (it grows by
+    one test block per fold). Embargoes as in `plan_splits`."""
+    last = plan_splits(n_dates, window, horizon, val_frac, test_frac, min_split_dates)
+    n_test = last.ranges["test"][1] - last.ranges["test"][0]
+    plans = []
+    for k in range(folds):
+        shift = (folds - 1 - k) * n_test
+        ranges = {s: (a - shift, b - shift) for s, (a, b) in last.ranges.items()}
+        ranges["train"] = (last.first_anchor, ranges["train"][1])
+        n_train = ranges["train"][1] - ranges["train"][0]
+        if n_train < min_split_dates:
+            raise UsageError(f"--walk-forward {folds}: the earliest fold would train on {n_train} anchor dates "
+                             f"(need >= {min_split_dates}); use fewer folds, a smaller --test-frac or more history")
+        plans.append(SplitPlan(ranges, last.embargo, last.first_anchor, ranges["test"][1] - 1))
+    return plans
 
 
 CLIP = 8.0  # normalised features are clipped to +-CLIP: fat tails must not blow up activations

@@ -17,7 +17,8 @@ from trainers.runtime.lock import describe_holder, held_by_other
 from trainers.runtime.rundir import resolve_checkpoint, single_process_context
 
 REQUIRED = ("config.json", "results.json", "model.onnx")
-OPTIONAL = ("model.onnx.data", "export.json", "results.md", "training.log", "metrics.jsonl", "vocab.json")
+PICTURES = "*.png"  # a report's pictures (the forecaster's loss, IC, equity and decile plots; PPO's equity)
+OPTIONAL = ("model.onnx.data", "export.json", "results.md", "report.md", "training.log", "metrics.jsonl", "vocab.json")
 
 
 def job_runs(run_dir: Path) -> dict[str, str] | None:
@@ -63,6 +64,7 @@ def package_files(run_dir: Path) -> list[Path]:
                           f"--checkpoint STEP`) or retrain")
     verify_onnx(run_dir)
     files = [Path(n) for n in REQUIRED + OPTIONAL if (run_dir / n).is_file()]
+    files += sorted(p.relative_to(run_dir) for p in run_dir.glob(PICTURES) if p.is_file())
     files += [ckpt.model_path(step).relative_to(run_dir), ckpt.meta_path(step).relative_to(run_dir)]
     if ckpt.consolidated_path(step).name in ckpt.read_meta(step)["files"]:  # a sharded (FSDP) run's weights
         files.append(ckpt.consolidated_path(step).relative_to(run_dir))

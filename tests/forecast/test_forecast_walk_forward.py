@@ -1,0 +1,62 @@
+"""--walk-forward K: expanding folds with their own splits, embargo and normalisation; a kill in one
+fold resumes that fold from its checkpoint and skips the ones that finished."""
+
+import pytest
+
+from conftest import TINY_DATA, read_results, run_cli
+from trainers.errors import UsageError
+from trainers.forecast.config import ForecastConfig
+from trainers.market.windows import LOOKBACK, plan_splits, plan_walk_forward
+
+W, H = 32, 5
+
+
+def test_folds_expand_tile_the_end_and_keep_their_embargo():
+    plans = plan_walk_forward(800, W, H, 0.15, 0.15, 20, folds=3)
+    assert plans[-1].ranges == plan_splits(800, W, H, 0.15, 0.15, 20).ranges  # the last fold is the plain split
+    tests = [p.ranges["test"] for p in plans]
+    assert all(a[1] == b[0] for a, b in zip(tests, tests[1:]))  # contiguous, no overlap
+    for p in plans:
+        (a0, a1), (b0, b1), (c0, c1) = (p.ranges[s] for s in ("train", "val", "test"))
+        assert a0 == plans[0].ranges["train"][0] and b0 - a1 == c0 - b1 == p.embargo == W + H + LOOKBACK
+        assert b1 - b0 == plans[-1].ranges["val"][1] - plans[-1].ranges["val"][0]
+    assert [p.ranges["train"][1] for p in plans] == sorted({p.ranges["train"][1] for p in plans})  # expanding
+    with pytest.raises(UsageError, match="earliest fold would train on"):
+        plan_walk_forward(800, W, H, 0.15, 0.15, 20, folds=6)
+
+
+def test_fold_needs_walk_forward():
+    with pytest.raises(UsageError, match="--fold 2 needs --walk-forward"):
+        ForecastConfig(walk_forward=2, fold=2).validate()
+    ForecastConfig(walk_forward=3, fold=2).validate()
+
+
+@pytest.mark.slow
+def test_walk_forward_resumes_fold_by_fold(tmp_path):
+    run_dir = tmp_path / "wf"
+    args = ["forecast", "train", *TINY_DATA, "--epochs", "1", "--batch-size", "128", "--ckpt-every", "4",
+            "--walk-forward", "2", "--run-dir", str(run_dir)]
+    # one process: fold 0 has 5568 / 128 = 44 steps, fold 1 7072 / 128 = 56; step 50 is in fold 1 only
+    killed = run_cli(args, env={"TRAINERS_FAULT": "sigkill@rank0:step50"})
+    assert killed.returncode == -9
+    assert read_results(run_dir / "fold_0")["training"]["steps"] == 44 and not (run_dir / "results.json").exists()
+    fold0_before = (run_dir / "fold_0" / "results.json").read_text()
+
+    run_cli(args, check=True)
+    assert (run_dir / "fold_0" / "results.json").read_text() == fold0_before  # not trained again
+    assert "resumed from checkpoint step 48" in (run_dir / "fold_1" / "training.log").read_text()
+    r = read_results(run_dir)
+    wf = r["walk_forward"]
+    assert wf["completed"] == 2 and wf["stopped"] is None and [f["fold"] for f in wf["per_fold"]] == [0, 1]
+    folds = [read_results(run_dir / f"fold_{k}") for k in (0, 1)]
+    assert folds[1]["training"]["steps"] == 56 and folds[1]["config"]["fold"] == 1
+    assert folds[0]["data"]["anchor_dates"]["test"][1] < folds[1]["data"]["anchor_dates"]["test"][0]
+    assert folds[0]["data"]["samples"]["train"] < folds[1]["data"]["samples"]["train"]
+    assert folds[0]["preprocessing"]["feature_mean"] != folds[1]["preprocessing"]["feature_mean"]  # refit per fold
+    rank_ics = [f["evaluation"]["test"]["model"]["rank_ic"]["mean"] for f in folds]
+    assert wf["mean_std"]["model_rank_ic"]["mean"] == pytest.approx(sum(rank_ics) / 2)
+    assert wf["per_fold"][1]["verdict"] == folds[1]["evaluation"]["test"]["verdict"]
+    assert "fold_1/report.md" in (run_dir / "report.md").read_text()
+    # the folder holds a walk-forward: another config is refused, the finished walk is not redone
+    refused = run_cli([*args[:-4], "--walk-forward", "3", "--run-dir", str(run_dir)])
+    assert refused.returncode == 2 and "different config" in refused.stderr

@@ -1,0 +1,179 @@
+"""`--walk-forward K`: K expanding-window folds, one complete run each, then the table across folds.
+
+    <run-dir>/config.json        the walk-forward's config (a resume must match it)
+    <run-dir>/fold_<k>/          fold k's own run: config (with --fold k), checkpoints, results, report
+    <run-dir>/results.json       per-fold test metrics and their mean +- std
+    <run-dir>/report.md          the same as a table, linking each fold's report
+
+The design rests on the run boundary: each fold is a `Run` in its own folder, so resuming works
+fold by fold with nothing new. A restart (torchrun's, or the user's) walks the folds again: a
+fold whose results hold a finished evaluation is skipped; the first one that is not resumes from
+its own newest checkpoint. The market is loaded once and split per fold (trainers.market.windows.
+plan_walk_forward; each fold renormalises with its own training rows). A budget (--max-hours,
+--budget-usd) covers all folds: each fold gets what earlier folds left. A signal or budget stop in
+a fold ends the walk there, with the folds so far in results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+
+from trainers.forecast.config import ForecastConfig
+from trainers.forecast.data import fix_date_range, load_market
+from trainers.runtime import config as cfgmod
+from trainers.runtime.dist import DistContext, broadcast_object
+from trainers.runtime.files import atomic_write, atomic_write_json
+from trainers.runtime.logs import get_logger
+from trainers.runtime.results import merge_results, read_results, run_record
+from trainers.runtime.rundir import exclusive
+from trainers.runtime.stops import StopReason
+
+FINISHED = ("completed", "early_stop")
+# name -> path into a fold's test evaluation
+FOLD_METRICS = {
+    "model_ic": ("model", "ic", "mean"),
+    "model_rank_ic": ("model", "rank_ic", "mean"),
+    "model_rank_icir": ("model", "rank_ic", "icir"),
+    "model_rank_ic_t_nw": ("model", "rank_ic", "t_nw"),
+    "model_long_short_ann_return": ("model", "long_short", "ann_return"),
+    "model_long_short_sharpe": ("model", "long_short", "sharpe"),
+    "model_long_only_ann_return": ("model", "long_only", "ann_return"),
+    "ridge_rank_ic": ("baselines", "ridge", "rank_ic", "mean"),
+    "ridge_long_short_ann_return": ("baselines", "ridge", "long_short", "ann_return"),
+    "lightgbm_rank_ic": ("baselines", "lightgbm", "rank_ic", "mean"),
+    "lightgbm_long_short_ann_return": ("baselines", "lightgbm", "long_short", "ann_return"),
+    "equal_weight_ann_return": ("equal_weight", "ann_return"),
+}
+
+
+def fold_dir(run_dir: Path, k: int) -> Path:
+    return Path(run_dir) / f"fold_{k}"
+
+
+def fold_finished(results: dict) -> bool:
+    return (results.get("training", {}).get("stop_reason") in FINISHED
+            and isinstance(results.get("evaluation"), dict) and "test" in results["evaluation"])
+
+
+def _dig(d: dict, path: tuple[str, ...]):
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+def fold_row(k: int, results: dict) -> dict:
+    test = results["evaluation"]["test"]
+    return {"fold": k, "anchor_dates": results.get("data", {}).get("anchor_dates"),
+            "verdict": test["verdict"], **{name: _dig(test, path) for name, path in FOLD_METRICS.items()}}
+
+
+def summarise(rows: list[dict]) -> dict:
+    """Mean and standard deviation (ddof 1; None for one fold) of every fold metric."""
+    out = {}
+    for name in FOLD_METRICS:
+        values = np.array([r[name] for r in rows if r[name] is not None], dtype=np.float64)
+        out[name] = {"mean": float(values.mean()) if len(values) else None,
+                     "std": float(values.std(ddof=1)) if len(values) > 1 else None, "folds": int(len(values))}
+    return out
+
+
+def remaining_budget(cfg: ForecastConfig, spent_s: float, spent_usd: float) -> tuple[float | None, float | None]:
+    hours = None if cfg.max_hours is None else cfg.max_hours - spent_s / 3600.0
+    usd = None if cfg.budget_usd is None else cfg.budget_usd - spent_usd
+    return hours, usd
+
+
+def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | None:
+    from trainers.forecast.train import train_one
+
+    run_dir = Path(cfg.run_dir)
+    fix_date_range(cfg, cfgmod.saved_config(run_dir))
+    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))  # pins cfg.features
+    with exclusive(run_dir, ctx):  # one walk-forward job per folder; each fold also locks its own
+        if ctx.is_main and not (run_dir / "config.json").exists():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(run_dir / "config.json", cfgmod.to_dict(cfg))
+        rows, stopped = [], None
+        spent_s = spent_usd = 0.0
+        for k in range(cfg.walk_forward):
+            previous = read_results(fold_dir(run_dir, k)) if ctx.is_main else None
+            previous = broadcast_object(ctx, previous if previous and fold_finished(previous) else None)
+            if previous is not None:
+                if ctx.is_main:
+                    print(f"walk-forward: fold {k} finished earlier ({fold_dir(run_dir, k)}); skipped")
+            else:
+                hours, usd = remaining_budget(cfg, spent_s, spent_usd)
+                if (hours is not None and hours <= 0) or (usd is not None and usd <= 0):
+                    stopped = f"the budget was spent before fold {k}"
+                    break
+                fold_cfg = dataclasses.replace(cfg, run_dir=str(fold_dir(run_dir, k)), fold=k, max_hours=hours,
+                                               budget_usd=usd)
+                previous, reason = train_one(fold_cfg, ctx, time.time(), market=market)
+                if reason not in (StopReason.COMPLETED, StopReason.EARLY_STOP):
+                    stopped = f"fold {k} stopped: {reason.name.lower()}"
+            if ctx.is_main and previous is not None and "evaluation" in previous and "test" in previous["evaluation"]:
+                rows.append(fold_row(k, previous))
+            training = (previous or {}).get("training", {})
+            spent = (training.get("elapsed_s_all_attempts") or 0.0, training.get("cost_usd") or 0.0)
+            spent = broadcast_object(ctx, spent)  # rank 0 holds the results: every rank budgets alike
+            spent_s, spent_usd = spent_s + spent[0], spent_usd + spent[1]
+            if stopped:
+                break
+        if not ctx.is_main:
+            return None
+        log = get_logger(ctx.rank, run_dir)
+        summary = {"folds": cfg.walk_forward, "completed": len(rows), "stopped": stopped, "per_fold": rows,
+                   "mean_std": summarise(rows),
+                   "skill_folds": sum(r["verdict"] == "skill" for r in rows),
+                   "elapsed_s": time.time() - started_at}
+        results = merge_results(run_dir, {"trainer": "forecast", "config": cfgmod.to_dict(cfg),
+                                          "data": {k: v for k, v in market.info.items() if k != "tickers"},
+                                          "walk_forward": summary, "run": run_record()}, log.warning)
+        text = walk_forward_markdown(results)
+        atomic_write(run_dir / "report.md", lambda f: f.write(text), mode="w")
+        for row in rows:
+            log.info("walk-forward fold %d (test %s): %s; model Rank IC %s, t_nw %s; long-short %s a year",
+                     row["fold"], row["anchor_dates"]["test"], row["verdict"], _fmt(row["model_rank_ic"], "+.4f"),
+                     _fmt(row["model_rank_ic_t_nw"], "+.2f"), _fmt(row["model_long_short_ann_return"], "+.2%"))
+        m = summary["mean_std"]
+        log.info("walk-forward: %d/%d folds%s; model Rank IC %s +- %s, ridge %s +- %s; skill in %d fold(s); %s",
+                 len(rows), cfg.walk_forward, f" ({stopped})" if stopped else "",
+                 _fmt(m["model_rank_ic"]["mean"], "+.4f"), _fmt(m["model_rank_ic"]["std"], ".4f"),
+                 _fmt(m["ridge_rank_ic"]["mean"], "+.4f"), _fmt(m["ridge_rank_ic"]["std"], ".4f"),
+                 summary["skill_folds"], run_dir / "results.json")
+        return results
+
+
+def _fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _spec(name: str) -> str:
+    return "+.1%" if name.endswith("ann_return") else "+.2f" if name.endswith(("t_nw", "icir", "sharpe")) else "+.4f"
+
+
+def walk_forward_markdown(results: dict) -> str:
+    wf = results["walk_forward"]
+    synthetic = " (SYNTHETIC market: not real prices)" if results.get("data", {}).get("synthetic") else ""
+    names = list(FOLD_METRICS)
+    header = "| fold | test dates | verdict | " + " | ".join(n.replace("_", " ").replace("ann return", "a year")
+                                                          for n in names) + " |"
+    lines = [f"# Walk-forward report{synthetic}", "",
+             f"{wf['completed']} of {wf['folds']} folds evaluated{'; ' + wf['stopped'] if wf['stopped'] else ''}; "
+             f"skill (Newey-West t of the test Rank IC > 2 and long-short > 0 after costs) in {wf['skill_folds']}.",
+             "", header, "|" + "---|" * (len(names) + 3)]
+    for r in wf["per_fold"]:
+        test = (r.get("anchor_dates") or {}).get("test", ["?", "?"])
+        lines.append(f"| [{r['fold']}](fold_{r['fold']}/report.md) | {test[0]} .. {test[1]} | {r['verdict']} | "
+                     + " | ".join(_fmt(r[n], _spec(n)) for n in names) + " |")
+    ms = wf["mean_std"]
+    lines.append("| mean +- std | | | " + " | ".join(
+        f"{_fmt(ms[n]['mean'], _spec(n))} +- {_fmt(ms[n]['std'], _spec(n).lstrip('+'))}" for n in names) + " |")
+    return "\n".join(lines) + "\n"
