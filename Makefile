@@ -17,6 +17,8 @@ bench-cpu:
 	OMP_NUM_THREADS=1 $(PYTHON) bench/gpt_throughput.py --device cpu --nproc 2 --depths 1,2 --head-dim 32 --seq-len 128 --device-batch-size 4 --compile off,on --parallel ddp,fsdp --steps 30 --out bench/results/gpt_throughput_cpu.json
 	$(PYTHON) bench/gpt_serve.py --clients 8 --requests 20 --max-new-tokens 16,64 --threads 1 --out bench/results/gpt_serve_cpu.json
 	OMP_NUM_THREADS=1 $(PYTHON) bench/checkpoint_save.py --presets small,base --out bench/results/checkpoint_cpu.json
+	$(PYTHON) bench/forecast_signal.py --out bench/results/forecast_signal_cpu.json
+	$(PYTHON) bench/forecast_readout.py --epochs 4 --out bench/results/forecast_readout_cpu.json
 
 # One command for the whole GPU set (each line writes its JSON with device, driver, versions, commit).
 bench-gpu:
