@@ -64,7 +64,7 @@ def test_a_close_only_file_trains_on_the_features_it_allows_and_exports(tmp_path
 
 
 def test_features_option_picks_and_orders_the_inputs(tmp_path):
-    store, info = load_store(ForecastConfig(synthetic_tickers=4, synthetic_days=500, window=20, horizon=5,
+    store, info = load_store(ForecastConfig(synthetic_tickers=5, synthetic_days=500, window=20, horizon=5,
                                             features="vol_20d,ret_1d"), log=lambda _m: None)
     assert store.feature_names == ["vol_20d", "ret_1d"] and store.features.shape[-1] == 2
     with pytest.raises(UsageError, match="distinct names"):
@@ -106,14 +106,16 @@ def test_sp500_pit_uses_each_company_only_while_it_was_in_the_index(tmp_path):
     universe = info["universe"]
     assert universe["name"] == "sp500-pit" and universe["members"] > 500
     assert 0 < universe["covered_share"] < 0.02 and "NVDA" in universe["missing"] and "AAPL" not in universe["missing"]
-    assert sum(universe["missing"].values()) == pytest.approx(1 - universe["covered_share"])
+    assert sum(universe["missing"].values()) + sum(universe["partly_priced"].values()) == pytest.approx(
+        1 - universe["covered_share"])
+    assert universe["never_members"] == ["ZZZZ"]
     with pytest.raises(UsageError, match="needs real prices"):
         ForecastConfig(universe="sp500-pit").validate()
 
 
 def test_sp500_pit_from_yahoo_reports_what_could_not_be_fetched(tmp_path, monkeypatch):
-    """Offline: an injected downloader that has prices for three members and none for the rest."""
-    have = {"AAPL", "MSFT", "AAL"}
+    """Offline: an injected downloader that has prices for five members and none for the rest."""
+    have = {"AAPL", "MSFT", "AAL", "AAP", "ABNB"}  # AAP left 2023-08-25, ABNB joined 2023-09-18
     calls = []
 
     def fake_download(tickers, start, end):
@@ -135,6 +137,50 @@ def test_sp500_pit_from_yahoo_reports_what_could_not_be_fetched(tmp_path, monkey
     store, info = load_store(cfg, log=lambda _m: None)
     asked = {t for batch in calls for t in batch}
     assert {"AAL", "AAP", "AAPL"} <= asked and "ABNB" in asked  # every member of those years, the leavers too
-    assert store.tickers == ["AAL", "AAPL", "MSFT"] and info["fetch"]["empty"] == len(asked) - 3
-    assert info["universe"]["covered_share"] == pytest.approx(3 / 500, rel=0.2)
+    assert store.tickers == ["AAL", "AAP", "AAPL", "ABNB", "MSFT"] and info["fetch"]["empty"] == len(asked) - 5
+    # three members all along, AAP for 2.6 of the 3 years, ABNB for 0.3: about 3.9 of ~500 members
+    assert info["universe"]["covered_share"] == pytest.approx(3.9 / 500, rel=0.15)
     assert set(info["universe"]["missing"]) == asked - have
+
+
+def test_bad_files_are_one_line_and_symbols_are_spelled_like_tickers(tmp_path):
+    frame = synthetic_market(6, 300, seed=1)[["date", "ticker", "close"]]
+    blank = frame.copy()
+    blank.loc[blank.index[5], "ticker"] = None
+    blank.to_csv(tmp_path / "blank.csv", index=False)
+    with pytest.raises(UsageError, match=r"1 row\(s\) have no ticker \(first: row 6"):
+        sources.read_user_file(str(tmp_path / "blank.csv"))
+    frame.assign(Close=frame["close"]).to_csv(tmp_path / "twice.csv", index=False)
+    with pytest.raises(UsageError, match="differ only in case.*'close', 'Close'"):
+        sources.read_user_file(str(tmp_path / "twice.csv"))
+    frame.assign(ticker=frame["ticker"].map({t: s for t, s in zip(sorted(frame["ticker"].unique()),
+                                                                     ["BF.B", "brk/b", "AAPL", "A", "B", "C"])})
+                 ).to_csv(tmp_path / "classes.csv", index=False)
+    assert set(sources.read_user_file(str(tmp_path / "classes.csv"))["ticker"]) == {"BF-B", "BRK-B", "AAPL", "A", "B",
+                                                                                    "C"}
+
+
+def test_fewer_names_than_a_cross_section_needs_is_refused_and_the_universe_is_what_was_applied(tmp_path):
+    with pytest.raises(UsageError, match="needs at least 5"):
+        load_store(ForecastConfig(synthetic_tickers=4, synthetic_days=500, window=20, horizon=5), log=lambda _m: None)
+    path = close_only_file(tmp_path, n_tickers=6)
+    _, info = load_store(ForecastConfig(source=f"file:{path}", window=20, horizon=5, min_history_days=100),
+                         log=lambda _m: None)
+    assert info["universe"]["name"] == "every ticker of the source"  # not "sp500": a file is read whole
+    cfg = ForecastConfig(features=" ret_1d , vol_20d ")
+    cfg.validate()
+    assert cfg.features == "ret_1d,vol_20d"  # what config.json pins: a resume with "ret_1d,vol_20d" matches
+
+
+def test_coverage_counts_only_the_index_days_that_have_a_price():
+    from trainers.market.pit import coverage
+
+    history = pd.DataFrame({"symbol": ["A", "B", "C"], "added": pd.to_datetime(["2020-01-01"] * 3),
+                            "removed": pd.to_datetime([None, None, "2020-01-08"])})
+    dates = pd.bdate_range("2020-01-01", periods=10)
+    priced = np.ones((10, 2), dtype=bool)
+    priced[:6, 1] = False  # B priced on its last 4 member days only
+    got = coverage(history, dates, ["A", "B"], priced)
+    # index-days: A 10, B 10, C 5 (removed on the 6th business day) = 25; covered: A 10 + B 4
+    assert got["index_days"] == 25 and got["covered_share"] == pytest.approx(14 / 25)
+    assert got["missing"] == {"C": pytest.approx(5 / 25)} and got["partly_priced"] == {"B": pytest.approx(6 / 25)}

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from trainers.errors import UsageError
 from trainers.forecast.data import cross_sectional
 from trainers.forecast.evaluate import split_report
 from trainers.forecast.metrics import (
@@ -155,3 +156,22 @@ def test_ridge_picks_its_penalty_on_validation_and_lightgbm_is_optional(monkeypa
     assert np.corrcoef(preds["test"], truth)[0, 1] > 0.999
     monkeypatch.setattr(baselines, "lightgbm_available", lambda: False)
     assert baselines.fit_lightgbm(store) == ({"skipped": baselines.LIGHTGBM_MISSING}, {})
+
+
+def test_a_ruined_book_stays_ruined_and_top_k_reports_what_was_held():
+    from trainers.forecast.metrics import performance
+
+    net = np.array([0.1, -1.6, -1.6, 0.5])  # a short losing 160 % twice must not compound into a gain
+    p = performance(net, net, np.ones(4), 20)
+    assert p["total_return"] == -1.0 and p["ann_return"] == -1.0 and p["max_drawdown"] == -1.0
+    rng = np.random.default_rng(0)
+    dates, tickers = np.repeat(np.arange(40), 10), np.tile(np.arange(10), 40)
+    books = backtest(dates, tickers, rng.normal(size=400), rng.normal(0, 0.01, 400), 20, 100, 10.0)
+    assert books["long_short"]["names_held"] == {"min": 5, "max": 5}  # --top-k 100 of 10 names: half of them
+
+
+def test_cost_bps_has_a_ceiling():
+    from trainers.forecast.config import ForecastConfig
+
+    with pytest.raises(UsageError, match="cost-bps"):
+        ForecastConfig(cost_bps=20000).validate()

@@ -161,3 +161,23 @@ def test_external_sigterm_then_corrupt_newest_then_budget_stop(tmp_path):
     r = read_results(run_dir)
     assert r["training"]["stop_reason"] == "time_budget" and r["training"]["steps"] == previous + 1
     assert "val" in r["evaluation"] and (ckpts / f"meta_{previous + 1:08d}.json").exists()
+
+
+def test_the_report_keeps_its_tables_when_the_pictures_cannot_be_drawn(reference_run, tmp_path, monkeypatch):
+    """A matplotlib that is missing, or installed but broken (a missing libfreetype), must not cost a
+    finished run its report: the tables are written with a one-line note."""
+    from trainers.forecast import report
+
+    results = read_results(reference_run)
+    rank_ic = f"{results['evaluation']['test']['model']['rank_ic']['mean']:+.4f}"
+
+    def broken(*_args):
+        raise OSError("libfreetype.so.6: cannot open shared object file")
+
+    monkeypatch.setattr(report, "draw", broken)
+    report.write_report(tmp_path, results, series={})
+    text = (tmp_path / "report.md").read_text()
+    assert "No pictures: drawing them failed (OSError: libfreetype.so.6" in text and rank_ic in text
+    monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: None)
+    report.write_report(tmp_path, results, series={})
+    assert "matplotlib is not installed" in (tmp_path / "report.md").read_text()

@@ -60,3 +60,41 @@ def test_walk_forward_resumes_fold_by_fold(tmp_path):
     # the folder holds a walk-forward: another config is refused, the finished walk is not redone
     refused = run_cli([*args[:-4], "--walk-forward", "3", "--run-dir", str(run_dir)])
     assert refused.returncode == 2 and "different config" in refused.stderr
+
+
+def test_too_many_folds_is_refused_before_anything_is_written(tmp_path):
+    from trainers.forecast.train import train
+
+    run_dir = tmp_path / "wf"
+    with pytest.raises(UsageError, match="earliest fold"):
+        train(ForecastConfig(run_dir=str(run_dir), synthetic_tickers=16, synthetic_days=800, window=W, horizon=H,
+                             walk_forward=12))
+    assert not (run_dir / "config.json").exists()  # a walk with fewer folds may use the folder next
+
+
+def test_folds_priced_differently_are_not_averaged_and_the_top_folder_points_at_a_fold(tmp_path):
+    from trainers.forecast.walk_forward import (
+        FOLD_METRICS,
+        pricing_mismatch,
+        refuse_walk_forward_folder,
+        walk_forward_markdown,
+    )
+    from trainers.ops.package import package_files
+
+    rows = [{"fold": 0, "cost_bps": 10.0, "top_k": None}, {"fold": 1, "cost_bps": 50.0, "top_k": None}]
+    why = pricing_mismatch(rows)
+    assert "fold 0: 10 bp" in why and "fold 1: 50 bp" in why and pricing_mismatch(rows[:1]) is None
+    wf = {"folds": 2, "completed": 2, "stopped": None, "skill_folds": 0, "mean_std": None, "pricing_mismatch": why,
+          "per_fold": [{**r, "anchor_dates": None, "verdict": "no skill detected",
+                        **{n: None for n in FOLD_METRICS}}
+                       for r in rows]}
+    text = walk_forward_markdown({"walk_forward": wf, "data": {}})
+    assert "No mean across folds" in text and "50 bp" in text and "mean +- std" not in text
+    with pytest.raises(UsageError, match="walk-forward of 3 folds.*fold_2"):
+        refuse_walk_forward_folder(tmp_path, ForecastConfig(walk_forward=3), "evaluate")
+    refuse_walk_forward_folder(tmp_path, ForecastConfig(walk_forward=3, fold=1), "evaluate")  # a fold is a run
+    (tmp_path / "fold_0").mkdir()
+    (tmp_path / "results.json").write_text('{"walk_forward": {}}')
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UsageError, match="is a walk-forward"):
+        package_files(tmp_path)

@@ -50,7 +50,7 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--top-k", type=number(int, min=1), default=None,
                    help="names held long (and short) by the portfolios (default: the run's --top-k)")
-    p.add_argument("--cost-bps", type=number(float, min=0), default=None,
+    p.add_argument("--cost-bps", type=number(float, min=0, max=10000), default=None,
                    help="trading cost in basis points of the notional traded (default: the run's --cost-bps)")
     p.set_defaults(func=_evaluate)
 

@@ -73,7 +73,7 @@ class ForecastConfig(RunOptions):
     top_k: int | None = option(None, "names held long (and short) by the evaluation portfolios (default: a fifth "
                                "of the names on each rebalance date)", resume_safe=True, min=1)
     cost_bps: float = option(10.0, "trading cost in basis points of the notional traded, charged at every "
-                             "rebalance of the evaluation portfolios", resume_safe=True, min=0)
+                             "rebalance of the evaluation portfolios", resume_safe=True, min=0, max=10000)
     # model
     preset: str = option("tiny", "model size", choices=tuple(PRESETS))
     dropout: float = option(0.1, "dropout on the residual branches", min=0, lt=1)
@@ -113,7 +113,8 @@ class ForecastConfig(RunOptions):
             raise UsageError("--universe sp500-pit needs real prices: --source yfinance, cache or file:PATH")
         if self.fold is not None and not self.fold < self.walk_forward:
             raise UsageError(f"--fold {self.fold} needs --walk-forward K with K > {self.fold}")
-        feature_names(self)
+        if self.features is not None:  # pinned in config.json: " a , b " and "a,b" are the same list
+            self.features = ",".join(feature_names(self))
 
 
 def feature_names(cfg: ForecastConfig) -> list[str]:

@@ -44,10 +44,11 @@ LABEL_TEXT = {"raw": "log(close[t+{h}] / close[t])",
 
 def data_request(cfg: ForecastConfig) -> DataRequest:
     tickers = None
-    if cfg.universe == "sp500-pit" and not (cfg.tickers or cfg.tickers_file):
+    if cfg.universe == "sp500-pit" and not (cfg.tickers or cfg.tickers_file) and cfg.source == "yfinance":
         from trainers.market.pit import load_history, members_between
 
         tickers = members_between(load_history(), cfg.start, cfg.end)  # who was in the index in these dates
+        # (a file or the cache is read whole: load_market reports its symbols that were never members)
     elif cfg.tickers or cfg.tickers_file or cfg.source == "yfinance":
         # file and cache sources use every ticker they hold unless told otherwise
         tickers = resolve_tickers(cfg.tickers, cfg.tickers_file, cfg.universe)
@@ -228,6 +229,23 @@ class Market:
     info: dict
 
 
+def only_tickers(panel: Panel, keep: np.ndarray) -> Panel:
+    """The panel's columns `keep` (indices into panel.tickers)."""
+    return Panel(panel.dates, [panel.tickers[i] for i in keep], panel.open[:, keep], panel.high[:, keep],
+                 panel.low[:, keep], panel.close[:, keep], panel.volume[:, keep])
+
+
+def universe_name(cfg: ForecastConfig) -> str:
+    """Which universe really chose the tickers (a file or the cache is read whole unless told)."""
+    if cfg.source == "synthetic":
+        return "synthetic"
+    if cfg.universe == "sp500-pit":
+        return "sp500-pit"
+    if cfg.tickers or cfg.tickers_file:
+        return "--tickers" if cfg.tickers else "--tickers-file"
+    return cfg.universe if cfg.source == "yfinance" else "every ticker of the source"
+
+
 def load_market(cfg: ForecastConfig, log=print) -> Market:
     """Load and validate the source, pick the features its columns allow (pinning cfg.features on a
     first run), and apply the point-in-time universe."""
@@ -241,15 +259,30 @@ def load_market(cfg: ForecastConfig, log=print) -> Market:
     if lacking:
         raise UsageError(f"--features {cfg.features}: {', '.join(f'{f} {left_out[f]}' for f in lacking)}; "
                          f"this data allows {', '.join(available)}")
-    member, universe = None, {"name": cfg.universe if cfg.source != "synthetic" else "synthetic"}
+    member, universe = None, {"name": universe_name(cfg)}
     if cfg.universe == "sp500-pit":
         from trainers.market.pit import coverage, load_history, membership_mask
 
         history = load_history()
         member = membership_mask(history, panel.dates, panel.tickers)
-        universe.update(coverage(history, panel.dates, panel.tickers))
+        ever = member.any(axis=0)
+        never = [s for s, e in zip(panel.tickers, ever) if not e]
+        if never:  # none of their rows would be a sample: leave them out of the panel altogether
+            panel = only_tickers(panel, np.flatnonzero(ever))
+            member = member[:, ever]
+        universe.update(coverage(history, panel.dates, panel.tickers, np.isfinite(panel.close)))
+        universe["never_members"] = never
         log(f"universe sp500-pit: {universe['members']} members over these dates; prices for "
-            f"{universe['covered_share']:.1%} of index-days ({len(universe['missing'])} members lacking)")
+            f"{universe['covered_share']:.1%} of index-days ({len(universe['missing'])} members lacking, "
+            f"{len(universe['partly_priced'])} partly priced)")
+        if universe["never_members"]:
+            log(f"warning: {len(universe['never_members'])} ticker(s) of the data were never in the index over "
+                f"its dates, so none of their rows is used: {', '.join(universe['never_members'][:10])}")
+    from trainers.forecast.metrics import MIN_NAMES
+
+    if len(panel.tickers) < MIN_NAMES:  # one ticker has no cross-section: a rank label is all zeros
+        raise UsageError(f"the data holds {len(panel.tickers)} ticker(s) ({', '.join(panel.tickers)}); the forecaster "
+                         f"ranks stocks against each other on each date and needs at least {MIN_NAMES}")
     arrays = market_arrays(panel, cfg.window, cfg.horizon, names, member)
     info = {**source_info, "tickers": arrays.tickers, "n_tickers": len(arrays.tickers),
             "first_date": arrays.dates[0], "last_date": arrays.dates[-1], "n_dates": len(arrays.dates),

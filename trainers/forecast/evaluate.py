@@ -178,6 +178,11 @@ def log_summary(log, evaluation: dict, splits=("val", "test")) -> None:
                  _fmt(ew["ann_return"], "+.2%"))
         log.info("%s: %s: %s (after %g bp costs)", split, e["verdict"].upper(), e["verdict_reason"],
                  evaluation["cost_bps"])
+        held = (e["model"].get("long_short") or {}).get("names_held")
+        if evaluation.get("top_k") and held and held["max"] < evaluation["top_k"]:
+            log.warning("%s: --top-k %d is more than half the names: the portfolios held %s a side", split,
+                        evaluation["top_k"], held["min"] if held["min"] == held["max"] else
+                        f"{held['min']}-{held['max']}")
 
 
 def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto", top_k: int | None = None,
@@ -186,12 +191,14 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto", t
     rewriting results.json's evaluation, report.md and the pictures."""
     from trainers.forecast.report import write_report
     from trainers.forecast.train import build_model
+    from trainers.forecast.walk_forward import refuse_walk_forward_folder
     from trainers.runtime.logs import get_logger
     from trainers.runtime.precision import precision_for
     from trainers.runtime.results import merge_results
     from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
 
     cfg = load_run_config(Path(run_dir), ForecastConfig)
+    refuse_walk_forward_folder(Path(run_dir), cfg, "evaluate")
     top_k = cfg.top_k if top_k is None else top_k
     cost_bps = cfg.cost_bps if cost_bps is None else cost_bps
     with distributed(device, cfg.collective_timeout_s) as ctx, exclusive(Path(run_dir), ctx):

@@ -12,6 +12,7 @@ from trainers.errors import UsageError
 from trainers.forecast.config import ForecastConfig, feature_names
 from trainers.forecast.model import ReturnPredictor
 from trainers.forecast.train import build_model
+from trainers.forecast.walk_forward import refuse_walk_forward_folder
 from trainers.market.windows import FEATURES
 from trainers.onnx import (
     check_parity,
@@ -50,6 +51,7 @@ def export_run(run_dir: Path, checkpoint: str = "best", tolerance: float = 1e-4,
         raise UsageError(f"--latency-iters {latency_iters} must be >= 1")
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, ForecastConfig)
+    refuse_walk_forward_folder(run_dir, cfg, "export")
     with exclusive(run_dir):
         return _export(run_dir, cfg, checkpoint, tolerance, latency_iters)
 

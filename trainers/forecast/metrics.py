@@ -87,6 +87,13 @@ def _turnover(new: dict[int, float], old: dict[int, float]) -> float:
     return float(sum(abs(new.get(k, 0.0) - old.get(k, 0.0)) for k in new.keys() | old.keys()))
 
 
+def wealth(period_returns: np.ndarray) -> np.ndarray:
+    """Equity after each period from 1, floored at 0: a book that loses everything stays ruined
+    (a short can lose more than the book in one period; compounding two such losses must not
+    turn into a gain)."""
+    return np.cumprod(np.clip(1.0 + period_returns, 0.0, None))
+
+
 def performance(net: np.ndarray, gross: np.ndarray, turnover: np.ndarray, horizon: int) -> dict:
     """Annualised figures of per-period returns (one period = `horizon` trading days)."""
     n = len(net)
@@ -94,12 +101,12 @@ def performance(net: np.ndarray, gross: np.ndarray, turnover: np.ndarray, horizo
         return {"periods": 0, "ann_return": None, "ann_return_gross": None, "ann_vol": None, "sharpe": None,
                 "max_drawdown": None, "turnover": None, "total_return": None}
     per_year = TRADING_DAYS / horizon
-    equity = np.cumprod(1.0 + net)
+    equity = wealth(net)
     peak = np.maximum.accumulate(np.concatenate([[1.0], equity]))[1:]
     vol = float(net.std(ddof=1) * np.sqrt(per_year)) if n > 1 else None
-    with np.errstate(invalid="ignore"):
-        ann = float(equity[-1] ** (per_year / n) - 1.0) if equity[-1] > 0 else -1.0
-        ann_gross = float(np.prod(1.0 + gross) ** (per_year / n) - 1.0) if np.prod(1.0 + gross) > 0 else -1.0
+    gross_end = wealth(gross)[-1]
+    ann = float(equity[-1] ** (per_year / n) - 1.0) if equity[-1] > 0 else -1.0
+    ann_gross = float(gross_end ** (per_year / n) - 1.0) if gross_end > 0 else -1.0
     return {"periods": n, "ann_return": ann, "ann_return_gross": ann_gross, "ann_vol": vol,
             "sharpe": float(net.mean() * per_year / vol) if vol else None,
             "max_drawdown": float(np.min(equity / peak - 1.0).clip(max=0.0)),
@@ -119,6 +126,7 @@ def backtest(date_index: np.ndarray, ticker_index: np.ndarray, score: np.ndarray
     books = ("equal_weight",) if score is None else ("long_short", "long_only")
     rows: dict[str, list[tuple[int, float, float, float]]] = {b: [] for b in books}  # date, net, traded, gross
     held: dict[str, dict[int, float]] = {b: {} for b in books}
+    names_held: list[int] = []  # k on each rebalance date (top_k, capped at half the names there)
     for a, b in zip(starts, ends):
         idx = order[a:b]
         n = len(idx)
@@ -129,6 +137,7 @@ def backtest(date_index: np.ndarray, ticker_index: np.ndarray, score: np.ndarray
                 continue
             k = max(1, round(n / 5)) if top_k is None else top_k
             k = min(k, n // 2)
+            names_held.append(k)
             ranked = idx[np.lexsort((ticker_index[idx], score[idx]))]  # ascending; ties by ticker
             longs, shorts = ranked[-k:], ranked[:k]
             weights = {"long_short": {**{int(t): -1.0 / k for t in ticker_index[shorts]},
@@ -145,10 +154,12 @@ def backtest(date_index: np.ndarray, ticker_index: np.ndarray, score: np.ndarray
         arr = np.array([g[1:] for g in got], dtype=np.float64).reshape(-1, 3)
         net, traded, gross = arr[:, 0], arr[:, 1], arr[:, 2]
         out[book] = performance(net, gross, traded, horizon)
+        if score is not None:  # what was really held: --top-k is capped at half the names on a date
+            out[book]["names_held"] = {"min": min(names_held), "max": max(names_held)} if names_held else None
         # equity of 1 at the first rebalance, then after each holding period (at its end date)
         ends = [g[0] + horizon for g in got]
         out[book]["curve"] = {"dates": [got[0][0], *ends] if got else [],
-                              "equity": [1.0, *np.cumprod(1.0 + net).tolist()] if got else []}
+                              "equity": [1.0, *wealth(net).tolist()] if got else []}
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +67,17 @@ def label_table(e: dict) -> list[str]:
     return lines
 
 
+def _held(e: dict) -> str:
+    """How many names a side were really held on the test split, when --top-k asked for more than
+    half the names of a date (the cap) or when it varied."""
+    held = (((e.get("test") or {}).get("model") or {}).get("long_short") or {}).get("names_held")
+    if not held or (e.get("top_k") is not None and held["min"] == held["max"] == e["top_k"]):
+        return ""
+    span = f"{held['min']}" if held["min"] == held["max"] else f"{held['min']}-{held['max']}"
+    capped = "; capped at half the names on a date" if e.get("top_k") and held["max"] < e["top_k"] else ""
+    return f" (held {span} a side on test{capped})"
+
+
 def markdown(results: dict, pictures: str | None) -> str:
     e = results["evaluation"]
     data = results.get("data", {})
@@ -77,7 +89,7 @@ def markdown(results: dict, pictures: str | None) -> str:
            f"features {', '.join(data.get('features', []))}"
            + "".join(f"; {f} left out ({why})" for f, why in data.get("features_left_out", {}).items()) + ".",
            f"Checkpoint step {e.get('checkpoint_step')}; portfolios: top/bottom "
-           f"{e.get('top_k') or 'a fifth of the names'}, rebalanced every {cfg.get('horizon')} days, "
+           f"{e.get('top_k') or 'a fifth of the names'}{_held(e)}, rebalanced every {cfg.get('horizon')} days, "
            f"{e.get('cost_bps'):g} bp per unit traded.", ""]
     universe = data.get("universe") or {}
     if universe.get("name") == "sp500-pit":
@@ -200,6 +212,11 @@ def write_report(run_dir: Path, results: dict, series: dict) -> None:
     if importlib.util.find_spec("matplotlib") is None:
         note = "No pictures: matplotlib is not installed (`pip install matplotlib`)."
     else:
-        draw(run_dir, results, series)
+        try:
+            draw(run_dir, results, series)
+        except Exception as exc:  # noqa: BLE001 - a picture must never cost the run its tables and metrics
+            first = (str(exc).splitlines() or [""])[0]
+            note = f"No pictures: drawing them failed ({type(exc).__name__}: {first}); the tables below are complete."
+            logging.getLogger("trainers.rank0").warning("report: %s", note)  # the report is rank 0's
     text = markdown(results, note)
     atomic_write(run_dir / "report.md", lambda f: f.write(text), mode="w")

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trainers.errors import UsageError
 from trainers.forecast.config import ForecastConfig
-from trainers.forecast.data import fix_date_range, load_market
+from trainers.forecast.data import fix_date_range, load_market, split_plan
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, broadcast_object
 from trainers.runtime.files import atomic_write, atomic_write_json
@@ -54,6 +55,13 @@ def fold_dir(run_dir: Path, k: int) -> Path:
     return Path(run_dir) / f"fold_{k}"
 
 
+def refuse_walk_forward_folder(run_dir: Path, cfg: ForecastConfig, verb: str) -> None:
+    """evaluate and export work on one model: a walk-forward's top folder holds K of them."""
+    if cfg.walk_forward and cfg.fold is None:
+        raise UsageError(f"--run-dir {run_dir} is a walk-forward of {cfg.walk_forward} folds, each its own run: "
+                         f"{verb} one of them, e.g. --run-dir {fold_dir(run_dir, cfg.walk_forward - 1)}")
+
+
 def fold_finished(results: dict) -> bool:
     return (results.get("training", {}).get("stop_reason") in FINISHED
             and isinstance(results.get("evaluation"), dict) and "test" in results["evaluation"])
@@ -68,9 +76,24 @@ def _dig(d: dict, path: tuple[str, ...]):
 
 
 def fold_row(k: int, results: dict) -> dict:
-    test = results["evaluation"]["test"]
+    evaluation = results["evaluation"]
+    test = evaluation["test"]
     return {"fold": k, "anchor_dates": results.get("data", {}).get("anchor_dates"),
+            "cost_bps": evaluation.get("cost_bps"), "top_k": evaluation.get("top_k"),
             "verdict": test["verdict"], **{name: _dig(test, path) for name, path in FOLD_METRICS.items()}}
+
+
+def pricing_mismatch(rows: list[dict]) -> str | None:
+    """Folds whose portfolios were priced with different costs or sizes (a fold evaluated again with
+    other --cost-bps/--top-k, or a walk resumed with them) cannot be averaged: say which."""
+    priced = {(r["cost_bps"], r["top_k"]) for r in rows}
+    if len(priced) <= 1:
+        return None
+    return ("folds priced differently (" + ", ".join(f"fold {r['fold']}: {_fmt(r['cost_bps'], 'g')} bp, top-k "
+                                                     f"{r['top_k'] if r['top_k'] is not None else 'default'}"
+                                                     for r in rows)
+            + "): no mean across folds; run `trainers forecast evaluate --run-dir <run>/fold_<k> --cost-bps X "
+              "--top-k N` on the odd ones, then this command again")
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -96,6 +119,7 @@ def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> di
     fix_date_range(cfg, cfgmod.saved_config(run_dir))
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))  # pins cfg.features
+    split_plan(cfg, len(market.arrays.dates))  # every fold fits the data, or one line before anything is written
     with exclusive(run_dir, ctx):  # one walk-forward job per folder; each fold also locks its own
         if ctx.is_main and not (run_dir / "config.json").exists():
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -129,8 +153,11 @@ def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> di
         if not ctx.is_main:
             return None
         log = get_logger(ctx.rank, run_dir)
+        mismatch = pricing_mismatch(rows)
+        if mismatch:
+            log.warning("walk-forward: %s", mismatch)
         summary = {"folds": cfg.walk_forward, "completed": len(rows), "stopped": stopped, "per_fold": rows,
-                   "mean_std": summarise(rows),
+                   "mean_std": None if mismatch else summarise(rows), "pricing_mismatch": mismatch,
                    "skill_folds": sum(r["verdict"] == "skill" for r in rows),
                    "elapsed_s": time.time() - started_at}
         results = merge_results(run_dir, {"trainer": "forecast", "config": cfgmod.to_dict(cfg),
@@ -142,7 +169,7 @@ def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> di
             log.info("walk-forward fold %d (test %s): %s; model Rank IC %s, t_nw %s; long-short %s a year",
                      row["fold"], row["anchor_dates"]["test"], row["verdict"], _fmt(row["model_rank_ic"], "+.4f"),
                      _fmt(row["model_rank_ic_t_nw"], "+.2f"), _fmt(row["model_long_short_ann_return"], "+.2%"))
-        m = summary["mean_std"]
+        m = summary["mean_std"] or summarise([])
         log.info("walk-forward: %d/%d folds%s; model Rank IC %s +- %s, ridge %s +- %s; skill in %d fold(s); %s",
                  len(rows), cfg.walk_forward, f" ({stopped})" if stopped else "",
                  _fmt(m["model_rank_ic"]["mean"], "+.4f"), _fmt(m["model_rank_ic"]["std"], ".4f"),
@@ -163,17 +190,20 @@ def walk_forward_markdown(results: dict) -> str:
     wf = results["walk_forward"]
     synthetic = " (SYNTHETIC market: not real prices)" if results.get("data", {}).get("synthetic") else ""
     names = list(FOLD_METRICS)
-    header = "| fold | test dates | verdict | " + " | ".join(n.replace("_", " ").replace("ann return", "a year")
+    header = "| fold | test dates | costs, top-k | verdict | " + " | ".join(n.replace("_", " ").replace("ann return", "a year")
                                                           for n in names) + " |"
     lines = [f"# Walk-forward report{synthetic}", "",
              f"{wf['completed']} of {wf['folds']} folds evaluated{'; ' + wf['stopped'] if wf['stopped'] else ''}; "
              f"skill (Newey-West t of the test Rank IC > 2 and long-short > 0 after costs) in {wf['skill_folds']}.",
-             "", header, "|" + "---|" * (len(names) + 3)]
+             "", header, "|" + "---|" * (len(names) + 4)]
     for r in wf["per_fold"]:
         test = (r.get("anchor_dates") or {}).get("test", ["?", "?"])
-        lines.append(f"| [{r['fold']}](fold_{r['fold']}/report.md) | {test[0]} .. {test[1]} | {r['verdict']} | "
+        priced = f"{_fmt(r.get('cost_bps'), 'g')} bp, {r.get('top_k') or 'a fifth'}"
+        lines.append(f"| [{r['fold']}](fold_{r['fold']}/report.md) | {test[0]} .. {test[1]} | {priced} | {r['verdict']} | "
                      + " | ".join(_fmt(r[n], _spec(n)) for n in names) + " |")
     ms = wf["mean_std"]
-    lines.append("| mean +- std | | | " + " | ".join(
+    if ms is None:
+        return "\n".join(lines + ["", f"No mean across folds: {wf['pricing_mismatch']}."]) + "\n"
+    lines.append("| mean +- std | | | | " + " | ".join(
         f"{_fmt(ms[n]['mean'], _spec(n))} +- {_fmt(ms[n]['std'], _spec(n).lstrip('+'))}" for n in names) + " |")
     return "\n".join(lines) + "\n"

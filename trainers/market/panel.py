@@ -17,7 +17,13 @@ OPTIONAL_COLUMNS = ("open", "high", "low", "volume")  # what a close-only table 
 def normalise_columns(frame: pd.DataFrame, where: str, optional: tuple[str, ...] = ()) -> pd.DataFrame:
     """Lower-case column names; fail with the names of any missing column. Columns named in
     `optional` may be missing: they are added empty (NaN), and whatever needs them is left out later."""
-    renamed = frame.rename(columns={c: str(c).strip().lower() for c in frame.columns})
+    names = [str(c).strip().lower() for c in frame.columns]
+    clashing = sorted({n for n in names if names.count(n) > 1})
+    if clashing:
+        raise UsageError(f"{where}: column names that differ only in case or spaces: "
+                         + "; ".join(", ".join(repr(str(c)) for c in frame.columns if str(c).strip().lower() == n)
+                                     for n in clashing) + "; keep one of each")
+    renamed = frame.rename(columns=dict(zip(frame.columns, names)))
     missing = [c for c in COLUMNS if c not in renamed.columns and c not in optional]
     if missing:
         need = [c for c in COLUMNS if c not in optional]
@@ -28,6 +34,11 @@ def normalise_columns(frame: pd.DataFrame, where: str, optional: tuple[str, ...]
     if not (pd.api.types.is_datetime64_dtype(out["date"]) and out["date"].dt.tz is None):
         out["date"] = pd.to_datetime(out["date"]).dt.tz_localize(None)
     out["date"] = out["date"].dt.normalize()
+    blank = out["ticker"].isna() | (out["ticker"].astype(str).str.strip() == "")
+    if blank.any():
+        rows = np.flatnonzero(blank.to_numpy())
+        raise UsageError(f"{where}: {len(rows)} row(s) have no ticker (first: row {int(rows[0]) + 1} of the data, "
+                         f"dated {out['date'].iloc[rows[0]]}); give every row a symbol")
     if not isinstance(out["ticker"].dtype, pd.CategoricalDtype):
         out["ticker"] = out["ticker"].astype(str)
     for c in COLUMNS[2:]:

@@ -11,7 +11,8 @@ What remains of survivorship bias is the members whose prices cannot be had (Yah
 serves most delisted symbols): `coverage` reports them with the share of index-days they hold.
 
 Limits of the history itself (measured on the shipped file; see the forecaster's README): it is
-less complete before about 2005 (414 members on 2000-01-03), dates of 1976-07-01 or earlier mean
+less complete before about 2015 and most of all before 2005 (412 members on 2000-01-03, 482 on
+2009-01-02), dates of 1976-07-01 or earlier mean
 "a member since at least then", and a symbol reused by a later company (AN: Amoco, then AutoNation)
 is one symbol here, while Yahoo serves only the company that holds it now.
 """
@@ -82,17 +83,25 @@ def membership_mask(history: pd.DataFrame, dates: pd.DatetimeIndex, symbols: lis
     return mask
 
 
-def coverage(history: pd.DataFrame, dates: pd.DatetimeIndex, have: list[str]) -> dict:
-    """How much of the index over `dates` the tickers we `have` prices for cover: index-days are
-    (date, member) pairs; each member we lack is listed with its share of them."""
+def coverage(history: pd.DataFrame, dates: pd.DatetimeIndex, tickers: list[str], priced: np.ndarray) -> dict:
+    """How much of the index over `dates` the prices cover: index-days are (date, member) pairs,
+    covered when that member has a price on that date (`priced`: [dates, tickers] bool). Members
+    with no price on any of their index-days are listed under "missing", members priced on only
+    some of them under "partly_priced", each with the share of all index-days it leaves uncovered."""
     members = members_between(history, str(dates[0].date()), str((dates[-1] + pd.Timedelta(days=1)).date()))
     mask = membership_mask(history, dates, members)
+    column = {s: i for i, s in enumerate(tickers)}
+    have = np.zeros_like(mask)
+    for j, s in enumerate(members):
+        if s in column:
+            have[:, j] = priced[:, column[s]]
     days = mask.sum(axis=0)
+    uncovered = (mask & ~have).sum(axis=0)
     total = int(days.sum())
-    have_set = set(have)
-    lacking = {s: int(n) for s, n in zip(members, days) if s not in have_set and n > 0}
-    lacking_days = sum(lacking.values())
+    missing = {s: int(u) for s, u, n in zip(members, uncovered, days) if n > 0 and u == n}
+    partly = {s: int(u) for s, u, n in zip(members, uncovered, days) if 0 < u < n}
     return {"members": len(members), "index_days": total,
-            "covered_share": 1.0 - lacking_days / total if total else None,
+            "covered_share": 1.0 - int(uncovered.sum()) / total if total else None,
             "members_per_date": {"min": int(mask.sum(axis=1).min()), "max": int(mask.sum(axis=1).max())},
-            "missing": {s: n / total for s, n in sorted(lacking.items(), key=lambda kv: -kv[1])}}
+            "missing": {s: n / total for s, n in sorted(missing.items(), key=lambda kv: -kv[1])},
+            "partly_priced": {s: n / total for s, n in sorted(partly.items(), key=lambda kv: -kv[1])}}

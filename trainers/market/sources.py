@@ -27,7 +27,7 @@ from trainers.market.fetch import (
     yfinance_downloader,
 )
 from trainers.market.panel import OPTIONAL_COLUMNS, normalise_columns
-from trainers.market.symbols import check_symbols
+from trainers.market.symbols import check_symbols, to_yfinance_symbol
 from trainers.market.synthetic import synthetic_market
 from trainers.market.validate import validate_long_table
 
@@ -83,7 +83,8 @@ def read_user_file(path: str) -> pd.DataFrame:
         frame = normalise_columns(frame, f"--source file:{path}", optional=OPTIONAL_COLUMNS)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--source file:{path} has unparseable values: {str(exc).splitlines()[0]}") from None
-    frame["ticker"] = frame["ticker"].astype(str).str.strip().str.upper()
+    # the same spelling as --tickers and the universes (BRK.B, brk/b -> BRK-B), so they match
+    frame["ticker"] = frame["ticker"].astype(str).map(to_yfinance_symbol)
     check_symbols(sorted(frame["ticker"].unique()), f"--source file:{path}")
     return frame
 

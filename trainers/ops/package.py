@@ -21,6 +21,15 @@ PICTURES = "*.png"  # a report's pictures (the forecaster's loss, IC, equity and
 OPTIONAL = ("model.onnx.data", "export.json", "results.md", "report.md", "training.log", "metrics.jsonl", "vocab.json")
 
 
+def read_results_quietly(run_dir: Path) -> dict:
+    """results.json as a dict, or {} when it is missing or unreadable (the caller has its own error)."""
+    try:
+        got = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
 def job_runs(run_dir: Path) -> dict[str, str] | None:
     """A job of many runs (the lstm trainer: one per symbol) lists its finished ones in results.json
     under "runs" (name -> folder inside the job); None for a single run."""
@@ -53,6 +62,9 @@ def package_files(run_dir: Path) -> list[Path]:
     if runs is not None:
         return job_files(run_dir, runs)
     missing = [name for name in REQUIRED if not (run_dir / name).is_file()]
+    if missing and (run_dir / "fold_0").is_dir() and "walk_forward" in read_results_quietly(run_dir):
+        raise UsageError(f"--run-dir {run_dir} is a walk-forward (one run per fold_<k> folder): export and package "
+                         f"a fold, e.g. --run-dir {run_dir / 'fold_0'}")
     if missing:
         hint = " (run `trainers <trainer> export --run-dir ...` first)" if "model.onnx" in missing else ""
         raise UsageError(f"--run-dir {run_dir} lacks {', '.join(missing)}{hint}")
