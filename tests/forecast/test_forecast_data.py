@@ -10,7 +10,7 @@ from conftest import read_results, run_cli
 from trainers.cli import main
 from trainers.errors import UsageError
 from trainers.forecast.config import ForecastConfig
-from trainers.forecast.data import load_store
+from trainers.forecast.data import fix_date_range, load_store
 from trainers.forecast.export import export_run
 from trainers.forecast.train import train
 from trainers.market import sources
@@ -184,3 +184,15 @@ def test_coverage_counts_only_the_index_days_that_have_a_price():
     # index-days: A 10, B 10, C 5 (removed on the 6th business day) = 25; covered: A 10 + B 4
     assert got["index_days"] == 25 and got["covered_share"] == pytest.approx(14 / 25)
     assert got["missing"] == {"C": pytest.approx(5 / 25)} and got["partly_priced"] == {"B": pytest.approx(6 / 25)}
+
+
+def test_years_on_a_file_count_back_from_its_last_date(tmp_path):
+    path = close_only_file(tmp_path, n_tickers=6, n_days=800)  # business days from 2000-01-03 to 2003-01-24
+    cfg = ForecastConfig(source=f"file:{path}", years=2.0, window=20, horizon=5, min_history_days=100)
+    _, info = load_store(cfg, log=lambda _m: None)
+    assert info["first_date"].startswith("2001-01") and info["last_date"].startswith("2003-01")
+    fix_date_range(cfg, None)  # what a first run pins in config.json
+    assert cfg.end == "2003-01-25" and cfg.start.startswith("2001-01")  # not two years back from today
+    with pytest.raises(UsageError, match=r"no rows in \[1990-01-01, 1991-01-01\).*the file holds 2000-01-03 \.\. 2003"):
+        load_store(ForecastConfig(source=f"file:{path}", start="1990-01-01", end="1991-01-01", window=20, horizon=5),
+                   log=lambda _m: None)

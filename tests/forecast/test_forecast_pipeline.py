@@ -181,3 +181,12 @@ def test_the_report_keeps_its_tables_when_the_pictures_cannot_be_drawn(reference
     monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: None)
     report.write_report(tmp_path, results, series={})
     assert "matplotlib is not installed" in (tmp_path / "report.md").read_text()
+
+
+def test_a_package_pairing_a_model_with_another_checkpoints_numbers_is_flagged():
+    from trainers.ops.package import step_mismatch
+
+    assert step_mismatch({"export": {"checkpoint_step": 128}, "evaluation": {"checkpoint_step": 128}}) is None
+    assert step_mismatch({"export": {"checkpoint_step": 128}, "evaluation": {"skipped": "SIGTERM"}}) is None
+    why = step_mismatch({"export": {"checkpoint_step": 128}, "evaluation": {"checkpoint_step": 96}})
+    assert "step 128" in why and "step 96" in why and "--checkpoint 96" in why

@@ -98,3 +98,4 @@ def test_folds_priced_differently_are_not_averaged_and_the_top_folder_points_at_
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(UsageError, match="is a walk-forward"):
         package_files(tmp_path)
+

@@ -71,6 +71,10 @@ def fix_date_range(cfg: ForecastConfig, saved: dict | None) -> None:
     if saved is not None:
         cfg.start = cfg.start or saved.get("start")
         cfg.end = cfg.end or saved.get("end")
+    elif cfg.source.startswith("file:"):  # --years counts back from the file's last date
+        from trainers.market.sources import file_date_range, read_user_file
+
+        cfg.start, cfg.end = file_date_range(data_request(cfg), read_user_file(cfg.source[5:]))
     else:
         cfg.start, cfg.end = data_request(cfg).date_range()
 

@@ -12,6 +12,7 @@ and the exact tickers used go into results.json. Nothing falls back to synthetic
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,15 @@ class DataRequest:
         return start, end
 
 
+def file_date_range(req: DataRequest, frame: pd.DataFrame) -> tuple[str, str]:
+    """[start, end) of a file: --years counts back from the file's last date, not from today (a
+    file's history does not move)."""
+    if req.end is None and len(frame):
+        last = (frame["date"].max() + pd.Timedelta(days=1)).strftime("%Y-%m-%d")
+        return dataclasses.replace(req, end=last).date_range()
+    return req.date_range()
+
+
 def read_user_file(path: str) -> pd.DataFrame:
     p = Path(path)
     if not p.is_file():
@@ -109,8 +119,13 @@ def load_source(req: DataRequest, log=print) -> tuple[pd.DataFrame, dict]:
                 log(f"warning: {len(missing)} requested ticker(s) are not in the file: {', '.join(missing[:10])}")
             frame = frame[frame["ticker"].isin(req.tickers)]
         if req.start or req.end or req.years:  # a file's whole history unless told otherwise
-            start, end = req.date_range()
+            whole = (f"the file holds {frame['date'].min():%Y-%m-%d} .. {frame['date'].max():%Y-%m-%d}"
+                     if len(frame) else "the file holds no rows for them")
+            start, end = file_date_range(req, frame)
             frame = frame[(frame["date"] >= start) & (frame["date"] < end)]
+            if frame.empty:
+                raise UsageError(f"--source {req.source}: no rows in [{start}, {end}) for the requested tickers; "
+                                 f"{whole}")
         info["sources"] = {f"file:{Path(req.source[5:]).resolve()}": int(frame["ticker"].nunique())}
     else:
         cache = PriceCache(Path(req.cache_dir))

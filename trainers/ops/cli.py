@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from trainers.ops.preflight import add_args as add_preflight_args  # light: no torch at import
 from trainers.runtime.config import number
@@ -30,7 +31,10 @@ def _plan(args) -> int:
 def _package(args) -> int:
     from trainers.ops.package import package_run
 
-    print(json.dumps(package_run(args.run_dir, args.output)))
+    info = package_run(args.run_dir, args.output)
+    for warning in info.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
+    print(json.dumps(info))
     return 0
 
 

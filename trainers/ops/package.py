@@ -99,6 +99,18 @@ def verify_onnx(run_dir: Path) -> None:
                           f"(SHA-256 differs from export.json); run `trainers <trainer> export` again")
 
 
+def step_mismatch(results: dict) -> str | None:
+    """A warning when model.onnx was exported from another checkpoint than the one the evaluation
+    (results, report) describes: the tarball would pair a model with another model's numbers."""
+    exported = (results.get("export") or {}).get("checkpoint_step") if isinstance(results.get("export"), dict) else None
+    evaluated = (results.get("evaluation") or {}).get("checkpoint_step") if isinstance(
+        results.get("evaluation"), dict) else None
+    if exported is None or evaluated is None or exported == evaluated:
+        return None
+    return (f"model.onnx is from checkpoint step {exported} but the evaluation in results.json is of step {evaluated}: "
+            f"run `export --checkpoint {evaluated}` (or `evaluate --checkpoint {exported}`) for a matching pair")
+
+
 def package_run(run_dir: Path, output: Path | None = None) -> dict:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
@@ -137,5 +149,9 @@ def package_run(run_dir: Path, output: Path | None = None) -> dict:
         raise
     digest = sha256_file(output)
     Path(f"{output}.sha256").write_text(f"{digest}  {output.name}\n")
-    return {"path": str(output), "bytes": output.stat().st_size, "sha256": digest, "files": len(files) + 1,
-            "root": root}
+    out = {"path": str(output), "bytes": output.stat().st_size, "sha256": digest, "files": len(files) + 1,
+           "root": root}
+    warning = step_mismatch(read_results_quietly(run_dir))
+    if warning:
+        out["warnings"] = [warning]
+    return out
