@@ -175,3 +175,18 @@ def test_grad_accum_gives_the_same_update_and_target_kl_stops_early():
     _, full = _update_once(1, epochs=5)
     _, stopped = _update_once(1, target_kl=1e-9, epochs=5)
     assert full["epochs"] == 5 and stopped["epochs"] == 1
+
+
+def test_a_file_keeps_its_own_dates(tmp_path):
+    """--years (25 by default) counts back from the file's last date: from today it cut a file of
+    2000-2002 to nothing (every ticker then failed validation)."""
+    from trainers.market.synthetic import synthetic_market
+    from trainers.ppo.config import PpoConfig
+    from trainers.ppo.data import fix_date_range
+
+    synthetic_market(6, 700, seed=2).to_csv(tmp_path / "old.csv", index=False)  # 2000-01-03 .. 2002-09-06
+    cfg = PpoConfig(source=f"file:{tmp_path / 'old.csv'}")
+    fix_date_range(cfg, None)
+    assert (cfg.start, cfg.end) == ("1977-09-07", "2002-09-07")
+    fix_date_range(cfg := PpoConfig(source=f"file:{tmp_path / 'old.csv'}"), {"start": "2001-01-02", "end": "2002-01-02"})
+    assert (cfg.start, cfg.end) == ("2001-01-02", "2002-01-02")  # a resume reads the dates it pinned

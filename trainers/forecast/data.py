@@ -22,7 +22,7 @@ import torch
 from trainers.errors import UsageError
 from trainers.forecast.config import ForecastConfig, feature_names
 from trainers.market.panel import Panel, to_panel
-from trainers.market.sources import DataRequest, load_source
+from trainers.market.sources import DataRequest, load_source, pin_date_range
 from trainers.market.universe import resolve_tickers
 from trainers.market.windows import (
     CLIP,
@@ -64,19 +64,7 @@ def fix_date_range(cfg: ForecastConfig, saved: dict | None) -> None:
     feature list is pinned the same way (by `load_market`, from the data's columns)."""
     if saved is not None and cfg.features is None:
         cfg.features = saved.get("features")
-    if cfg.source == "synthetic":
-        return
-    if cfg.source.startswith("file:") and not (cfg.start or cfg.end or cfg.years):
-        return
-    if saved is not None:
-        cfg.start = cfg.start or saved.get("start")
-        cfg.end = cfg.end or saved.get("end")
-    elif cfg.source.startswith("file:"):  # --years counts back from the file's last date
-        from trainers.market.sources import file_date_range, read_user_file
-
-        cfg.start, cfg.end = file_date_range(data_request(cfg), read_user_file(cfg.source[5:]))
-    else:
-        cfg.start, cfg.end = data_request(cfg).date_range()
+    pin_date_range(cfg, saved, lambda: data_request(cfg))
 
 
 def cross_sectional(values: np.ndarray, valid: np.ndarray, kind: str) -> np.ndarray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,24 @@ class DataRequest:
         if start >= end:
             raise UsageError(f"--start {start} must be before --end {end}")
         return start, end
+
+
+def pin_date_range(cfg, saved: dict | None, request: Callable[[], DataRequest]) -> None:
+    """Real data: pin `cfg.start`/`cfg.end` on the first run so a resume next week reads the same
+    dates (`saved`: the run's config.json, None on a first run). A file is used whole unless
+    --start/--end/--years say otherwise (its dates do not move), and --years counts back from its
+    last date, not from today. `request` builds the trainer's DataRequest (called only when needed)."""
+    if cfg.source == "synthetic":
+        return
+    if cfg.source.startswith("file:") and not (cfg.start or cfg.end or cfg.years):
+        return
+    if saved is not None:
+        cfg.start = cfg.start or saved.get("start")
+        cfg.end = cfg.end or saved.get("end")
+    elif cfg.source.startswith("file:"):
+        cfg.start, cfg.end = file_date_range(request(), read_user_file(cfg.source[5:]))
+    else:
+        cfg.start, cfg.end = request().date_range()
 
 
 def file_date_range(req: DataRequest, frame: pd.DataFrame) -> tuple[str, str]:

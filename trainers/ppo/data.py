@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainers.market.panel import to_panel
-from trainers.market.sources import DataRequest, load_source
+from trainers.market.sources import DataRequest, load_source, pin_date_range
 from trainers.market.universe import resolve_tickers
 from trainers.ppo.config import PpoConfig
 from trainers.ppo.env import EnvSpec
@@ -21,14 +21,9 @@ def data_request(cfg: PpoConfig) -> DataRequest:
 
 
 def fix_date_range(cfg: PpoConfig, saved: dict | None) -> None:
-    """Real data: pin start/end on the first run so a resume next week reads the same dates."""
-    if cfg.source == "synthetic":
-        return
-    if saved is not None:
-        cfg.start = cfg.start or saved.get("start")
-        cfg.end = cfg.end or saved.get("end")
-    else:
-        cfg.start, cfg.end = data_request(cfg).date_range()
+    """Real data: pin start/end on the first run so a resume next week reads the same dates (a
+    file's --years count back from its last date)."""
+    pin_date_range(cfg, saved, lambda: data_request(cfg))
 
 
 def load_trading_data(cfg: PpoConfig, log=print) -> tuple[TradingData, dict]:
