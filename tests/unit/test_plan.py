@@ -12,34 +12,8 @@ from trainers.cli import main
 from trainers.forecast.model import Forecaster
 from trainers.forecast.size import activation_bytes_per_sample
 from trainers.ops.devices import DEVICES, device_for_name
-from trainers.ops.plan import compare, measured_mfu, memory, plan
+from trainers.ops.plan import compare, measured_mfu, memory, plan, saved_bytes, saved_bytes_per_item
 from trainers.ops.plan_cli import load_workload
-
-
-def saved_bytes_per_sample(model, make_input, autocast_dtype=None) -> float:
-    """Bytes autograd saves for backward per sample (the slope between two batch sizes, so the
-    batch-independent saves — cast weights — drop out). Parameters themselves are not counted."""
-    params = {p.data_ptr() for p in model.parameters()}
-
-    def saved(batch: int) -> int:
-        seen, total = set(), [0]
-
-        def pack(t):
-            if t.data_ptr() not in seen and t.data_ptr() not in params:
-                seen.add(t.data_ptr())
-                total[0] += t.numel() * t.element_size()
-            return t
-
-        x = make_input(batch)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            if autocast_dtype is None:
-                model(x)
-            else:
-                with torch.autocast("cpu", dtype=autocast_dtype):
-                    model(x)
-        return total[0]
-
-    return (saved(6) - saved(2)) / 4
 
 
 @pytest.mark.parametrize("d,layers,heads,ff,window,dropout", [(32, 2, 4, 64, 16, 0.0), (64, 3, 4, 256, 40, 0.1)])
@@ -48,7 +22,7 @@ def test_the_forecasters_activation_estimate_matches_what_autograd_saves(d, laye
                                                                           compute_bytes):
     torch.manual_seed(0)
     model = Forecaster(d, layers, heads, ff, 5, window, dropout=dropout).train()
-    measured = saved_bytes_per_sample(model, lambda b: torch.randn(b, window, 5), dtype)
+    measured = saved_bytes_per_item(model, lambda b: (torch.randn(b, window, 5),), batches=(2, 6), autocast_dtype=dtype)
     estimate = activation_bytes_per_sample(window, 5, d, layers, heads, ff, dropout, compute_bytes)
     assert estimate == pytest.approx(measured, rel=0.10), (estimate, measured)
 
@@ -159,8 +133,6 @@ def test_a_bad_prices_file_is_one_line(tmp_path, capsys):
 def test_small_models_activation_estimates_extrapolate_to_other_batches(trainer, options):
     """Counted at batches 32 and 96, the per-item estimate must hold between 128 and 256 (activations are
     linear in the batch)."""
-    from trainers.ops.plan import saved_bytes_per_item
-
     w = load_workload(trainer, options)
     if trainer == "lstm":
         from trainers.lstm.train import build_model
@@ -255,18 +227,8 @@ def test_the_gnns_per_node_estimate_holds_on_other_graphs_and_the_datasets_own_c
         graphs.append(random_graph(len(graphs), 7, 20, 300))
         nodes += graphs[-1].n
     b = make_batch(graphs, cfg.max_colors, cfg.random_features, list(range(len(graphs))), torch.device("cpu"))
-    params = {p.data_ptr() for p in model.parameters()}
-    seen, saved = set(), [0]
-
-    def pack(t):
-        if t.data_ptr() not in seen and t.data_ptr() not in params:
-            seen.add(t.data_ptr())
-            saved[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(b.x, b.edge_index, b.color_mask)
-    assert w.activation_bytes(nodes, False) == pytest.approx(saved[0], rel=0.15)
+    assert w.activation_bytes(nodes, False) == pytest.approx(saved_bytes(model, (b.x, b.edge_index, b.color_mask)),
+                                                              rel=0.15)
     assert w.parameters == sum(p.numel() for p in model.parameters())
     assert "ASSUMED" in " ".join(w.notes)
 

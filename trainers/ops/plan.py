@@ -274,29 +274,37 @@ def compare(w: Workload, gpus: int, parallel: str, prices: dict[str, float], ite
 
 # ---- small models: count on the real model, on the CPU, at batch 1 -----------------------------------
 
-def saved_bytes_per_item(model, make_inputs: Callable[[int], tuple], batches: tuple[int, int] = (32, 96)) -> float:
-    """Bytes autograd saves for backward per item of the batch, measured with saved_tensors_hooks
-    (the slope between two batch sizes: batch-independent saves drop out; parameters not counted).
-    Activations are linear in the batch, so this extrapolates to any micro-batch."""
+def saved_bytes(model, inputs: tuple, autocast_dtype=None) -> int:
+    """Bytes autograd saves for backward in one forward of `model` on `inputs` (each tensor once;
+    parameters not counted), under CPU autocast to `autocast_dtype` when given."""
     import torch
 
     params = {p.data_ptr() for p in model.parameters()}
+    seen, total = set(), [0]
 
-    def saved(batch: int) -> int:
-        seen, total = set(), [0]
+    def pack(t):
+        if t.data_ptr() not in seen and t.data_ptr() not in params:
+            seen.add(t.data_ptr())
+            total[0] += t.numel() * t.element_size()
+        return t
 
-        def pack(t):
-            if t.data_ptr() not in seen and t.data_ptr() not in params:
-                seen.add(t.data_ptr())
-                total[0] += t.numel() * t.element_size()
-            return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if autocast_dtype is None:
+            model(*inputs)
+        else:
+            with torch.autocast("cpu", dtype=autocast_dtype):
+                model(*inputs)
+    return total[0]
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(*make_inputs(batch))
-        return total[0]
 
+def saved_bytes_per_item(model, make_inputs: Callable[[int], tuple], batches: tuple[int, int] = (32, 96),
+                         autocast_dtype=None) -> float:
+    """Bytes autograd saves for backward per item of the batch (`saved_bytes`' slope between two
+    batch sizes: batch-independent saves, like cast weights, drop out). Activations are linear in
+    the batch, so this extrapolates to any micro-batch."""
     small, large = batches
-    return (saved(large) - saved(small)) / (large - small)
+    return (saved_bytes(model, make_inputs(large), autocast_dtype)
+            - saved_bytes(model, make_inputs(small), autocast_dtype)) / (large - small)
 
 
 def forward_flops(model, inputs: tuple) -> float:
