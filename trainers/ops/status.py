@@ -11,15 +11,14 @@ writes — no connection to the job needed, so it works after the SSH session th
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 from trainers.errors import UsageError
+from trainers.runtime.lock import is_locked
 
 
 def read_state(path: Path) -> dict:
@@ -29,19 +28,6 @@ def read_state(path: Path) -> dict:
         if sep:
             state[key.strip()] = value.strip()
     return state
-
-
-def lock_held(path: Path) -> bool:
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def last_rows(metrics: Path, kinds=("train", "val"), tail_bytes: int = 1 << 16) -> dict:
@@ -97,7 +83,7 @@ def job_status(out: Path, trainer: str) -> dict:
         raise UsageError(f"no deploy of {trainer} in {out} (no {state_path.name}); start one with "
                          f"`bash deploy_8gpu.sh --trainer {trainer} --out {out}`")
     state = read_state(state_path)
-    alive = lock_held(out / f".deploy-{trainer}.lock")
+    alive = is_locked(out / f".deploy-{trainer}.lock")
     run_dir = Path(state.get("run_dir") or out / trainer)
     rows = last_rows(run_dir / "metrics.jsonl")
     beat = _read_json(run_dir / "heartbeat.json")

@@ -96,18 +96,23 @@ class FolderLock:
         self.release()
 
 
-def held_by_other(folder: Path) -> dict | None:
-    """The holder's note when another live process holds `folder`'s lock; None when it is free."""
-    path = Path(folder) / LOCK_NAME
-    if not path.exists():
-        return None
-    fd = os.open(path, os.O_RDWR)
+def is_locked(path: Path) -> bool:
+    """Whether a live process holds an flock on the file at `path` (this FolderLock's, or the
+    deploy's `flock` in bash): a shared, non-blocking probe, released at once."""
+    if not Path(path).exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return FolderLock(folder).read_note() or {"pid": "?", "host": "?"}
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        return True
     finally:
         os.close(fd)
+    return False
+
+
+def held_by_other(folder: Path) -> dict | None:
+    """The holder's note when another live process holds `folder`'s lock; None when it is free."""
+    if not is_locked(Path(folder) / LOCK_NAME):
+        return None
+    return FolderLock(folder).read_note() or {"pid": "?", "host": "?"}
