@@ -118,6 +118,16 @@ def measure_latency(module: torch.nn.Module, path: Path, cases: dict[str, tuple[
     return out
 
 
+def parity_line(parity: dict, latency: dict | None = None) -> str:
+    """The one line an export prints: the parity check and, given, the CPU latency at batch 1 and 256."""
+    text = (f"onnxruntime vs PyTorch max abs error {parity['max_abs_error']:.2e} at batch sizes "
+            f"{parity['batch_sizes']}")
+    if latency:
+        text += (f"; CPU p50 batch 1 {latency['batch_1']['onnxruntime']['p50_ms']:.2f} ms, "
+                 f"batch 256 {latency['batch_256']['onnxruntime']['p50_ms']:.2f} ms")
+    return text
+
+
 def opset(path: Path) -> int | None:
     import onnx
 

@@ -16,7 +16,7 @@ import torch
 from trainers.errors import UsageError
 from trainers.lstm.config import LstmConfig, parse_symbols
 from trainers.lstm.model import UpProbability
-from trainers.onnx import check_parity, check_tolerance, export_program, measure_latency, opset
+from trainers.onnx import check_parity, check_tolerance, export_program, measure_latency, opset, parity_line
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.files import atomic_write_json, sha256_file
 from trainers.runtime.results import merge_results, read_results
@@ -111,8 +111,7 @@ def export_run(run_dir: Path, symbols: str | None = None, checkpoint: str = "bes
             continue
         try:
             info = export_symbol(folder, checkpoint, tolerance, latency_iters)
-            log(f"{s}: exported {folder / 'model.onnx'} (step {info['checkpoint_step']}), onnxruntime vs PyTorch "
-                f"max abs error {info['parity']['max_abs_error']:.2e} at batch sizes {info['parity']['batch_sizes']}")
+            log(f"{s}: exported {folder / 'model.onnx'} (step {info['checkpoint_step']}), {parity_line(info['parity'])}")
             done.append(s)
         except Exception as exc:  # noqa: BLE001 - one symbol's failure is reported, the others go on
             failed[s] = f"{type(exc).__name__}: {exc}"

@@ -27,14 +27,12 @@ def _evaluate(args) -> int:
 
 
 def _export(args) -> int:
+    from trainers.onnx import parity_line
     from trainers.ppo.export import export_run
 
     info = export_run(args.run_dir, args.checkpoint, args.tolerance, args.latency_iters)
-    lat = info["latency_cpu"]
-    print(f"exported {args.run_dir}/model.onnx ({info['agent']}, update {info['selected_update']}); onnxruntime vs "
-          f"PyTorch max abs error {info['parity']['max_abs_error']:.2e} at batch sizes {info['parity']['batch_sizes']}; "
-          f"CPU p50 batch 1 {lat['batch_1']['onnxruntime']['p50_ms']:.2f} ms, "
-          f"batch 256 {lat['batch_256']['onnxruntime']['p50_ms']:.2f} ms")
+    print(f"exported {args.run_dir}/model.onnx ({info['agent']}, update {info['selected_update']}); "
+          f"{parity_line(info['parity'], info['latency_cpu'])}")
     return 0
 
 
