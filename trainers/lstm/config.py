@@ -47,6 +47,17 @@ def parse_symbols(text: str, where: str = "--symbols") -> list[str]:
     return check_symbols([to_symbol(s) for s in given], where, given)
 
 
+def job_symbols(job: dict, symbols: str | None) -> list[str]:
+    """The symbols of a job's results.json that `--symbols` names (all of them when None); one line
+    naming any the job does not have."""
+    have = job.get("symbols", {})
+    wanted = parse_symbols(symbols) if symbols else list(have)
+    unknown = [s for s in wanted if s not in have]
+    if unknown:
+        raise UsageError(f"--symbols {', '.join(unknown)}: not in this job (it has {', '.join(have)})")
+    return wanted
+
+
 def read_symbols_file(path: str) -> list[str]:
     """One symbol per line or comma separated, '#' starts a comment; or a CSV with a `symbol` column."""
     p = Path(path)

@@ -99,7 +99,7 @@ def evaluate_run(run_dir: str, symbols: str | None = None, checkpoint: str = "be
     from pathlib import Path
 
     from trainers.errors import UsageError
-    from trainers.lstm.config import LstmConfig, parse_symbols
+    from trainers.lstm.config import LstmConfig, job_symbols
     from trainers.lstm.features import build_symbol_data
     from trainers.lstm.job import prepare_job, symbol_dir
     from trainers.lstm.summary import refresh_job_summary
@@ -114,10 +114,7 @@ def evaluate_run(run_dir: str, symbols: str | None = None, checkpoint: str = "be
     if not job.get("job"):
         raise UsageError(f"--run-dir {run_dir} holds no lstm job results.json; point it at the folder "
                          f"`trainers lstm train` wrote")
-    wanted = parse_symbols(symbols) if symbols else list(job.get("symbols", {}))
-    unknown = [s for s in wanted if s not in job.get("symbols", {})]
-    if unknown:
-        raise UsageError(f"--symbols {', '.join(unknown)}: not in this job (it has {', '.join(job['symbols'])})")
+    wanted = job_symbols(job, symbols)
     with_checkpoint = [s for s in wanted if any((symbol_dir(run_dir, s) / "checkpoints").glob("meta_*.json"))]
     if not with_checkpoint:
         raise UsageError(f"no symbol of {', '.join(wanted[:10])} has a checkpoint yet; train first")

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from trainers.errors import UsageError
-from trainers.lstm.config import LstmConfig, parse_symbols
+from trainers.lstm.config import LstmConfig, job_symbols
 from trainers.lstm.model import UpProbability
 from trainers.onnx import check_parity, check_tolerance, export_program, measure_latency, opset, parity_line
 from trainers.runtime.checkpoint import CheckpointManager
@@ -95,10 +95,7 @@ def export_run(run_dir: Path, symbols: str | None = None, checkpoint: str = "bes
     if not (run_dir / "config.json").is_file() or not job.get("job"):
         raise UsageError(f"--run-dir {run_dir} is not an lstm job folder (no config.json or job results.json); "
                          f"point it at the folder `trainers lstm train` wrote")
-    wanted = parse_symbols(symbols) if symbols else list(job.get("symbols", {}))
-    unknown = [s for s in wanted if s not in job.get("symbols", {})]
-    if unknown:
-        raise UsageError(f"--symbols {', '.join(unknown)}: not in this job (it has {', '.join(job['symbols'])})")
+    wanted = job_symbols(job, symbols)
     done, skipped, failed = [], [], {}
     for s in wanted:
         folder = run_dir / "symbols" / s
