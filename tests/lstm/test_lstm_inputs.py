@@ -80,3 +80,13 @@ def test_jobs_per_gpu_binds_k_workers_to_each_gpu(monkeypatch):
     with pytest.raises(UsageError, match="start at most --jobs-per-gpu 2 x 4 = 8 workers per node"):
         worker_device(cfg, 8)
     assert worker_device(LstmConfig(device="cpu"), 5).type == "cpu"
+
+
+def test_evaluate_and_export_pick_only_symbols_the_job_has():
+    from trainers.errors import UsageError
+    from trainers.lstm.config import job_symbols
+
+    job = {"symbols": {"BTC-USD": {}, "ETH-USD": {}}}
+    assert job_symbols(job, None) == ["BTC-USD", "ETH-USD"] and job_symbols(job, "eth-usd") == ["ETH-USD"]
+    with pytest.raises(UsageError, match="--symbols SOL-USD: not in this job \\(it has BTC-USD, ETH-USD\\)"):
+        job_symbols(job, "BTC-USD,SOL-USD")
