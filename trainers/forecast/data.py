@@ -21,6 +21,7 @@ import torch
 
 from trainers.errors import UsageError
 from trainers.forecast.config import ForecastConfig, feature_names
+from trainers.forecast.metrics import MIN_NAMES
 from trainers.market.panel import Panel, to_panel
 from trainers.market.sources import DataRequest, load_source, pin_date_range
 from trainers.market.universe import resolve_tickers
@@ -270,8 +271,6 @@ def load_market(cfg: ForecastConfig, log=print) -> Market:
         if universe["never_members"]:
             log(f"warning: {len(universe['never_members'])} ticker(s) of the data were never in the index over "
                 f"its dates, so none of their rows is used: {', '.join(universe['never_members'][:10])}")
-    from trainers.forecast.metrics import MIN_NAMES
-
     if len(panel.tickers) < MIN_NAMES:  # one ticker has no cross-section: a rank label is all zeros
         raise UsageError(f"the data holds {len(panel.tickers)} ticker(s) ({', '.join(panel.tickers)}); the forecaster "
                          f"ranks stocks against each other on each date and needs at least {MIN_NAMES}")

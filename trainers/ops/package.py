@@ -33,10 +33,7 @@ def read_results_quietly(run_dir: Path) -> dict:
 def job_runs(run_dir: Path) -> dict[str, str] | None:
     """A job of many runs (the lstm trainer: one per symbol) lists its finished ones in results.json
     under "runs" (name -> folder inside the job); None for a single run."""
-    try:
-        runs = json.loads((run_dir / "results.json").read_text()).get("runs")
-    except (OSError, ValueError, AttributeError):
-        return None
+    runs = read_results_quietly(run_dir).get("runs")
     return runs if isinstance(runs, dict) else None
 
 
