@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.forecast.config import PRESETS, ForecastConfig, feature_names
 from trainers.forecast.data import Market, WindowStore, fix_date_range, load_market, make_store
@@ -26,7 +25,7 @@ from trainers.forecast.evaluate import evaluate_splits, log_summary, validation_
 from trainers.forecast.model import Forecaster, TrainStep, count_parameters, flops_per_sample
 from trainers.forecast.report import write_report
 from trainers.runtime import config as cfgmod
-from trainers.runtime.dist import DistContext, all_reduce_sum, distributed
+from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.precision import (
     autocast,
     build_adamw,
@@ -146,10 +145,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
             run.evaluated(0, validation_loss(model, store, ctx, cfg.eval_batch_size, precision), initial=True)
         train_step = ddp = TrainStep(model)
         if ctx.distributed:
-            # Gradients live in DDP's buckets (no copy per step); the target-scale buffers never change,
-            # so they are not broadcast at every forward; the graph is the same at every step.
-            train_step = ddp = DDP(train_step, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                                   gradient_as_bucket_view=True, broadcast_buffers=False, static_graph=True)
+            train_step = ddp = wrap_ddp(train_step, ctx)  # the target-scale buffers never change
         train_step = maybe_compile(train_step, compiled)
         micro_size = cfg.batch_size  # every micro-batch padded to this: one shape for the whole run
 

@@ -12,7 +12,6 @@ benchmark and validation graphs with the best checkpoint, through every decoding
 
 from __future__ import annotations
 
-import inspect
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from trainers.gnn.graphs import GraphSplit
 from trainers.gnn.model import ColoringGNN
 from trainers.gnn.sampling import NodeBudgetCursor
 from trainers.runtime import config as cfgmod
-from trainers.runtime.dist import DistContext, all_reduce_sum, distributed
+from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.precision import build_adamw
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
@@ -40,16 +39,6 @@ def feature_seed(cfg: GnnConfig, epoch: int, step_in_epoch: int, rank: int) -> i
     """Random node features: fresh each step in training (an augmentation), a pure function of the
     data position, so a resumed run draws the same ones."""
     return ((cfg.seed * 1_000_003 + epoch) * 100_003 + step_in_epoch) * 1_009 + rank
-
-
-def wrap_ddp(model: torch.nn.Module, ctx: DistContext) -> DDP:
-    """DDP with nothing extra per step: gradients are views into the all-reduce buckets (no copy),
-    buffers are not re-broadcast before each forward (the model has none), and the graph is static
-    (every parameter is used in every step, whatever the batch)."""
-    names = inspect.signature(DDP).parameters  # torch 2.13 renamed broadcast_buffers
-    no_buffer_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
-    return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-               gradient_as_bucket_view=True, static_graph=True, **no_buffer_sync)
 
 
 def train(cfg: GnnConfig) -> dict | None:

@@ -126,6 +126,20 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
             dist.destroy_process_group()
 
 
+def wrap_ddp(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+    """DDP with nothing extra per step: gradients are views into the all-reduce buckets (no copy),
+    buffers are not re-broadcast before each forward (a module whose buffers never change in
+    training), and the graph is static (every parameter is used in every step)."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    names = inspect.signature(DDP).parameters  # torch 2.13 renamed broadcast_buffers (and warns on it)
+    no_buffer_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
+    return DDP(module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+               gradient_as_bucket_view=True, static_graph=True, **no_buffer_sync)
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         if ctx.backend == "nccl":
