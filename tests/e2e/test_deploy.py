@@ -153,6 +153,33 @@ def test_demo_end_to_end_to_a_verified_tarball(tmp_path):
     assert proc.returncode == 0 and "resumed from checkpoint" in (out / "forecast" / "training.log").read_text()
 
 
+def verify_tarball(tmp_path: Path, out: Path, trainer: str) -> Path:
+    """The tarball the deploy printed: its .sha256 and the SHA256SUMS inside both check out."""
+    check = subprocess.run(["sha256sum", "-c", f"{trainer}.tar.gz.sha256"], cwd=out, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    with tarfile.open(out / f"{trainer}.tar.gz") as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    inside = tmp_path / "x" / trainer
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=inside, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    return inside
+
+
+@pytest.mark.slow
+def test_the_lstm_demo_deploys_to_a_verified_tarball(tmp_path):
+    """Every LSTM deploy once failed in phase 'train' (its check-only start recorded each symbol as
+    failed), and no test deployed the LSTM."""
+    proc, out = deploy(tmp_path, "--trainer", "lstm", "--demo", "--", "--synthetic-tickers", "3",
+                       "--synthetic-days", "700", "--window", "16", "--hidden", "8", "--batch-size", "64", gpus=0)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "symbols failed: 0" in proc.stdout and "deploy finished" in proc.stdout
+    r = read_results(out / "lstm")
+    assert r["training"]["symbols"]["ok"] == 3 and r["training"]["world_size"] == 2
+    inside = verify_tarball(tmp_path, out, "lstm")
+    assert sorted(p.name for p in (inside / "symbols").iterdir()) == ["SYN000", "SYN001", "SYN002"]
+    assert all((inside / "symbols" / s / "model.onnx").is_file() for s in ("SYN000", "SYN001", "SYN002"))
+
+
 def entrypoint(tmp_path, *args, kit=None):
     kit = kit or tmp_path / "kit"
     kit.mkdir(exist_ok=True)

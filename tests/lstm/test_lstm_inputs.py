@@ -90,3 +90,16 @@ def test_evaluate_and_export_pick_only_symbols_the_job_has():
     assert job_symbols(job, None) == ["BTC-USD", "ETH-USD"] and job_symbols(job, "eth-usd") == ["ETH-USD"]
     with pytest.raises(UsageError, match="--symbols SOL-USD: not in this job \\(it has BTC-USD, ETH-USD\\)"):
         job_symbols(job, "BTC-USD,SOL-USD")
+
+
+def test_the_deploys_check_only_start_passes_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """deploy_8gpu.sh runs training once with TRAINERS_CHECK_ONLY=1 before torchrun. The LSTM's
+    per-symbol error handler once caught the CheckPassed signal as each symbol's failure, wrote the
+    job folder and stopped every LSTM deploy in phase 'train'."""
+    monkeypatch.setenv("TRAINERS_CHECK_ONLY", "1")
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", "--run-dir", str(run_dir), *TINY]) == 0
+    assert "check passed: lstm: every check before training passed" in capsys.readouterr().err
+    assert not run_dir.exists()
+    assert main(["lstm", "train", "--run-dir", str(run_dir), *TINY, "--window", "400"]) == 2  # a check still fails
+    assert not run_dir.exists()

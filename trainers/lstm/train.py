@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from trainers.errors import UsageError
+from trainers.errors import CheckPassed, UsageError
 from trainers.lstm import queue as jobqueue
 from trainers.lstm.config import LstmConfig, n_features, parse_timeframes
 from trainers.lstm.evaluate import evaluate_symbol, log_symbol_summary, validation_loss
@@ -359,6 +359,12 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float) -> int:
     cfgmod.check_run_dir_compatible(job_dir, cfg)
     device = worker_device(cfg, ctx.local_rank)
     plan = prepare_job(cfg, log=print if ctx.is_main else (lambda _msg: None))
+    if os.environ.get("TRAINERS_CHECK_ONLY") == "1":
+        # The deploy's check before torchrun: the job-level checks above are all a launch can fail
+        # (each symbol's own checks ran in prepare_job). It must stop here, before the first write: a
+        # symbol's run would raise CheckPassed inside work_on, whose per-symbol handler records it
+        # as that symbol's failure.
+        raise CheckPassed(f"lstm: every check before training passed for {job_dir} ({len(plan.symbols)} symbols)")
 
     devices = ctx.world_size // cfg.jobs_per_gpu if device.type == "cuda" else ctx.world_size
     attempt = None
