@@ -27,7 +27,7 @@ from record import write_record  # noqa: E402
 
 from trainers.market.panel import to_panel  # noqa: E402
 from trainers.market.synthetic import synthetic_market  # noqa: E402
-from trainers.ppo.env import EnvSpec, Market, VecPortfolioEnv  # noqa: E402
+from trainers.ppo.env import DeviceMarket, EnvSpec, VecPortfolioEnv  # noqa: E402
 from trainers.ppo.features import build_trading_data  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def timed(fn, min_s: float, min_iters: int) -> tuple[float, int]:
 
 
 def ours(data, b: int, window: int, device: torch.device, with_obs: bool, min_s: float) -> dict:
-    market = Market(data.close, data.features, device)
+    market = DeviceMarket(data.close, data.features, device)
     env = VecPortfolioEnv(market, EnvSpec(window=window, episode_days=252), b, data.splits["train"], seed=0)
     actions = [torch.rand(b, data.n_stocks, generator=torch.Generator().manual_seed(i)).to(device) * 2 - 1
                for i in range(16)]

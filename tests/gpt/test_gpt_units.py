@@ -13,11 +13,12 @@ import torch
 
 from trainers.errors import UsageError
 from trainers.gpt import size
+from trainers.gpt.build import build_model
 from trainers.gpt.config import GptConfig
 from trainers.gpt.data import WindowStream, check_vocab, load_corpus, read_corpus, tokenise, windows
 from trainers.gpt.markov import MarkovSource
 from trainers.gpt.model import GPT, KVCache, count_parameters, flops_per_token, generate
-from trainers.gpt.train import Schedule, build_model, plan_layout
+from trainers.gpt.train import Schedule, plan_layout
 from trainers.runtime.dist import DistContext
 from trainers.runtime.rundir import single_process_context
 
@@ -79,18 +80,28 @@ def test_the_activation_estimate_is_within_10_percent_of_what_autograd_saves(dep
     assert abs(estimate - measured) / measured < 0.10, (estimate, measured)
 
 
-def test_the_memory_estimate_says_d64_does_not_fit_80gb_with_ddp_and_what_does():
+class _GPU80:  # torch.cuda.get_device_properties of an 80 GiB GPU
+    total_memory = 80 * size.GIB
+
+
+def test_the_memory_estimate_says_d64_does_not_fit_80gb_with_ddp_and_what_does(monkeypatch):
+    """What the training run picks (plan_layout) on 80 GiB GPUs, from the estimate."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _d: _GPU80())
+    gpus = lambda world: DistContext(0, 0, world, world, torch.device("cuda", 0), "nccl")  # noqa: E731
     shape, gpu = size.Shape(64), 80 * size.GIB
     ddp = size.memory_per_gpu(shape, "ddp", 8, 4)
     assert ddp.weights + ddp.grads + ddp.optimizer == 16 * shape.parameters()  # ~206 GB before activations
     assert ddp.total > 200e9
     assert size.memory_per_gpu(shape, "fsdp", 8, 4).total > gpu  # activations at batch 4 x 2048 do not fit
-    chosen = size.choose_layout(shape, 8, 4, gpu)
-    assert chosen.layout == "fsdp+ac" and chosen.total < gpu
+    assert plan_layout(GptConfig(depth=64, device_batch_size=4), shape, gpus(8), 2)[:2] == ("fsdp", True)
+    chosen = size.memory_per_gpu(shape, "fsdp+ac", 8, 4)
+    assert chosen.total < gpu
     assert chosen.weights + chosen.grads + chosen.optimizer == pytest.approx(16 * shape.parameters() / 8, abs=8)
     assert size.largest_batch(shape, "fsdp", 8, gpu) >= 1  # without recomputation: a smaller batch fits
-    assert size.choose_layout(shape, 1, 1, gpu) is None  # one GPU cannot train it at all
-    assert size.choose_layout(size.Shape(12), 8, 8, gpu).layout == "ddp"  # d12 (85M) needs nothing special
+    with pytest.raises(UsageError, match="does not fit"):  # one GPU cannot train it at all
+        plan_layout(GptConfig(depth=64, device_batch_size=1), shape, gpus(1), 2)
+    # d12 (85M) needs nothing special
+    assert plan_layout(GptConfig(depth=12, device_batch_size=8), size.Shape(12), gpus(8), 2)[:2] == ("ddp", False)
 
 
 def test_auto_layout_follows_the_estimate_and_explicit_choices_are_checked(monkeypatch):

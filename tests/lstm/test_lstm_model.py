@@ -13,11 +13,11 @@ from torch import nn
 
 from trainers.cli import main
 from trainers.lstm import queue as jobqueue
+from trainers.lstm.build import build_model
 from trainers.lstm.config import LstmConfig
 from trainers.lstm.features import build_symbol_data
 from trainers.lstm.job import prepare_job
 from trainers.lstm.model import DirectionLSTM, UpProbability, direction_loss
-from trainers.lstm.train import build_model
 from trainers.runtime.rundir import load_checkpoint_states, load_run_config
 from trainers.runtime.sampling import EpochCursor
 

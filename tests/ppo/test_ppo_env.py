@@ -12,7 +12,7 @@ import torch
 from trainers.errors import UsageError
 from trainers.market.panel import to_panel
 from trainers.market.synthetic import synthetic_market
-from trainers.ppo.env import EnvSpec, Market, VecPortfolioEnv, env_keys, uniform_u32
+from trainers.ppo.env import DeviceMarket, EnvSpec, VecPortfolioEnv, env_keys, uniform_u32
 from trainers.ppo.features import FEATURES, WARMUP, build_trading_data, indicators
 
 # ---- the reference: one environment, loops, NumPy ------------------------------------------------
@@ -98,7 +98,7 @@ def test_environment_equals_the_numpy_reference_over_random_actions(action, rewa
     spec = EnvSpec(window=5, episode_days=17, action=action, h_max=300, initial_cash=100_000, cost_bps=cost,
                    reward=reward, reward_scale=1e-3)
     n_envs, train = 6, (10, 200)
-    env = VecPortfolioEnv(Market(close, feats, torch.device("cpu")), spec, n_envs, train, seed=11, rank=1)
+    env = VecPortfolioEnv(DeviceMarket(close, feats, torch.device("cpu")), spec, n_envs, train, seed=11, rank=1)
     keys = env_keys(11, 1, n_envs).tolist()
     refs = [ReferencePortfolio(close, spec, keys[b], env.first_start, env.n_starts) for b in range(n_envs)]
     rng = np.random.default_rng(0)
@@ -125,7 +125,7 @@ def test_environment_equals_the_numpy_reference_over_random_actions(action, rewa
 def test_episode_statistics_are_those_of_the_finished_episode():
     close, feats = small_market()
     spec = EnvSpec(window=5, episode_days=4, action="weights", cost_bps=10)
-    env = VecPortfolioEnv(Market(close, feats, torch.device("cpu")), spec, 3, (10, 200), seed=0)
+    env = VecPortfolioEnv(DeviceMarket(close, feats, torch.device("cpu")), spec, 3, (10, 200), seed=0)
     total_reward, total_cost = torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
     for i in range(4):
         _obs, r, done, info = env.step(torch.full((3, 4), 0.5 if i % 2 else -0.2, dtype=torch.float64))
@@ -146,7 +146,7 @@ def test_each_environment_has_its_own_stream_independent_of_the_others():
     assert abs(u.mean().item() - 0.5) < 0.01 and abs(u.var().item() - 1 / 12) < 0.005  # uniform
     assert all(ref_fmix32(k ^ ref_fmix32(1)) == d for k, d in zip(keys8.tolist(), draws[:, 0].tolist()))
     close, feats = small_market()
-    env = VecPortfolioEnv(Market(close, feats, torch.device("cpu")), EnvSpec(window=5, episode_days=20), 64, (10, 200), 0)
+    env = VecPortfolioEnv(DeviceMarket(close, feats, torch.device("cpu")), EnvSpec(window=5, episode_days=20), 64, (10, 200), 0)
     starts = env.t
     assert starts.min() >= 10 and starts.max() <= 180 and len(set(starts.tolist())) > 30  # own random dates
 
@@ -154,7 +154,7 @@ def test_each_environment_has_its_own_stream_independent_of_the_others():
 def test_state_dict_round_trip_continues_exactly():
     close, feats = small_market()
     spec = EnvSpec(window=5, episode_days=7, action="trades")
-    market = Market(close, feats, torch.device("cpu"))
+    market = DeviceMarket(close, feats, torch.device("cpu"))
     a = VecPortfolioEnv(market, spec, 5, (10, 200), seed=2)
     actions = [torch.rand(5, 4, generator=torch.Generator().manual_seed(i)) * 2 - 1 for i in range(20)]
     for x in actions[:9]:
@@ -169,7 +169,7 @@ def test_state_dict_round_trip_continues_exactly():
 
 def test_bad_environment_settings_are_usage_errors():
     close, feats = small_market()
-    market = Market(close, feats, torch.device("cpu"))
+    market = DeviceMarket(close, feats, torch.device("cpu"))
     with pytest.raises(UsageError, match="longer than the training period"):
         VecPortfolioEnv(market, EnvSpec(window=5, episode_days=500), 2, (10, 200), 0)
     with pytest.raises(UsageError, match="--cost-bps"):

@@ -15,6 +15,7 @@ from toy_trainer import cfg_for, toy_loop
 from trainers.errors import RunFailed
 from trainers.runtime.async_save import HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
+from trainers.runtime.checkpointer import Checkpointer
 from trainers.runtime.run import Run
 
 
@@ -72,7 +73,7 @@ def test_the_loop_trains_on_while_a_write_runs_and_the_meta_comes_after_the_file
     def step_done(self, step, position, items=0):
         if step == 5:
             release.set()  # steps 4 and 5 ran while step 3 was being written
-        if not commits and self.ckpt.meta_path(3).exists():
+        if not commits and self.ckpt.manager.meta_path(3).exists():
             commits.append(step)
         return real_step_done(self, step, position, items)
 
@@ -105,19 +106,19 @@ class Killed(Exception):
 
 def test_a_kill_while_a_write_is_uncommitted_resumes_from_the_previous_complete_checkpoint(tmp_path, monkeypatch):
     cfg = cfg_for(tmp_path, ckpt_every=2, patience=0, ckpt_async=True)
-    real_commit = Run._commit_pending
+    real_commit = Checkpointer._commit
 
     def dies_before_commit(self):
         if self._pending.step == 4:
             raise Killed  # the files of step 4 are on disk, its meta never is
         return real_commit(self)
 
-    monkeypatch.setattr(Run, "_commit_pending", dies_before_commit)
+    monkeypatch.setattr(Checkpointer, "_commit", dies_before_commit)
     with pytest.raises(Killed):
         toy_loop(cfg, total_steps=8, epoch_steps=100)
     folder = tmp_path / "run" / "checkpoints"
     assert (folder / "model_00000004.pt").exists() and meta_steps(tmp_path) == [2]
-    monkeypatch.setattr(Run, "_commit_pending", real_commit)
+    monkeypatch.setattr(Checkpointer, "_commit", real_commit)
     results, model = toy_loop(cfg, total_steps=8, epoch_steps=100)
     assert "resumed from checkpoint step 2" in (tmp_path / "run" / "training.log").read_text()
     _, ref_model = toy_loop(cfg_for(tmp_path / "ref", ckpt_every=2, patience=0), total_steps=8, epoch_steps=100)
@@ -152,13 +153,17 @@ def test_async_is_on_by_default_only_with_cuda(tmp_path):
     from trainers.runtime.rundir import single_process_context
 
     ctx = single_process_context()
-    run = Run(cfg_for(tmp_path), ctx, "toy", {}, 1)
-    assert run._write_behind() is False  # CPU: a host copy buys nothing, the write would compete for cores
-    run = Run(cfg_for(tmp_path, ckpt_async=True), ctx, "toy", {}, 1)
-    assert run._write_behind() is True
+
+    def write_behind(cfg, ctx) -> bool:
+        with Run(cfg, ctx, "toy", {}, 1) as run:
+            return run.ckpt.write_behind
+
+    assert write_behind(cfg_for(tmp_path), ctx) is False  # CPU: a host copy buys nothing, the write would compete for cores
+    assert write_behind(cfg_for(tmp_path, ckpt_async=True), ctx) is True
     ctx_cuda = type(ctx)(**{**ctx.__dict__, "device": torch.device("cuda", 0)})
-    assert Run(cfg_for(tmp_path), ctx_cuda, "toy", {}, 1)._write_behind() is True
-    assert Run(cfg_for(tmp_path, ckpt_async=False), ctx_cuda, "toy", {}, 1)._write_behind() is False
+    manager = CheckpointManager(tmp_path / "c", ctx_cuda, 1, _log())
+    assert Checkpointer(manager, ctx_cuda, 1, None, None).write_behind is True
+    assert Checkpointer(manager, ctx_cuda, 1, None, False).write_behind is False
 
 
 def _ctx():

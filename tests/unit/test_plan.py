@@ -11,9 +11,9 @@ import torch
 from trainers.cli import main
 from trainers.forecast.model import Forecaster
 from trainers.forecast.size import activation_bytes_per_sample
+from trainers.ops.commands import load_workload
 from trainers.ops.devices import DEVICES, device_for_name
 from trainers.ops.plan import compare, measured_mfu, memory, plan, saved_bytes, saved_bytes_per_item
-from trainers.ops.plan_cli import load_workload
 
 
 @pytest.mark.parametrize("d,layers,heads,ff,window,dropout", [(32, 2, 4, 64, 16, 0.0), (64, 3, 4, 256, 40, 0.1)])
@@ -135,15 +135,15 @@ def test_small_models_activation_estimates_extrapolate_to_other_batches(trainer,
     linear in the batch)."""
     w = load_workload(trainer, options)
     if trainer == "lstm":
-        from trainers.lstm.train import build_model
+        from trainers.lstm.build import build_model
 
         cfg = __import__("trainers.registry", fromlist=["x"]).trainer_config("lstm", options)
         model = build_model(cfg).train()
         inputs = lambda b: (torch.randn(b, cfg.window, model.lstm.input_size),)  # noqa: E731
         predicted = w.activation_bytes(32, False) / 32
     else:
+        from trainers.ppo.build import build_model
         from trainers.ppo.features import FEATURES
-        from trainers.ppo.train import build_model
 
         cfg = __import__("trainers.registry", fromlist=["x"]).trainer_config("ppo", options)
         model = build_model(cfg).train()
@@ -214,8 +214,8 @@ def test_the_gnns_per_node_estimate_holds_on_other_graphs_and_the_datasets_own_c
     """Measured on the generator's first graphs, the bytes autograd saves per node must hold for a batch of
     other graphs (another seed) of about --nodes-per-batch nodes; a dataset on disk replaces the assumption."""
     from trainers.gnn.batch import make_batch
+    from trainers.gnn.build import build_model
     from trainers.gnn.graphs import random_graph, write_dataset
-    from trainers.gnn.train import build_model
     from trainers.registry import trainer_config
 
     options = ["--hidden", "32", "--layers", "3", "--data-dir", str(tmp_path / "none")]

@@ -27,16 +27,16 @@ def test_time_and_money_budgets():
 
 def test_budget_counts_time_of_earlier_attempts():
     s = StopAgreement(single_process_context(), Budget(max_hours=1.0), elapsed_before_s=3600.0)
-    assert s.agree() == StopReason.TIME_BUDGET
+    assert s.agree()[0] == StopReason.TIME_BUDGET
 
 
 def test_sigterm_becomes_an_agreed_stop():
     s = StopAgreement(single_process_context(), Budget())
     s.install_signal_handlers()
     try:
-        assert s.agree() == StopReason.NONE
+        assert s.agree()[0] == StopReason.NONE
         os.kill(os.getpid(), signal.SIGTERM)
-        assert s.agree() == StopReason.SIGNAL and s.signal_name == "SIGTERM"
+        assert s.agree()[0] == StopReason.SIGNAL and s.signal_name == "SIGTERM"
     finally:
         s.restore_signal_handlers()
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
@@ -47,7 +47,7 @@ def test_strongest_reason_wins():
     s.request(StopReason.EARLY_STOP)
     s.request(StopReason.SIGNAL)
     s.request(StopReason.EARLY_STOP)
-    assert s.agree() == StopReason.SIGNAL
+    assert s.agree()[0] == StopReason.SIGNAL
 
 
 def test_early_stopping_patience():
@@ -67,7 +67,7 @@ def test_a_hangup_stops_a_foreground_job_and_is_ignored_by_a_detached_one(monkey
     s.install_signal_handlers()
     try:
         os.kill(os.getpid(), signal.SIGHUP)
-        assert (s.agree() == StopReason.SIGNAL) is stops
+        assert (s.agree()[0] == StopReason.SIGNAL) is stops
         assert (s.signal_name == "SIGHUP") is stops
     finally:
         s.restore_signal_handlers()

@@ -96,7 +96,6 @@ class ForecastConfig(RunOptions):
     compile: bool | None = option(None, "torch.compile the train step (model + loss); default: on with CUDA, off "
                                   "on CPU", resume_safe=True)
     # stops, checkpoints, logging
-    min_delta: float = option(0.0, "improvement smaller than this does not count", resume_safe=True, min=0)
     eval_every: int = option(0, "evaluate validation loss every N steps (0: at each epoch end)", resume_safe=True,
                             min=0)
     eval_batch_size: int = option(1024, "samples per rank per evaluation batch", resume_safe=True, min=1)

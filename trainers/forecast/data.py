@@ -215,7 +215,7 @@ def build_store(panel: Panel, window: int, horizon: int, val_frac: float = 0.15,
 
 
 @dataclass
-class Market:
+class LoadedMarket:
     """What the source gave, turned into arrays, before any split (load once, split per fold)."""
 
     arrays: MarketArrays
@@ -239,7 +239,7 @@ def universe_name(cfg: ForecastConfig) -> str:
     return cfg.universe if cfg.source == "yfinance" else "every ticker of the source"
 
 
-def load_market(cfg: ForecastConfig, log=print) -> Market:
+def load_market(cfg: ForecastConfig, log=print) -> LoadedMarket:
     """Load and validate the source, pick the features its columns allow (pinning cfg.features on a
     first run), and apply the point-in-time universe."""
     frame, source_info = load_source(data_request(cfg), log=log)
@@ -278,7 +278,7 @@ def load_market(cfg: ForecastConfig, log=print) -> Market:
     info = {**source_info, "tickers": arrays.tickers, "n_tickers": len(arrays.tickers),
             "first_date": arrays.dates[0], "last_date": arrays.dates[-1], "n_dates": len(arrays.dates),
             "features": names, "features_left_out": left_out, "universe": universe, "target": cfg.target}
-    return Market(arrays, info)
+    return LoadedMarket(arrays, info)
 
 
 def split_plan(cfg: ForecastConfig, n_dates: int) -> SplitPlan:
@@ -289,7 +289,7 @@ def split_plan(cfg: ForecastConfig, n_dates: int) -> SplitPlan:
     return plan_splits(n_dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, cfg.min_split_dates)
 
 
-def make_store(cfg: ForecastConfig, market: Market) -> tuple[WindowStore, dict]:
+def make_store(cfg: ForecastConfig, market: LoadedMarket) -> tuple[WindowStore, dict]:
     plan = split_plan(cfg, len(market.arrays.dates))
     store = store_from(market.arrays, plan, cfg.target)
     data_info = {**market.info, "embargo_dates": plan.embargo, "samples": store.stats,

@@ -15,9 +15,12 @@ import numpy as np
 import torch
 
 from trainers.forecast.baselines import fit_lightgbm, fit_ridge
+from trainers.forecast.build import build_model
 from trainers.forecast.config import ForecastConfig
 from trainers.forecast.data import WindowStore, load_store
 from trainers.forecast.metrics import backtest, decile_returns, ic_summary, per_date_ic, verdict
+from trainers.forecast.report import table_rows, write_report
+from trainers.forecast.walk_forward import refuse_walk_forward_folder
 from trainers.runtime.dist import (
     DistContext,
     all_gather_object,
@@ -25,9 +28,10 @@ from trainers.runtime.dist import (
     barrier,
     distributed,
 )
-from trainers.runtime.precision import autocast
-
-PREDICTORS = ("model", "ridge", "lightgbm", "persistence")
+from trainers.runtime.logs import get_logger
+from trainers.runtime.precision import autocast, precision_for
+from trainers.runtime.results import merge_results
+from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
 
 
 def forecast_metrics(date_index: np.ndarray, ticker_index: np.ndarray, pred: np.ndarray, label: np.ndarray,
@@ -153,13 +157,6 @@ def _fmt(value, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def table_rows(e: dict) -> list[tuple[str, dict]]:
-    """(name, metrics) of the model and every baseline that forecasts, in table order."""
-    rows = [("model", e["model"])]
-    rows += [(name, e["baselines"][name]) for name in PREDICTORS[1:] if name in e["baselines"]]
-    return rows
-
-
 def log_summary(log, evaluation: dict, splits=("val", "test")) -> None:
     for split in splits:
         e = evaluation[split]
@@ -189,14 +186,6 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto", t
                  cost_bps: float | None = None) -> dict | None:
     """`trainers forecast evaluate`: re-evaluate a run's checkpoint (one process or under torchrun),
     rewriting results.json's evaluation, report.md and the pictures."""
-    from trainers.forecast.report import write_report
-    from trainers.forecast.train import build_model
-    from trainers.forecast.walk_forward import refuse_walk_forward_folder
-    from trainers.runtime.logs import get_logger
-    from trainers.runtime.precision import precision_for
-    from trainers.runtime.results import merge_results
-    from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
-
     cfg = load_run_config(Path(run_dir), ForecastConfig)
     refuse_walk_forward_folder(Path(run_dir), cfg, "evaluate")
     top_k = cfg.top_k if top_k is None else top_k

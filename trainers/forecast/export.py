@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from trainers.errors import UsageError
+from trainers.forecast.build import build_model
 from trainers.forecast.config import ForecastConfig, feature_names
 from trainers.forecast.model import ReturnPredictor
-from trainers.forecast.train import build_model
 from trainers.forecast.walk_forward import refuse_walk_forward_folder
 from trainers.market.windows import FEATURES
 from trainers.onnx import (

@@ -20,11 +20,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainers.forecast.evaluate import table_rows
 from trainers.runtime.files import atomic_write
 
 PICTURES = ("loss.png", "ic.png", "equity.png", "deciles.png")
 SPLITS = ("val", "test")
+
+
+PREDICTORS = ("model", "ridge", "lightgbm", "persistence")
+
+
+def table_rows(e: dict) -> list[tuple[str, dict]]:
+    """(name, metrics) of the model and every baseline that forecasts, in table order."""
+    rows = [("model", e["model"])]
+    rows += [(name, e["baselines"][name]) for name in PREDICTORS[1:] if name in e["baselines"]]
+    return rows
 
 
 def _pct(value, spec: str = "+.2%") -> str:

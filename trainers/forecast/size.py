@@ -39,8 +39,8 @@ def training_samples(cfg: ForecastConfig) -> int:
 def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
     import torch
 
+    from trainers.forecast.build import build_model
     from trainers.forecast.model import flops_per_sample
-    from trainers.forecast.train import build_model
 
     shape = PRESETS[cfg.preset]
     with torch.device("meta"):

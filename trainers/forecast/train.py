@@ -19,11 +19,13 @@ from pathlib import Path
 
 import torch
 
-from trainers.forecast.config import PRESETS, ForecastConfig, feature_names
-from trainers.forecast.data import Market, WindowStore, fix_date_range, load_market, make_store
+from trainers.forecast.build import build_model
+from trainers.forecast.config import PRESETS, ForecastConfig
+from trainers.forecast.data import LoadedMarket, WindowStore, fix_date_range, load_market, make_store
 from trainers.forecast.evaluate import evaluate_splits, log_summary, validation_loss
-from trainers.forecast.model import Forecaster, TrainStep, count_parameters, flops_per_sample
+from trainers.forecast.model import TrainStep, count_parameters, flops_per_sample
 from trainers.forecast.report import write_report
+from trainers.forecast.walk_forward import walk_forward
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.precision import (
@@ -39,16 +41,6 @@ from trainers.runtime.run import Run
 from trainers.runtime.sampling import EpochCursor
 from trainers.runtime.schedule import build_scheduler
 from trainers.runtime.stops import StopReason
-
-
-def build_model(cfg: ForecastConfig, store: WindowStore | None = None) -> Forecaster:
-    shape = PRESETS[cfg.preset]
-    model = Forecaster(shape.d_model, shape.n_layers, shape.n_heads, shape.d_ff, n_features=len(feature_names(cfg)),
-                       window=cfg.window, dropout=cfg.dropout)
-    if store is not None:
-        model.target_mean.fill_(store.target_mean)
-        model.target_std.fill_(store.target_std)
-    return model
 
 
 def padded(ids: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,14 +82,12 @@ def train(cfg: ForecastConfig) -> dict | None:
     cfg.validate()
     with distributed(cfg.device, cfg.collective_timeout_s) as ctx:
         if cfg.walk_forward and cfg.fold is None:
-            from trainers.forecast.walk_forward import walk_forward
-
-            return walk_forward(cfg, ctx, started_at)
+            return walk_forward(cfg, ctx, started_at, train_one)
         return train_one(cfg, ctx, started_at)[0]
 
 
 def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
-              market: Market | None = None) -> tuple[dict | None, StopReason]:
+              market: LoadedMarket | None = None) -> tuple[dict | None, StopReason]:
     """One run (the plain split, or one walk-forward fold): (results on rank 0, the agreed stop)."""
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
@@ -145,7 +135,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
             run.evaluated(0, validation_loss(model, store, ctx, cfg.eval_batch_size, precision), initial=True)
         train_step = ddp = TrainStep(model)
         if ctx.distributed:
-            train_step = ddp = wrap_ddp(train_step, ctx)  # the target-scale buffers never change
+            train_step = ddp = wrap_ddp(train_step, ctx, accumulates=cfg.grad_accum > 1)  # the target-scale buffers never change
         train_step = maybe_compile(train_step, compiled)
         micro_size = cfg.batch_size  # every micro-batch padded to this: one shape for the whole run
 

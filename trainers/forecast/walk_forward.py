@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -112,9 +113,9 @@ def remaining_budget(cfg: ForecastConfig, spent_s: float, spent_usd: float) -> t
     return hours, usd
 
 
-def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float) -> dict | None:
-    from trainers.forecast.train import train_one
-
+def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float, train_one: Callable) -> dict | None:
+    """K folds, each trained by `train_one(fold_cfg, ctx, started_at, market=...)` -> (results, stop
+    reason): the plain run's loop (trainers.forecast.train), handed in so this module never imports it."""
     run_dir = Path(cfg.run_dir)
     fix_date_range(cfg, cfgmod.saved_config(run_dir))
     cfgmod.check_run_dir_compatible(run_dir, cfg)

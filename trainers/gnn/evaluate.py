@@ -11,10 +11,13 @@ import numpy as np
 import torch
 
 from trainers.gnn.batch import DeviceGraphs, make_batch, potts_loss
+from trainers.gnn.build import build_model
 from trainers.gnn.config import GnnConfig
 from trainers.gnn.decode import classical, color_with_model
 from trainers.gnn.graphs import Graph, GraphSplit, benchmark_set
-from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_sum
+from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_sum, pick_device
+from trainers.runtime.results import merge_results
+from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config, single_process_context
 
 EVAL_SEED = 10_000  # random node features at evaluation: fixed, so every evaluation is comparable
 
@@ -111,11 +114,6 @@ def validation_loss(model, val: DeviceGraphs, cfg: GnnConfig, ctx: DistContext) 
 
 def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "cpu") -> dict:
     """`trainers gnn evaluate`: the final evaluation of a run's checkpoint, written into its results."""
-    from trainers.gnn.train import build_model
-    from trainers.runtime.dist import pick_device
-    from trainers.runtime.results import merge_results
-    from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config, single_process_context
-
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, GnnConfig)
     dev = pick_device(0, device)

@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from trainers.gnn.batch import make_batch
+from trainers.gnn.build import build_model
 from trainers.gnn.config import GnnConfig
 from trainers.gnn.graphs import mycielski, queen
-from trainers.gnn.train import build_model
 from trainers.onnx import check_parity, check_tolerance, export_program
 from trainers.runtime.files import atomic_write_json, sha256_file
 from trainers.runtime.results import merge_results

@@ -1,20 +1,15 @@
 """Node features and the colours offered, in NumPy only: `trainers gnn color` uses them without torch.
 `trainers gnn data` stores the degree features of every training graph, computed here, so training
-and inference see the same numbers."""
+and inference see the same numbers (`degree_features` lives with the graphs, which the dataset
+generator stores them with)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from trainers.gnn.graphs import Graph, greedy_bound
+from trainers.gnn.graphs import Graph, degree_features, greedy_bound
 
 SCHEDULE_LEVELS = 6  # decoding offers the greedy bound, then up to 5 fewer colours (not below the clique bound)
-
-
-def degree_features(g: Graph) -> np.ndarray:
-    """[n, 2] float32: log(1 + degree) and degree / max degree."""
-    deg = np.bincount(g.edges.ravel(), minlength=g.n).astype(np.float32) if g.n_edges else np.zeros(g.n, np.float32)
-    return np.stack([np.log1p(deg), deg / max(float(deg.max()) if g.n else 0.0, 1.0)], axis=1).astype(np.float32)
 
 
 def random_features(n: int, random_dims: int, seed: int) -> np.ndarray:

@@ -20,9 +20,14 @@ import time
 import numpy as np
 import torch
 
+from trainers.gnn.build import build_model
+from trainers.gnn.config import GnnConfig
+from trainers.gnn.decode import repair
 from trainers.gnn.features import color_mask, degree_features, random_features
 from trainers.gnn.graphs import Graph
 from trainers.gnn.model import potts_conflicts
+from trainers.gnn.search import reduce_colors
+from trainers.runtime.rundir import load_checkpoint_states, load_run_config
 
 ANNEAL = 0.2
 LR = 3e-3
@@ -71,9 +76,6 @@ def finetune_stage(model: torch.nn.Module, g: Graph, max_colors: int, random_dim
     """Fine-tune for one colour fewer than `best` (a proper colouring) has, then repair + search
     from the best of `best` and the repaired fine-tuned argmaxes, with those argmaxes as hints.
     Never returns more colours than `best`."""
-    from trainers.gnn.decode import repair
-    from trainers.gnn.search import reduce_colors
-
     t0 = time.perf_counter()
     current = int(len(np.unique(best)))
     if current <= max(lower, 1):
@@ -100,10 +102,6 @@ def finetune_stage(model: torch.nn.Module, g: Graph, max_colors: int, random_dim
 
 def load_trained(run_dir, checkpoint: str = "best") -> tuple[torch.nn.Module, object, int]:
     """(model on the CPU in eval mode, its GnnConfig, checkpoint step) from a training run's folder."""
-    from trainers.gnn.config import GnnConfig
-    from trainers.gnn.train import build_model
-    from trainers.runtime.rundir import load_checkpoint_states, load_run_config
-
     cfg = load_run_config(run_dir, GnnConfig)
     step, states = load_checkpoint_states(run_dir, checkpoint)
     model = build_model(cfg)

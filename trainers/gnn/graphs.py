@@ -257,11 +257,15 @@ def random_graph(index: int, seed: int, min_nodes: int, max_nodes: int) -> Graph
     return g
 
 
+def degree_features(g: Graph) -> np.ndarray:
+    """[n, 2] float32: log(1 + degree) and degree / max degree."""
+    deg = np.bincount(g.edges.ravel(), minlength=g.n).astype(np.float32) if g.n_edges else np.zeros(g.n, np.float32)
+    return np.stack([np.log1p(deg), deg / max(float(deg.max()) if g.n else 0.0, 1.0)], axis=1).astype(np.float32)
+
+
 def _generate(args) -> dict:
     """One graph and what training needs of it, computed once here rather than at every step:
     degree features, the greedy colour bound, and both directions of every edge."""
-    from trainers.gnn.features import degree_features
-
     index, seed, lo, hi = args
     g = random_graph(index, seed, lo, hi)
     return {"name": g.name, "n": g.n, "edges": g.edges, "upper_k": g.upper_k, "degree": degree_features(g),

@@ -31,8 +31,8 @@ def workload(cfg: GnnConfig) -> Workload:
     import torch
 
     from trainers.gnn.batch import make_batch
+    from trainers.gnn.build import build_model
     from trainers.gnn.graphs import random_graph
-    from trainers.gnn.train import build_model
 
     sample = [random_graph(i, cfg.seed, DEPLOY_MIN_NODES, DEPLOY_MAX_NODES) for i in range(SAMPLE_GRAPHS)]
     model = build_model(cfg).train()

@@ -1,4 +1,4 @@
-"""Train the graph-coloring GNN (seed 002, done right) with DDP over graphs: build, resume, a flat
+"""Train the graph-coloring GNN (seed 002) with DDP over graphs: build, resume, a flat
 loop, finish.
 
 The whole training split lives on the device (trainers.gnn.batch.DeviceGraphs); each step gathers
@@ -19,20 +19,16 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.gnn.batch import DeviceGraphs, potts_loss
+from trainers.gnn.build import build_model
 from trainers.gnn.config import GnnConfig
 from trainers.gnn.evaluate import EVAL_SEED, evaluate, markdown_table, validation_loss
 from trainers.gnn.graphs import GraphSplit
-from trainers.gnn.model import ColoringGNN
 from trainers.gnn.sampling import NodeBudgetCursor
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.precision import build_adamw
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
-
-
-def build_model(cfg: GnnConfig) -> ColoringGNN:
-    return ColoringGNN(cfg.in_dim, cfg.hidden, cfg.layers, cfg.max_colors, cfg.dropout)
 
 
 def feature_seed(cfg: GnnConfig, epoch: int, step_in_epoch: int, rank: int) -> int:

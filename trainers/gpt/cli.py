@@ -15,8 +15,7 @@ HELP = "the char-level GPT (seed 004): depth-scaled, DDP or FSDP2, a wall-clock 
 
 
 def _data(args) -> int:
-    from trainers.gpt.data import load_corpus
-    from trainers.gpt.train import markov_source
+    from trainers.gpt.data import load_corpus, markov_source
 
     cfg = cfgmod.from_args(GptConfig, args)
     corpus = load_corpus(cfg.data, cfg.cache_dir, cfg.seq_len, cfg.val_frac, markov_source(cfg), cfg.synthetic_chars)

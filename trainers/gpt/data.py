@@ -332,3 +332,13 @@ def device_tokens(array: np.ndarray, device: torch.device) -> torch.Tensor:
     if arr.dtype == np.uint16:
         arr = arr.astype(np.int32)  # torch indexes uint16 poorly
     return torch.from_numpy(np.array(arr, copy=True)).to(device)
+
+
+def markov_source(cfg) -> MarkovSource:
+    """The synthetic source a config describes (`--data synthetic`), with its exact entropy."""
+    return MarkovSource(cfg.markov_alphabet, cfg.markov_order, cfg.markov_concentration, cfg.data_seed)
+
+
+def default_prompt(vocab: list[str]) -> str:
+    """What sampling starts from when no prompt is given: a newline, else the first character."""
+    return "\n" if "\n" in vocab else vocab[0]

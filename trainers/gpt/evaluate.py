@@ -15,9 +15,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainers.gpt.data import default_prompt
+from trainers.gpt.infer import load_for_inference
 from trainers.gpt.model import GPT, generate
 from trainers.runtime.dist import DistContext, all_reduce_sum
-from trainers.runtime.precision import Precision, autocast
+from trainers.runtime.files import atomic_write_json
+from trainers.runtime.precision import Precision, autocast, precision_for
+from trainers.runtime.results import merge_results
+from trainers.runtime.rundir import exclusive
 
 LN2 = math.log(2)
 
@@ -101,21 +106,10 @@ def sample_text(model: GPT, vocab: list[str], prompt: str, n_chars: int, seed: i
     return out
 
 
-def default_prompt(vocab: list[str]) -> str:
-    return "\n" if "\n" in vocab else vocab[0]
-
-
 def evaluate_run(run_dir: Path, checkpoint: str = "best", eval_tokens: int | None = None, device: str = "auto",
                  seed: int = 0) -> dict:
     """`trainers gpt evaluate`: the chosen checkpoint on the validation windows (single process),
     merged into results.json (and written to evaluation.json)."""
-    from trainers.gpt.infer import load_for_inference
-    from trainers.runtime.dist import DistContext
-    from trainers.runtime.files import atomic_write_json
-    from trainers.runtime.precision import precision_for
-    from trainers.runtime.results import merge_results
-    from trainers.runtime.rundir import exclusive
-
     run_dir = Path(run_dir)
     loaded = load_for_inference(run_dir, checkpoint, device)
     cfg, model = loaded.cfg, loaded.model

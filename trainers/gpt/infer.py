@@ -1,7 +1,7 @@
 """A trained GPT back from its run folder, for evaluate, sample, serve and export.
 
-The checkpoint is `best` by default (the lowest validation loss: the seed's own advice, since the
-last steps may overfit), its SHA-256 checked. An FSDP run's weights are sharded: the first use
+The checkpoint is `best` by default (the lowest validation loss, since the last steps may
+overfit), its SHA-256 checked. An FSDP run's weights are sharded: the first use
 consolidates them into one file (`consolidated_<step>.pt`, holding the run folder's lock while it
 writes, its SHA-256 added to the checkpoint's meta), which later uses load directly.
 """
@@ -15,8 +15,10 @@ from pathlib import Path
 import torch
 
 from trainers.errors import UsageError
+from trainers.gpt.build import build_model
 from trainers.gpt.config import GptConfig
-from trainers.gpt.model import GPT
+from trainers.gpt.data import default_prompt, load_corpus, markov_source
+from trainers.gpt.model import GPT, generate
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.dist import pick_device
 from trainers.runtime.rundir import exclusive, load_run_config, resolve_checkpoint, single_process_context
@@ -33,9 +35,6 @@ class Loaded:
     @property
     def corpus(self):
         """The run's corpus (from the token cache, or regenerated for the synthetic source)."""
-        from trainers.gpt.data import load_corpus
-        from trainers.gpt.train import markov_source
-
         cfg = self.cfg
         corpus = load_corpus(cfg.data, cfg.cache_dir, cfg.seq_len, cfg.val_frac, markov_source(cfg),
                              cfg.synthetic_chars, log=lambda _m: None)
@@ -65,7 +64,7 @@ def load_for_inference(run_dir: Path, which: str = "best", device: str = "auto")
                                  f"after training ends, any of sample/serve/export/evaluate consolidates it") from None
     states = ckpt.load_verified(step, "cpu")["states"]
     vocab = list(states["vocab"]["chars"])
-    model = GPT(len(vocab), cfg.depth, cfg.head_dim, cfg.seq_len, cfg.positions, cfg.tie_embeddings)
+    model = build_model(cfg, len(vocab))
     model.load_state_dict(states["model"])
     dev = pick_device(0, device)
     model.to(dev).eval()
@@ -85,9 +84,6 @@ def encode(vocab: list[str], text: str) -> list[int]:
 def sample_run(run_dir: Path, which: str, prompt: str | None, max_new_tokens: int, temperature: float,
                top_k: int | None, seed: int, device: str = "auto") -> str:
     """`trainers gpt sample`: the prompt and its continuation."""
-    from trainers.gpt.evaluate import default_prompt
-    from trainers.gpt.model import generate
-
     loaded = load_for_inference(run_dir, which, device)
     prompt = default_prompt(loaded.vocab) if prompt is None else prompt
     if not prompt:

@@ -16,7 +16,6 @@ measured against. Pure NumPy, no torch.
 from __future__ import annotations
 
 import bisect
-import math
 import random
 import string
 from dataclasses import dataclass
@@ -129,7 +128,3 @@ class MarkovSource:
             out.append(symbols[c])
             state = (state * a + c) % n
         return out[:n_chars].decode()
-
-
-def uniform_loss(alphabet_size: int) -> float:
-    return math.log(alphabet_size)

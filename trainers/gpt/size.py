@@ -153,15 +153,6 @@ def candidate_layouts(world: int) -> tuple[str, ...]:
     return ("ddp", "fsdp", "fsdp+ac") if world > 1 else ("ddp", "ddp+ac")
 
 
-def choose_layout(shape: Shape, world: int, device_batch: int, gpu_bytes: int, act_bytes: int = 2) -> Memory | None:
-    """The first layout that fits `gpu_bytes` (None when none does)."""
-    for layout in candidate_layouts(world):
-        m = memory_per_gpu(shape, layout, world, device_batch, act_bytes)
-        if m.total <= gpu_bytes:
-            return m
-    return None
-
-
 def largest_batch(shape: Shape, layout: str, world: int, gpu_bytes: int, act_bytes: int = 2) -> int:
     """The most sequences per micro-step that fit with `layout` (0: not even one)."""
     best, batch = 0, 1

@@ -1,4 +1,4 @@
-"""Train the char-level GPT (seed 004, done right): build, resume, a flat loop, finish.
+"""Train the char-level GPT (seed 004): build, resume, a flat loop, finish.
 
 Each optimizer step reads this rank's windows of the endless stream (its own, never read twice in
 a pass), gathers them from the token array on the device, runs `grad_accum` micro-steps under
@@ -21,13 +21,22 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.errors import UsageError
 from trainers.gpt import size
+from trainers.gpt.build import build_model, shape_of
 from trainers.gpt.config import GptConfig
-from trainers.gpt.data import Corpus, WindowStream, check_vocab, device_tokens, load_corpus, windows
-from trainers.gpt.evaluate import baselines, default_prompt, sample_text, summarise, validation_loss
-from trainers.gpt.markov import MarkovSource
+from trainers.gpt.data import (
+    Corpus,
+    WindowStream,
+    check_vocab,
+    default_prompt,
+    device_tokens,
+    load_corpus,
+    markov_source,
+    windows,
+)
+from trainers.gpt.evaluate import baselines, sample_text, summarise, validation_loss
 from trainers.gpt.model import GPT, count_parameters, flops_per_token
 from trainers.runtime import config as cfgmod
-from trainers.runtime.dist import DistContext, all_reduce_max, all_reduce_sum, barrier, distributed
+from trainers.runtime.dist import DistContext, all_reduce_max, all_reduce_sum, barrier, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.precision import autocast, build_adamw, enable_tf32, make_grad_scaler, precision_for
 from trainers.runtime.run import Run
@@ -35,20 +44,6 @@ from trainers.runtime.stops import StopReason
 
 VOCAB_FILE = "vocab.json"
 SAMPLE_SEED = 1234  # the same sample prompt and seed at every evaluation: comparable lines
-
-
-def build_model(cfg: GptConfig, vocab_size: int = size.SIZING_VOCAB) -> GPT:
-    """The model for `cfg` (a sizing vocabulary when the corpus is not read yet: preflight builds it
-    on the meta device, which allocates nothing, even at depth 64)."""
-    return GPT(vocab_size, cfg.depth, cfg.head_dim, cfg.seq_len, cfg.positions, cfg.tie_embeddings)
-
-
-def shape_of(cfg: GptConfig, vocab_size: int = size.SIZING_VOCAB) -> size.Shape:
-    return size.Shape(cfg.depth, cfg.head_dim, vocab_size, cfg.seq_len, cfg.positions, cfg.tie_embeddings)
-
-
-def markov_source(cfg: GptConfig) -> MarkovSource:
-    return MarkovSource(cfg.markov_alphabet, cfg.markov_order, cfg.markov_concentration, cfg.data_seed)
 
 
 class Schedule:
@@ -268,8 +263,8 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
             with run.timing("evaluation"):
                 evaluate_now(0, initial=True)
         if ctx.distributed and parallel == "ddp":
-            train_model = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                              gradient_as_bucket_view=True)
+            # not a static graph: the step's graph is the same, but compiled blocks were never tried with one
+            train_model = wrap_ddp(model, ctx, accumulates=accum > 1, static_graph=False)
         else:
             train_model = model
 
@@ -303,7 +298,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
             if run.should_log(step):
                 loss_sum, micro_count = all_reduce_sum(ctx, [float(window_loss), float(window_micro)])
                 # the schedule follows the budget too: every rank takes the furthest clock
-                schedule.budget_progress = all_reduce_max(ctx, [run.budget_fraction()])[0]
+                schedule.budget_progress = all_reduce_max(ctx, [run.stopper.budget_fraction()])[0]
                 run.log_train(step, {"loss": loss_sum / micro_count, "lr": lr, "tokens_seen": step * cfg.batch_tokens,
                                      "pass": stream.pass_index})
                 window_loss.zero_()
@@ -317,12 +312,12 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
         def final_evaluation() -> dict | None:
             # The last step (saved at the stop) was not evaluated unless the cadence hit it; at the end
             # of a wsd cooldown it is often the best: measure it, so "best" can pick it.
-            newest = run.ckpt.complete_steps()[:1]
-            if newest and (run.ckpt.meta(newest[0]) or {}).get("metric") is None:
+            newest = run.ckpt.manager.complete_steps()[:1]
+            if newest and (run.ckpt.manager.meta(newest[0]) or {}).get("metric") is None:
                 last = validation_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx,
                                        precision, utf8)
                 if ctx.is_main:
-                    run.ckpt.record_metric(newest[0], last["loss"])
+                    run.ckpt.manager.record_metric(newest[0], last["loss"])
                 barrier(ctx)
             best = run.restore_best()
             result = validation_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx, precision,
@@ -357,7 +352,7 @@ def summary_of(cfg, corpus: Corpus, shape: size.Shape, n_train: int, n_val: int,
                checkpointing: bool, compiled: bool, precision: str, accum: int, memory: list[dict],
                stream: WindowStream) -> dict:
     tokens_seen = step * cfg.batch_tokens
-    best_bpc = run.early.best / math.log(2) if run.early.best is not None else None
+    best_bpc = run.val.best / math.log(2) if run.val.best is not None else None
     data = {**corpus.source, "fingerprint": corpus.fingerprint, "vocab_size": len(corpus.vocab),
             "train_tokens": n_train, "val_tokens": n_val, "val_frac": cfg.val_frac,
             "skipped_empty_files": corpus.skipped}
@@ -370,7 +365,7 @@ def summary_of(cfg, corpus: Corpus, shape: size.Shape, n_train: int, n_val: int,
                       "positions": cfg.positions, "tie_embeddings": cfg.tie_embeddings,
                       "vocab_size": len(corpus.vocab)},
             "training": {"tokens_seen": tokens_seen, "tokens_per_parameter": tokens_seen / count_parameters(model),
-                         "best_val_bpc": best_bpc, "best_val_step": run.best_step,
+                         "best_val_bpc": best_bpc, "best_val_step": run.val.best_step,
                          "entropy_floor_nats": corpus.floor["window_floor_nats"] if corpus.floor else None,
                          "parallel": parallel, "activation_checkpointing": checkpointing, "compiled": compiled,
                          "precision": precision, "batch_tokens": cfg.batch_tokens, "grad_accum": accum,

@@ -99,11 +99,11 @@ def evaluate_run(run_dir: str, symbols: str | None = None, checkpoint: str = "be
     from pathlib import Path
 
     from trainers.errors import UsageError
+    from trainers.lstm.build import build_model
     from trainers.lstm.config import LstmConfig, job_symbols
     from trainers.lstm.features import build_symbol_data
     from trainers.lstm.job import prepare_job, symbol_dir
     from trainers.lstm.summary import refresh_job_summary
-    from trainers.lstm.train import build_model
     from trainers.runtime.dist import pick_device
     from trainers.runtime.results import merge_results, read_results
     from trainers.runtime.rundir import load_checkpoint_states, load_run_config

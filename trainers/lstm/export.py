@@ -34,7 +34,7 @@ def cases(window: int, n_in: int, batches, seed: int = 0) -> dict[str, tuple[tor
 def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-4, latency_iters: int = 20) -> dict:
     """Export one symbol's run folder; writes model.onnx and export.json, merges `export` into its
     results.json. Raises ExportMismatch (and deletes the file) when onnxruntime disagrees."""
-    from trainers.lstm.train import build_model
+    from trainers.lstm.build import build_model
 
     folder = Path(folder)
     cfg = load_run_config(folder, LstmConfig)

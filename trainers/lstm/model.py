@@ -1,7 +1,7 @@
 """The direction model: an LSTM over a window of bars -> ONE logit. Imports only torch.
 
 The model ends in a Linear layer, not a Sigmoid: training uses BCEWithLogitsLoss on the logit
-(numerically stable, and the seed's Sigmoid-then-BCEWithLogits squashed every probability into
+(numerically stable; a Sigmoid in front of BCEWithLogits would squash every probability into
 [0.5, 0.73]). Probabilities appear only at inference and in the exported ONNX (`UpProbability`).
 """
 

@@ -14,7 +14,7 @@ SMALL_STEP_S = 0.003  # an eager step of a small model on a GPU: launches and Py
 def workload(cfg: LstmConfig) -> Workload:
     import torch
 
-    from trainers.lstm.train import build_model
+    from trainers.lstm.build import build_model
 
     model = build_model(cfg).train()
     n_in = model.lstm.input_size

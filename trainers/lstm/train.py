@@ -34,18 +34,19 @@ import torch
 
 from trainers.errors import CheckPassed, UsageError
 from trainers.lstm import queue as jobqueue
-from trainers.lstm.config import LstmConfig, n_features, parse_timeframes
+from trainers.lstm.build import build_model
+from trainers.lstm.config import LstmConfig
 from trainers.lstm.evaluate import evaluate_symbol, log_symbol_summary, validation_loss
+from trainers.lstm.export import export_symbol
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, planned_steps, prepare_job, symbol_config, symbol_dir
-from trainers.lstm.model import DirectionLSTM, count_parameters, direction_loss
+from trainers.lstm.model import count_parameters, direction_loss
 from trainers.lstm.summary import write_job_summary
 from trainers.runtime import config as cfgmod
 from trainers.runtime.budget import Budget, StopReason
 from trainers.runtime.dist import DistContext, broadcast_object, distributed, pick_device
 from trainers.runtime.faults import maybe_inject
 from trainers.runtime.files import atomic_write_json
-from trainers.runtime.logs import progress
 from trainers.runtime.results import read_results
 from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
@@ -53,15 +54,6 @@ from trainers.runtime.sampling import EpochCursor
 
 SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often while it trains
 FAIL_ENV = "TRAINERS_LSTM_FAIL"  # tests: "SYN001:always,SYN002:once" makes those symbols raise at step 2
-
-
-def build_model(cfg: LstmConfig, n_in: int | None = None) -> DirectionLSTM:
-    """`n_in` None (preflight, on the meta device): the count `--timeframes` gives, `auto` counted as
-    the daily 1d,1w,1M."""
-    if n_in is None:
-        tfs = parse_timeframes(cfg.timeframes)
-        n_in = n_features(len(tfs) if tfs else 3)
-    return DirectionLSTM(n_in, cfg.hidden, cfg.layers, cfg.dropout)
 
 
 @dataclass
@@ -140,11 +132,9 @@ class Worker:
                 record = self.publish_stop(over.name.lower(), symbol, step, None)
         if record is not None:
             if record["reason"] == "signal":
-                if run.stopper.signal_name is None:
-                    run.stopper.signal_name = f"{record['signal']} (received by worker {record['worker']})"
-                run.stopper.request(StopReason.SIGNAL)
+                run.request_stop(StopReason.SIGNAL, f"{record['signal']} (received by worker {record['worker']})")
             else:
-                run.stopper.request(StopReason[record["reason"].upper()])
+                run.request_stop(StopReason[record["reason"].upper()])
 
 
 def _fault_is_mine(rank: int) -> bool:
@@ -185,9 +175,7 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
             if type(handler) is logging.StreamHandler:
                 handler.setLevel(logging.WARNING)
         if worker.world_size > 1:  # one progress bar per worker would interleave on the terminal
-            run.bar.leave = False  # closing erases the line it drew
-            run.bar.close()
-            run.bar = progress(None, 0, False, "lstm")
+            run.quiet_progress()
         run.log.info("lstm %s: %s parameters on %s; %s", symbol, f"{count_parameters(model):,}", device,
                      ", ".join(f"{k} {v}" for k, v in data.info()["samples"].items()))
         start = run.resume()
@@ -277,8 +265,6 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker) -> Symb
     marker = _marker(worker, symbol, "ok", attempt, started, steps=outcome.steps,
                      stop_reason=outcome.reason.name.lower())
     if cfg.export:
-        from trainers.lstm.export import export_symbol
-
         try:
             info = export_symbol(folder)
             marker["export"] = {"sha256": info["sha256"], "max_abs_error": info["parity"]["max_abs_error"]}

@@ -44,10 +44,6 @@ Downloader = Callable[[list[str], str, str], pd.DataFrame]
 FIELDS = ("open", "high", "low", "close", "volume")
 
 
-class RateLimited(Exception):
-    """The data provider asked us to slow down."""
-
-
 def _is_rate_limit(message: str) -> bool:
     m = message.lower()
     return "ratelimit" in m.replace(" ", "") or "too many requests" in m or "429" in m

@@ -1,10 +1,9 @@
-"""`trainers preflight`, `status`, `plan` and `package`: flags only (the work: the modules beside this one)."""
+"""`trainers preflight`, `status`, `plan` and `package`: flags only (the work: `commands.py` for plan and
+package, `preflight.py` and `status.py` for theirs)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from trainers.ops.preflight import add_args as add_preflight_args  # light: no torch at import
 from trainers.runtime.config import number
@@ -23,19 +22,15 @@ def _status(args) -> int:
 
 
 def _plan(args) -> int:
-    from trainers.ops.plan_cli import main
+    from trainers.ops.commands import plan_command
 
-    return main(args)
+    return plan_command(args)
 
 
 def _package(args) -> int:
-    from trainers.ops.package import package_run
+    from trainers.ops.commands import package_command
 
-    info = package_run(args.run_dir, args.output)
-    for warning in info.get("warnings", []):
-        print(f"warning: {warning}", file=sys.stderr)
-    print(json.dumps(info))
-    return 0
+    return package_command(args)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

@@ -148,7 +148,7 @@ def model_parameters(trainer: str, cfg) -> int:
     from trainers.registry import trainer_module
 
     with torch.device("meta"):
-        model = trainer_module(trainer, "train").build_model(cfg)
+        model = trainer_module(trainer, "build").build_model(cfg)
     return sum(p.numel() for p in model.parameters())
 
 

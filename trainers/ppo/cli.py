@@ -20,7 +20,7 @@ def _train(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from trainers.ppo.report import evaluate_run
+    from trainers.ppo.evaluate import evaluate_run
 
     evaluate_run(args.run_dir, args.checkpoint, args.device)
     return 0

@@ -91,7 +91,7 @@ class EnvSpec:
                 raise UsageError(f"{name} {value} is not allowed")
 
 
-class Market:
+class DeviceMarket:
     """Prices and features on the device; a window of features gathered by date index."""
 
     def __init__(self, close: np.ndarray, features: np.ndarray, device: torch.device):
@@ -117,7 +117,7 @@ class VecPortfolioEnv:
     """B portfolios on one market, stepped together. Observations: (date index [B] int64,
     portfolio [B, N+1] float32 = value weights of each stock and of cash)."""
 
-    def __init__(self, market: Market, spec: EnvSpec, num_envs: int, start_range: tuple[int, int], seed: int,
+    def __init__(self, market: DeviceMarket, spec: EnvSpec, num_envs: int, start_range: tuple[int, int], seed: int,
                  rank: int = 0):
         spec.check()
         lo, hi = start_range  # decisions may fall on dates lo..hi-1
@@ -237,7 +237,7 @@ class VecPortfolioEnv:
         return self.observe(), reward.float(), done, info
 
 
-def fixed_range_env(market: Market, spec: EnvSpec, start: int, stop: int, num_envs: int = 1) -> VecPortfolioEnv:
+def fixed_range_env(market: DeviceMarket, spec: EnvSpec, start: int, stop: int, num_envs: int = 1) -> VecPortfolioEnv:
     """Environments that all run one episode over decision dates start..stop-1 (validation, test)."""
     return VecPortfolioEnv(market, EnvSpec(**{**spec.__dict__, "episode_days": stop - start}), num_envs,
                            (start, stop), seed=0)

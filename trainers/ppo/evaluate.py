@@ -18,15 +18,21 @@ policy. Metrics (daily, 252 trading days a year, no risk-free rate):
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from trainers.ppo.env import EnvSpec, Market, fixed_range_env
+from trainers.ppo.build import AgentSet, chosen
+from trainers.ppo.config import PpoConfig
+from trainers.ppo.data import env_spec, load_trading_data
+from trainers.ppo.env import DeviceMarket, EnvSpec, fixed_range_env
 from trainers.ppo.features import TRADING_DAYS
-
-METRICS = ("cumulative_return", "annualised_return", "annualised_vol", "sharpe", "sortino", "max_drawdown",
-           "calmar", "turnover", "trades")
+from trainers.ppo.report import EQUITY_PNG, METRICS, markdown, plot_equity
+from trainers.runtime.dist import DistContext
+from trainers.runtime.files import atomic_write
+from trainers.runtime.results import merge_results
+from trainers.runtime.rundir import load_checkpoint_states, load_run_config, single_process_context
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -93,7 +99,7 @@ def equal_weight_market(close: np.ndarray, cash: float, cost: float) -> dict:
 
 # ---- policies through the environment ----------------------------------------------------------
 @torch.no_grad()
-def run_policy(market: Market, spec: EnvSpec, start: int, stop: int, act, num_envs: int = 1) -> dict:
+def run_policy(market: DeviceMarket, spec: EnvSpec, start: int, stop: int, act, num_envs: int = 1) -> dict:
     """Run `act(market_window, portfolio) -> action` over decisions start..stop-1 in `num_envs`
     parallel copies; equity curves [num_envs, days+1], traded value and trades [num_envs, days]."""
     env = fixed_range_env(market, spec, start, stop, num_envs)
@@ -132,7 +138,7 @@ def random_actor(n_stocks: int, seed: int, device: torch.device):
 SELECT_BY = {"return": "cumulative_return", "sharpe": "sharpe"}
 
 
-def validation_score(market: Market, spec: EnvSpec, split: tuple[int, int], policy, norms, select_by: str) -> float:
+def validation_score(market: DeviceMarket, spec: EnvSpec, split: tuple[int, int], policy, norms, select_by: str) -> float:
     """The deterministic policy's cumulative return or Sharpe over `split` (Sharpe 0 when it never
     moves). Sharpe is blind to exposure (half in cash scores as all in), so `return` is the default."""
     curve = run_policy(market, spec, *split, deterministic_actor(policy, norms))
@@ -155,7 +161,7 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
-def backtest(agents: list[dict], market: Market, spec: EnvSpec, splits: dict, close: np.ndarray, random_runs: int,
+def backtest(agents: list[dict], market: DeviceMarket, spec: EnvSpec, splits: dict, close: np.ndarray, random_runs: int,
              seed: int) -> dict:
     """Every agent on validation and test, the baselines on test. `agents`: dicts with encoder,
     seed, policy, norms, selected_update, val_score."""
@@ -210,46 +216,44 @@ def verdict(table: dict, main: str) -> str:
     return " ".join(out)
 
 
-def _fmt(summary: dict, key: str, pct: bool) -> str:
-    m = summary.get(key)
-    if m is None:
-        return "n/a"
-    if key == "trades":
-        return f"{m['mean']:.0f}" + (f" ± {m['std']:.0f}" if summary["n"] > 1 else "")
-    f = (lambda x: f"{x:+.2%}") if pct else (lambda x: f"{x:.3f}")
-    return f(m["mean"]) + (f" ± {f(m['std']).lstrip('+')}" if summary["n"] > 1 else "")
+def evaluate_agents(agents, cfg: PpoConfig, data, market, spec, run_dir: Path, ctx: DistContext,
+           checkpoint_step: int | None) -> dict | None:
+    if not ctx.is_main:
+        return None
+    rows = []
+    for a in agents.agents:
+        policy, norms, update, val = chosen(a)
+        if a.updates_done == 0:
+            continue  # never trained (the run stopped before this agent's turn)
+        rows.append({"encoder": a.encoder, "seed": a.seed, "policy": policy, "norms": norms, "selected_update": update,
+                     "val_score": val})
+    result = backtest(rows, market, spec, data.splits, data.close, cfg.random_runs, cfg.seed)
+    test = data.splits["test"]
+    main = f"ppo_{cfg.encoder}"
+    evaluation = {"checkpoint_step": checkpoint_step, "test_dates": [data.dates[test[0]], data.dates[test[1]]],
+                  "test_days": test[1] - test[0], "cost_bps": cfg.cost_bps, "action": cfg.action,
+                  "selection": f"per seed, the update with the best validation {cfg.select_by} (deterministic policy)",
+                  "table": result["table"], "verdict": verdict(result["table"], main),
+                  "untrained_agents": [f"{a.encoder}/seed{a.seed}" for a in agents.agents if a.updates_done == 0]}
+    (run_dir / "results.md").write_text(markdown(evaluation))
+    dates = data.dates[test[0]:test[1] + 1]
+    png = run_dir / EQUITY_PNG
+    atomic_write(png, lambda f: plot_equity(result["curves"], dates, f, f"test period, net of {cfg.cost_bps:g} bp"))
+    evaluation["equity_curve_png"] = EQUITY_PNG
+    print(evaluation["verdict"])
+    return evaluation
 
 
-def markdown(evaluation: dict) -> str:
-    pct = {"cumulative_return", "annualised_return", "annualised_vol", "max_drawdown", "turnover"}
-    lines = [f"Test period {evaluation['test_dates'][0]} .. {evaluation['test_dates'][1]} "
-             f"({evaluation['test_days']} trading days), net of {evaluation['cost_bps']:g} bp costs; "
-             "mean ± std over seeds (random policy: over runs).", "",
-             "| policy | n | " + " | ".join(METRICS) + " |", "|" + " --- |" * (len(METRICS) + 2)]
-    for name, entry in evaluation["table"].items():
-        s = entry["summary"]
-        lines.append(f"| {name} | {s['n']} | " + " | ".join(_fmt(s, k, k in pct) for k in METRICS) + " |")
-    lines += ["", evaluation["verdict"], ""]
-    return "\n".join(lines)
-
-
-def plot_equity(curves: dict, dates: list[str], path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 5))
-    x = np.arange(len(dates))
-    for name, values in curves.items():
-        style = {"lw": 0.8, "alpha": 0.7} if name.startswith("ppo") else {"lw": 1.8}
-        ax.plot(x, values / values[0], label=name, **style)
-    ticks = np.linspace(0, len(dates) - 1, min(6, len(dates))).astype(int)
-    ax.set_xticks(ticks, [dates[i] for i in ticks])
-    ax.set_ylabel("portfolio value / initial")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, format="png")
-    plt.close(fig)
+def evaluate_run(run_dir: str, checkpoint: str = "latest", device: str = "cpu") -> dict:
+    """Rebuild the run's data and agents from a checkpoint and write the report again."""
+    run_path = Path(run_dir)
+    cfg = load_run_config(run_path, PpoConfig)
+    step, states = load_checkpoint_states(run_path, checkpoint, device)
+    ctx = single_process_context(device)
+    data, _info = load_trading_data(cfg, log=lambda _m: None)
+    market = DeviceMarket(data.close, data.features, ctx.device)
+    agents = AgentSet(cfg, data.n_stocks, ctx.device)
+    agents.load_state_dict(states["agents"])
+    evaluation = evaluate_agents(agents, cfg, data, market, env_spec(cfg), run_path, ctx, step)
+    merge_results(run_path, {"evaluation": evaluation})
+    return evaluation

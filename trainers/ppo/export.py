@@ -16,10 +16,10 @@ import torch
 
 from trainers.errors import UsageError
 from trainers.onnx import check_parity, check_tolerance, export_program, measure_latency, opset
+from trainers.ppo.build import AgentSet, best_main_agent, chosen
 from trainers.ppo.config import PpoConfig
 from trainers.ppo.features import FEATURES
 from trainers.ppo.model import NormalisedPolicy
-from trainers.ppo.report import best_main_agent, chosen
 from trainers.runtime.files import atomic_write_json, sha256_file
 from trainers.runtime.results import merge_results, read_results
 from trainers.runtime.rundir import load_checkpoint_states, load_run_config
@@ -43,7 +43,6 @@ def export_run(run_dir: Path, checkpoint: str = "latest", tolerance: float = 1e-
     check_tolerance(tolerance)
     if latency_iters < 1:
         raise UsageError(f"--latency-iters {latency_iters} must be >= 1")
-    from trainers.ppo.train import AgentSet
 
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, PpoConfig)

@@ -1,84 +1,54 @@
-"""The final report of a run: each agent's snapshot chosen on validation, run once on the test
-period beside the baselines; results.md, the equity-curve PNG, and `trainers ppo evaluate`."""
+"""How a PPO evaluation reads: the test table as markdown (results.md) and the equity curves as a PNG."""
 
 from __future__ import annotations
 
-import copy
-from pathlib import Path
-
-import torch
-
-from trainers.ppo.config import PpoConfig
-from trainers.ppo.evaluate import backtest, markdown, plot_equity, verdict
-from trainers.runtime.dist import DistContext
-from trainers.runtime.files import atomic_write
+import numpy as np
 
 EQUITY_PNG = "equity_test.png"
+METRICS = ("cumulative_return", "annualised_return", "annualised_vol", "sharpe", "sortino", "max_drawdown",
+           "calmar", "turnover", "trades")
 
 
-def chosen(agent) -> tuple[torch.nn.Module, torch.nn.ModuleList | None, int | None, float | None]:
-    """The agent's snapshot with the best validation score (its current weights if never validated)."""
-    if agent.best is None:
-        return agent.policy, agent.norms, None, None
-    policy = copy.deepcopy(agent.policy)
-    policy.load_state_dict(agent.best["policy"])
-    norms = None
-    if agent.norms is not None:
-        norms = copy.deepcopy(agent.norms)
-        norms.load_state_dict(agent.best["norms"])
-    return policy, norms, agent.best["update"], agent.best["val_score"]
+def _fmt(summary: dict, key: str, pct: bool) -> str:
+    m = summary.get(key)
+    if m is None:
+        return "n/a"
+    if key == "trades":
+        return f"{m['mean']:.0f}" + (f" ± {m['std']:.0f}" if summary["n"] > 1 else "")
+    f = (lambda x: f"{x:+.2%}") if pct else (lambda x: f"{x:.3f}")
+    return f(m["mean"]) + (f" ± {f(m['std']).lstrip('+')}" if summary["n"] > 1 else "")
 
 
-def best_main_agent(agents, cfg: PpoConfig):
-    """The agent export ships: the main encoder's seed with the best validation score."""
-    main = [a for a in agents.agents if a.encoder == cfg.encoder and a.best is not None]
-    return max(main, key=lambda a: a.best["val_score"]) if main else agents.agents[0]
+def markdown(evaluation: dict) -> str:
+    pct = {"cumulative_return", "annualised_return", "annualised_vol", "max_drawdown", "turnover"}
+    lines = [f"Test period {evaluation['test_dates'][0]} .. {evaluation['test_dates'][1]} "
+             f"({evaluation['test_days']} trading days), net of {evaluation['cost_bps']:g} bp costs; "
+             "mean ± std over seeds (random policy: over runs).", "",
+             "| policy | n | " + " | ".join(METRICS) + " |", "|" + " --- |" * (len(METRICS) + 2)]
+    for name, entry in evaluation["table"].items():
+        s = entry["summary"]
+        lines.append(f"| {name} | {s['n']} | " + " | ".join(_fmt(s, k, k in pct) for k in METRICS) + " |")
+    lines += ["", evaluation["verdict"], ""]
+    return "\n".join(lines)
 
 
-def report(agents, cfg: PpoConfig, data, market, spec, run_dir: Path, ctx: DistContext,
-           checkpoint_step: int | None) -> dict | None:
-    if not ctx.is_main:
-        return None
-    rows = []
-    for a in agents.agents:
-        policy, norms, update, val = chosen(a)
-        if a.updates_done == 0:
-            continue  # never trained (the run stopped before this agent's turn)
-        rows.append({"encoder": a.encoder, "seed": a.seed, "policy": policy, "norms": norms, "selected_update": update,
-                     "val_score": val})
-    result = backtest(rows, market, spec, data.splits, data.close, cfg.random_runs, cfg.seed)
-    test = data.splits["test"]
-    main = f"ppo_{cfg.encoder}"
-    evaluation = {"checkpoint_step": checkpoint_step, "test_dates": [data.dates[test[0]], data.dates[test[1]]],
-                  "test_days": test[1] - test[0], "cost_bps": cfg.cost_bps, "action": cfg.action,
-                  "selection": f"per seed, the update with the best validation {cfg.select_by} (deterministic policy)",
-                  "table": result["table"], "verdict": verdict(result["table"], main),
-                  "untrained_agents": [f"{a.encoder}/seed{a.seed}" for a in agents.agents if a.updates_done == 0]}
-    (run_dir / "results.md").write_text(markdown(evaluation))
-    dates = data.dates[test[0]:test[1] + 1]
-    png = run_dir / EQUITY_PNG
-    atomic_write(png, lambda f: plot_equity(result["curves"], dates, f, f"test period, net of {cfg.cost_bps:g} bp"))
-    evaluation["equity_curve_png"] = EQUITY_PNG
-    print(evaluation["verdict"])
-    return evaluation
+def plot_equity(curves: dict, dates: list[str], path, title: str) -> None:
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-def evaluate_run(run_dir: str, checkpoint: str = "latest", device: str = "cpu") -> dict:
-    """Rebuild the run's data and agents from a checkpoint and write the report again."""
-    from trainers.ppo.data import env_spec, load_trading_data
-    from trainers.ppo.env import Market
-    from trainers.ppo.train import AgentSet
-    from trainers.runtime.results import merge_results
-    from trainers.runtime.rundir import load_checkpoint_states, load_run_config, single_process_context
-
-    run_path = Path(run_dir)
-    cfg = load_run_config(run_path, PpoConfig)
-    step, states = load_checkpoint_states(run_path, checkpoint, device)
-    ctx = single_process_context(device)
-    data, _info = load_trading_data(cfg, log=lambda _m: None)
-    market = Market(data.close, data.features, ctx.device)
-    agents = AgentSet(cfg, data.n_stocks, ctx.device)
-    agents.load_state_dict(states["agents"])
-    evaluation = report(agents, cfg, data, market, env_spec(cfg), run_path, ctx, step)
-    merge_results(run_path, {"evaluation": evaluation})
-    return evaluation
+    fig, ax = plt.subplots(figsize=(10, 5))
+    x = np.arange(len(dates))
+    for name, values in curves.items():
+        style = {"lw": 0.8, "alpha": 0.7} if name.startswith("ppo") else {"lw": 1.8}
+        ax.plot(x, values / values[0], label=name, **style)
+    ticks = np.linspace(0, len(dates) - 1, min(6, len(dates))).astype(int)
+    ax.set_xticks(ticks, [dates[i] for i in ticks])
+    ax.set_ylabel("portfolio value / initial")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)

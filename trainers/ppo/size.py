@@ -16,7 +16,7 @@ ACT_STEP_S = 0.001  # one acting forward + one environment step of every environ
 def workload(cfg: PpoConfig) -> Workload:
     import torch
 
-    from trainers.ppo.train import build_model
+    from trainers.ppo.build import build_model
 
     policy = build_model(cfg).train()
     n, f, w = cfg.num_stocks, len(FEATURES), cfg.window

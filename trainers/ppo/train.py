@@ -15,32 +15,24 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainers.ppo import ppo
+from trainers.ppo.build import Agent, AgentSet
 from trainers.ppo.config import PpoConfig
 from trainers.ppo.data import env_spec, fix_date_range, load_trading_data
-from trainers.ppo.env import Market, VecPortfolioEnv
-from trainers.ppo.evaluate import validation_score
+from trainers.ppo.env import DeviceMarket, VecPortfolioEnv
+from trainers.ppo.evaluate import evaluate_agents, validation_score
 from trainers.ppo.features import FEATURES
-from trainers.ppo.model import SquashedGaussianPolicy, TradingActorCritic
 from trainers.runtime import config as cfgmod
-from trainers.runtime.dist import DistContext, all_reduce_sum, distributed
+from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.precision import enable_tf32, make_grad_scaler, precision_for
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
 
 EPISODE_STATS = ("episodes", "reward", "return", "final_value", "trades", "cost")
-
-
-def build_model(cfg: PpoConfig, n_stocks: int | None = None, encoder: str | None = None) -> SquashedGaussianPolicy:
-    net = TradingActorCritic(n_stocks or cfg.num_stocks, len(FEATURES), cfg.window, cfg.hidden,
-                             encoder or cfg.encoder, cfg.heads, math.log(cfg.init_std))
-    return SquashedGaussianPolicy(net)
 
 
 def settings(cfg: PpoConfig) -> ppo.PPOSettings:
@@ -50,59 +42,10 @@ def settings(cfg: PpoConfig) -> ppo.PPOSettings:
                            vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl)
 
 
-@dataclass
-class Agent:
-    encoder: str
-    seed: int
-    policy: SquashedGaussianPolicy
-    norms: torch.nn.ModuleList | None
-    optimizer: torch.optim.Optimizer
-    best: dict | None = None  # {"update", "val_score", "policy", "norms"}: the snapshot the report uses
-    history: list | None = None  # [(update, val_score)]
-    updates_done: int = 0
-
-
-class AgentSet:
-    """Every agent of the run, as one stateful object in the checkpoint."""
-
-    def __init__(self, cfg: PpoConfig, n_stocks: int, device: torch.device):
-        self.agents = []
-        for encoder, seed in cfg.agents():
-            torch.manual_seed(seed)  # identical init on every rank (DDP also broadcasts rank 0's)
-            policy = build_model(cfg, n_stocks, encoder).to(device)
-            norms = ppo.make_norms([len(FEATURES), n_stocks + 1], device) if cfg.norm_obs else None
-            optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=1e-5)
-            self.agents.append(Agent(encoder, seed, policy, norms, optimizer, None, []))
-
-    def state_dict(self) -> dict:
-        return {"agents": [{"policy": a.policy.state_dict(), "norms": a.norms.state_dict() if a.norms else None,
-                            "optimizer": a.optimizer.state_dict(), "best": a.best,
-                            "history": [list(h) for h in a.history], "updates_done": a.updates_done}
-                           for a in self.agents]}
-
-    def load_state_dict(self, state: dict) -> None:
-        for a, s in zip(self.agents, state["agents"], strict=True):
-            a.policy.load_state_dict(s["policy"])
-            if a.norms is not None:
-                a.norms.load_state_dict(s["norms"])
-            a.optimizer.load_state_dict(s["optimizer"])
-            a.best, a.history = s["best"], [tuple(h) for h in s["history"]]
-            a.updates_done = s["updates_done"]
-
-    def validated(self, a: Agent, update: int, score: float) -> bool:
-        a.history.append((update, score))
-        if a.best is not None and score <= a.best["val_score"]:
-            return False
-        a.best = {"update": update, "val_score": score,
-                  "policy": {k: v.detach().clone() for k, v in a.policy.state_dict().items()},
-                  "norms": {k: v.clone() for k, v in a.norms.state_dict().items()} if a.norms else None}
-        return True
-
-
 class Phase:
     """One agent's training on this rank: its environments, sampling generator and episode counters."""
 
-    def __init__(self, index: int, agent: Agent, cfg: PpoConfig, market: Market, spec, train_range, ctx: DistContext,
+    def __init__(self, index: int, agent: Agent, cfg: PpoConfig, market: DeviceMarket, spec, train_range, ctx: DistContext,
                  position: dict | None):
         self.index = index
         env_seed = agent.seed * 7919 + index
@@ -116,7 +59,8 @@ class Phase:
             self.done = position["done"].to(ctx.device)
             self.window = position["window"].to(ctx.device)
         self.obs = self.env.observe()
-        self.train_policy = DDP(agent.policy, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) \
+        # not a static graph: an update may stop early on the KL target, mid-epoch of the graph's life
+        self.train_policy = wrap_ddp(agent.policy, ctx, accumulates=cfg.grad_accum > 1, static_graph=False) \
             if ctx.distributed else agent.policy
 
     def position(self) -> dict:
@@ -146,7 +90,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     data, data_info = load_trading_data(cfg, log=print if ctx.is_main else (lambda _msg: None))
     spec = env_spec(cfg)
     train_range = data.splits["train"]
-    market = Market(data.close, data.features, ctx.device)
+    market = DeviceMarket(data.close, data.features, ctx.device)
     VecPortfolioEnv(market, spec, 1, train_range, seed=0)  # rejects an episode longer than the training period
     precision = precision_for(ctx.device, cfg.precision)
     tf32 = enable_tf32(ctx.device)
@@ -223,9 +167,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                 break
 
         def final_evaluation() -> dict | None:
-            from trainers.ppo.report import report
-
-            return report(agents, cfg, data, market, spec, run_dir, ctx, checkpoint_step=run.step)
+            return evaluate_agents(agents, cfg, data, market, spec, run_dir, ctx, checkpoint_step=run.step)
 
         summary = {"data": data_info,
                    "model": {"parameters": n_params, "encoder": cfg.encoder, "heads": cfg.heads, "hidden": cfg.hidden,

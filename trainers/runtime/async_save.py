@@ -1,22 +1,9 @@
-"""Checkpoints written behind the training loop.
+"""The two pieces a checkpoint written behind the loop is made of (the protocol around them, when to
+commit and what a failure does, is `trainers.runtime.checkpointer`'s):
 
-A synchronous save stops every GPU while gigabytes go through pickle, the page cache and fsync. With
-`--ckpt-async` the loop only waits for a copy of the states into host memory (pinned and reused
-between saves on CUDA, so the copy runs at PCIe speed); a background thread writes and hashes the
-files while training goes on. Nothing about the on-disk contract changes:
-
-- the files are written atomically as before, and the checkpoint only becomes complete when rank 0
-  writes its meta, which needs every rank's checksums; that commit is a collective, so it happens at
-  a step boundary every rank agrees on: the stop agreement carries "my write is still running" and
-  "my write failed" (max over ranks), and the first agreement where no rank is still writing commits;
-- at most one write is in flight: the next save first waits for the previous one and commits it;
-- a stop (signal, budget, early stop, the last step) waits for its save and commits it before the
-  loop ends, so the newest complete checkpoint is still the last step trained;
-- a kill while a write is in flight leaves files without a meta: never resumed from, removed by the
-  next prune; the run resumes from the previous complete checkpoint;
-- a write that fails (disk full) is reported by every rank at the next agreement, in one line.
-
-FSDP2's sharded states (torch.distributed.checkpoint) are still written synchronously.
+- `HostSnapshot`: a copy of the states in host memory, so training can go on mutating the originals.
+  On CUDA the buffers are pinned and reused between saves, so the copy runs at PCIe speed;
+- `BackgroundWrite`: a thread that writes and hashes the files from that copy.
 """
 
 from __future__ import annotations

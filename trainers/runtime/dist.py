@@ -126,10 +126,17 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
             dist.destroy_process_group()
 
 
-def wrap_ddp(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
+def wrap_ddp(module: torch.nn.Module, ctx: DistContext, accumulates: bool = False,
+             static_graph: bool = True) -> torch.nn.Module:
     """DDP with nothing extra per step: gradients are views into the all-reduce buckets (no copy),
     buffers are not re-broadcast before each forward (a module whose buffers never change in
-    training), and the graph is static (every parameter is used in every step)."""
+    training), and a static graph (every parameter used in every step) where that is allowed.
+
+    `accumulates`: the loop skips the all-reduce on all but the last micro-batch of a step
+    (`no_sync`). A static graph is then turned off: torch 2.13's reducer asserts
+    (`expect_autograd_hooks_`) on a first backward under no_sync, and once past that stops
+    all-reducing from the second step (pytorch/pytorch#187732); tests/unit/test_ddp.py checks the
+    gradients. `static_graph=False` for a module that leaves parameters unused in some steps."""
     import inspect
 
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -137,7 +144,7 @@ def wrap_ddp(module: torch.nn.Module, ctx: DistContext) -> torch.nn.Module:
     names = inspect.signature(DDP).parameters  # torch 2.13 renamed broadcast_buffers (and warns on it)
     no_buffer_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
     return DDP(module, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-               gradient_as_bucket_view=True, static_graph=True, **no_buffer_sync)
+               gradient_as_bucket_view=True, static_graph=static_graph and not accumulates, **no_buffer_sync)
 
 
 def barrier(ctx: DistContext) -> None:

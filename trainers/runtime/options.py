@@ -13,11 +13,19 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 @dataclass
 class RunOptions:
+    """The fields the run boundary reads (each trainer's config extends this; a trainer may redeclare
+    `run_dir` and `seed` for its own default and help)."""
+
+    run_dir: str = option("runs/run", "run folder: checkpoints, logs, results (resumed if it holds a run)",
+                          resume_safe=True)  # where the folder is now: it may have been moved
+    seed: int = option(0, "seed of init and shuffling (each rank offsets it by its rank)", min=0)
     device: str = option("auto", "auto (GPU when present), cpu or cuda", resume_safe=True, choices=DEVICES)
     collective_timeout_s: float = option(600.0, "seconds a collective may wait for a dead peer", resume_safe=True,
                                          min=10.0)
     patience: int = option(3, "early stop after this many evaluations without improvement (0: off)",
                            resume_safe=True, min=0)
+    min_delta: float = option(0.0, "an improvement of the validation metric smaller than this does not count",
+                              resume_safe=True, min=0)
     ckpt_every: int = option(200, "checkpoint every N optimizer steps (and at each evaluation)", resume_safe=True,
                              min=1)
     ckpt_every_min: float | None = option(None, "also checkpoint every N minutes of wall clock (rank 0's clock, "

@@ -64,3 +64,22 @@ def run_record() -> dict:
 
     return {"git_commit": git_commit(), "versions": versions(), "host": socket.gethostname(),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def write_training(run_dir: Path, results: dict, trainer: str, best_step: int | None, stopped_by: str | None,
+                   warn) -> dict:
+    """Rank 0, at the end of training: merge the run's sections in, before the final evaluation
+    (a kill during it loses nothing). `stopped_by` a signal: the evaluation is skipped (torchrun's
+    SIGKILL follows SIGTERM) and the command that runs it later is named. An export of another
+    checkpoint than the best one is marked stale (with the command that redoes it)."""
+    if stopped_by is not None:
+        evaluation = {"skipped": f"stopped by {stopped_by}; run `trainers {trainer} evaluate --run-dir {run_dir}` "
+                                 f"for the metrics"}
+    else:
+        evaluation = {"pending": "the final evaluation was running when results were last written"}
+    results = dict(results, evaluation=evaluation)
+    export = read_results(run_dir, warn).get("export")
+    if export and export.get("checkpoint_step") != best_step:
+        results = dict(results, export=dict(export, stale=f"trained further since; run `trainers {trainer} export "
+                                                          f"--run-dir {run_dir}` again"))
+    return merge_results(run_dir, results, warn)

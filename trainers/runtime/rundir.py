@@ -5,23 +5,32 @@
     <run>/metrics.jsonl    one JSON object per logged step (and TensorBoard events beside it)
     <run>/checkpoints/     see trainers.runtime.checkpoint
     <run>/results.json     see trainers.runtime.results
+    <run>/heartbeat.json   rank 0's elapsed time and step, every HEARTBEAT_S seconds (`Heartbeat`)
+    <run>/data.json        the fingerprint of the data the run started with (`check_data_unchanged`)
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import sys
+import time
 from pathlib import Path
 
 import torch
 
-from trainers.errors import UsageError
+from trainers.errors import CheckPassed, UsageError
 from trainers.runtime import config as cfgmod
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.dist import DistContext, barrier, broadcast_object
-from trainers.runtime.files import atomic_write_json
-from trainers.runtime.lock import FolderLock
+from trainers.runtime.files import atomic_write_json, remove_stale_temp_files
+from trainers.runtime.lock import FolderLock, describe_holder, held_by_other
 from trainers.runtime.logs import MetricsWriter, get_logger
+
+HEARTBEAT = "heartbeat.json"
+HEARTBEAT_S = 30.0
+DATA_RECORD = "data.json"
 
 
 @contextlib.contextmanager
@@ -45,17 +54,52 @@ def exclusive(run_dir: Path, ctx: DistContext | None = None):
             lock.release()
 
 
+def take_run_folder(run_dir: Path, ctx: DistContext, trainer: str, data_fingerprint: str | None) -> FolderLock | None:
+    """Collective: rank 0 locks the run folder for the job's life (one job per folder; the caller
+    releases the lock it returns); every rank gets the same one-line refusal when another job holds
+    it, or when the folder was trained on other data. Leftover temp files of a killed writer are
+    removed once the lock is ours. `TRAINERS_CHECK_ONLY=1` stops here with CheckPassed: every check
+    a run makes before its first write has passed (the deploy kit runs this before torchrun, so a
+    usage error is not retried --max-restarts times)."""
+    check_only = os.environ.get("TRAINERS_CHECK_ONLY") == "1"
+    problem, lock = None, None
+    if ctx.is_main:
+        try:
+            check_data_unchanged(run_dir, data_fingerprint)
+            if check_only:
+                holder = held_by_other(run_dir)
+                if holder:
+                    raise UsageError(f"--run-dir {run_dir} is in use by {describe_holder(holder)}")
+            else:
+                lock = FolderLock(run_dir, hint=" (`bash deploy_8gpu.sh stop`)")
+                lock.acquire(warn=lambda msg: print(f"warning: {msg}", file=sys.stderr))
+                remove_stale_temp_files(run_dir)
+        except UsageError as exc:
+            problem = str(exc)
+    problem = broadcast_object(ctx, problem)
+    if problem:
+        if lock is not None:
+            lock.release()
+        raise UsageError(problem)
+    if check_only:
+        raise CheckPassed(f"{trainer}: every check before training passed for {run_dir}")
+    return lock
+
+
 def single_process_context(device: str = "cpu") -> DistContext:
     return DistContext(0, 0, 1, 1, torch.device(device), None)
 
 
-def open_run_dir(run_dir: Path, cfg, ctx: DistContext):
-    """Create the run folder, write config.json on the first run, and return (logger, metrics).
-    Call it after every check that can reject the input, so bad input writes nothing."""
+def open_run_dir(run_dir: Path, cfg, ctx: DistContext, data_fingerprint: str | None = None):
+    """Create the run folder, write config.json (and the data's fingerprint) on the first run, and
+    return (logger, metrics). Call it after every check that can reject the input, so bad input
+    writes nothing."""
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / "config.json").exists():
             atomic_write_json(run_dir / "config.json", cfgmod.to_dict(cfg))
+        if data_fingerprint is not None and not (run_dir / DATA_RECORD).exists():
+            atomic_write_json(run_dir / DATA_RECORD, {"fingerprint": data_fingerprint})
     barrier(ctx)
     return get_logger(ctx.rank, run_dir), MetricsWriter(run_dir, enabled=ctx.is_main)
 
@@ -94,3 +138,58 @@ def load_checkpoint_states(run_dir: Path, which: str = "best", device: str = "cp
     ckpt = CheckpointManager(Path(run_dir) / "checkpoints", single_process_context(), 1, logging.getLogger("trainers"))
     step = resolve_checkpoint(ckpt, which)
     return step, ckpt.load_verified(step, device)["states"]
+
+
+class Heartbeat:
+    """Rank 0 records the run's elapsed time every HEARTBEAT_S seconds: what a crash would otherwise
+    take from the budget's clock (the checkpoint only knows the time up to its own step). `status`
+    reads it too (step, total, pid)."""
+
+    def __init__(self, run_dir: Path, ctx: DistContext, trainer: str, total_steps: int | None):
+        self.path = Path(run_dir) / HEARTBEAT
+        self.ctx = ctx
+        self.trainer = trainer
+        self.total_steps = total_steps
+        self._last = 0.0
+
+    def beat(self, step: int, elapsed_s: float, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.ctx.is_main or (not force and now - self._last < HEARTBEAT_S):
+            return
+        self._last = now
+        atomic_write_json(self.path, {"elapsed_s": elapsed_s, "step": step, "total_steps": self.total_steps,
+                                      "world_size": self.ctx.world_size, "trainer": self.trainer,
+                                      "time": time.time(), "pid": os.getpid()})
+
+    def elapsed_including_lost_time(self, checkpoint_elapsed: float, log) -> float:
+        """Collective (rank 0 reads, all agree): the elapsed time of an earlier attempt that ran on
+        after its last checkpoint (it crashed or was killed), else the checkpoint's own."""
+        beat = None
+        if self.ctx.is_main:
+            try:
+                beat = json.loads(self.path.read_text()).get("elapsed_s")
+            except (OSError, ValueError, AttributeError):
+                beat = None
+        beat = broadcast_object(self.ctx, beat)
+        if isinstance(beat, (int, float)) and beat > checkpoint_elapsed:
+            log.info("counting %.0f s an earlier attempt spent after its last checkpoint", beat - checkpoint_elapsed)
+            return float(beat)
+        return checkpoint_elapsed
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def check_data_unchanged(run_dir: Path, fingerprint: str | None) -> None:
+    """A run trains on one dataset: a resume whose data fingerprint differs from the one the run
+    started with is refused (its positions and checkpoints index into the old data)."""
+    if fingerprint is None:
+        return
+    path = Path(run_dir) / DATA_RECORD
+    try:
+        saved = json.loads(path.read_text()).get("fingerprint") if path.exists() else None
+    except (OSError, ValueError, AttributeError):
+        saved = None
+    if saved is not None and saved != fingerprint:
+        raise UsageError(f"--run-dir {run_dir} was trained on other data (fingerprint {saved[:12]}..., now "
+                         f"{fingerprint[:12]}...); resume with the data it started with, or use a new --run-dir")

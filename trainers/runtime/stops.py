@@ -1,10 +1,12 @@
 """Stop decisions agreed by all ranks: signals, wall-clock and money budgets, early stopping.
 
 Any rank may want to stop (it got SIGTERM, its clock says the budget is spent, validation stopped
-improving). `StopAgreement.agree()` is a collective called at every step boundary: the ranks take
-the max of their stop codes, so all of them stop at the same step and nobody waits forever at the
-next collective. torchrun sends SIGKILL 30 s after SIGTERM, so one step plus a checkpoint must fit
-in that; the handler only sets a flag, the loop does the work.
+improving). `StopAgreement.agree()` is a collective: the ranks take the max of their stop codes, so
+all of them stop at the same step and nobody waits forever at the next collective. It runs at the
+steps `AgreementCadence` picks (every step, every N, or about once a second: on a GPU each agreement
+is a host sync) and at every evaluation and step-cadence checkpoint. torchrun sends SIGKILL 30 s
+after SIGTERM, so the steps until the next agreement plus a checkpoint must fit in that; the
+handler only sets a flag, the loop does the work.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import time
 
 from trainers.runtime.budget import Budget, StopReason
 from trainers.runtime.dist import DistContext, all_reduce_max
+
+RESERVE_FACTOR = 2.0
+EXIT_ALLOWANCE_S = 2.0  # results.json and leaving the process (torch takes a while)
 
 
 class StopAgreement:
@@ -27,19 +32,38 @@ class StopAgreement:
         self._start = time.monotonic()
         self._local = StopReason.NONE
         self.reserve_s = 0.0  # kept free at the end of a budget for the final save and evaluation
+        self.exit_allowance_s = 0.0  # and for writing results and leaving the process, when that counts too
         self.signal_name: str | None = None
         self._previous_handlers: dict[int, object] = {}
 
     def count_from(self, wall_time: float) -> None:
-        """Start this attempt's clock at `wall_time` (time.time()) instead of now: the time spent
-        before the run began (imports, data, model) is spent budget too."""
+        """Start this attempt's clock at `wall_time` (time.time()) instead of now, and keep
+        EXIT_ALLOWANCE_S at the end: the whole process, start-up (imports, data, model) and exit
+        included, ends inside the budget."""
         self._start = time.monotonic() - max(0.0, time.time() - wall_time)
+        self.exit_allowance_s = EXIT_ALLOWANCE_S
+
+    def budget_fraction(self) -> float:
+        """How much of the wall-clock / money budget is spent, counting the time kept for the end,
+        in [0, 1]; 0 without a budget. This rank's clock: agree on it before acting on it together
+        (e.g. a learning-rate schedule that follows the budget)."""
+        limit = self.budget.limit_s()
+        return min(1.0, (self.elapsed_s() + self.reserve_s) / limit) if limit else 0.0
+
+    def keep_for_the_end(self, slowest_save_s: float, slowest_eval_s: float) -> None:
+        """What the end of a budget must keep free: the final checkpoint and the final evaluation, at
+        twice the slowest of each measured so far (the final evaluation also covers the test split)."""
+        self.reserve_s = RESERVE_FACTOR * (slowest_save_s + slowest_eval_s) + self.exit_allowance_s
 
     def elapsed_s(self) -> float:
         return self.elapsed_before_s + (time.monotonic() - self._start)
 
-    def request(self, reason: StopReason) -> None:
+    def request(self, reason: StopReason, signal_name: str | None = None) -> None:
+        """This rank wants to stop (agreed at the next agreement). `signal_name`: the signal behind
+        it when it came from elsewhere (another worker of a job); the first one named is kept."""
         self._local = max(self._local, reason)
+        if signal_name is not None and self.signal_name is None:
+            self.signal_name = signal_name
 
     def _on_signal(self, signum, _frame) -> None:
         self.signal_name = signal.Signals(signum).name
@@ -60,23 +84,47 @@ class StopAgreement:
             signal.signal(sig, handler)
         self._previous_handlers.clear()
 
-    def agree_values(self, *values: float) -> tuple[StopReason, list[float]]:
-        """Collective: the strongest stop reason, and the max over ranks of each extra value."""
-        local = max(self._local, self.budget.exceeded(self.elapsed_s(), self.reserve_s))
-        agreed = all_reduce_max(self.ctx, [float(local), *(float(v) for v in values)])
-        return StopReason(int(agreed[0])), agreed[1:]
-
-    def agree(self, *flags: bool) -> StopReason | tuple:
-        """Collective: the strongest stop reason any rank has (NONE to go on). Extra `flags` (e.g.
-        "my clock says checkpoint now") ride on the same all-reduce and come back OR-ed over ranks:
-        one collective per step decides everything every rank must do together.
+    def agree(self, *values: float) -> tuple[StopReason, list[float]]:
+        """Collective: the strongest stop reason any rank has (NONE to go on), and the max over ranks
+        of each extra value (e.g. "my clock says checkpoint now", "my write is still running"): one
+        collective decides everything every rank must do together.
 
         The budget reserves `reserve_s`: the time the final checkpoint and evaluation will take
         (measured by the run), so the whole run, results included, ends inside the budget."""
         local = max(self._local, self.budget.exceeded(self.elapsed_s(), self.reserve_s))
-        agreed = all_reduce_max(self.ctx, [float(local), *(float(f) for f in flags)])
-        reason = StopReason(int(agreed[0]))
-        return (reason, *(v > 0 for v in agreed[1:])) if flags else reason
+        agreed = all_reduce_max(self.ctx, [float(local), *(float(v) for v in values)])
+        return StopReason(int(agreed[0])), agreed[1:]
+
+
+AGREE_TARGET_S = 1.0  # adaptive agreement: about once a second (a signal still stops within seconds)
+AGREE_MAX_STEPS = 100
+
+
+class AgreementCadence:
+    """Which steps agree: a fixed N (`--agree-every N`), or adaptive (0: about AGREE_TARGET_S of
+    steady steps, capped at AGREE_MAX_STEPS). Decided identically on every rank: the adaptive N in
+    force is the max of every rank's proposal, agreed at the previous agreement."""
+
+    def __init__(self, setting: int | None, device_type: str):
+        self.setting = (0 if device_type == "cuda" else 1) if setting is None else setting
+        self._since = 0
+        self._every = 1
+
+    def due(self, force: bool) -> bool:
+        """Called once per step: whether this step agrees (`force`: an evaluation, a save, the last step)."""
+        self._since += 1
+        return force or self._since >= self._every
+
+    def proposal(self, seconds_per_step: float | None) -> int:
+        if self.setting > 0:
+            return self.setting
+        if not seconds_per_step:
+            return 1
+        return int(min(AGREE_MAX_STEPS, max(1, AGREE_TARGET_S / seconds_per_step)))
+
+    def agreed(self, every: float) -> None:
+        self._since = 0
+        self._every = max(1, int(every))
 
 
 class EarlyStopping:
@@ -103,3 +151,49 @@ class EarlyStopping:
 
     def state_dict(self) -> dict:
         return {"best": self.best, "bad_evals": self.bad_evals}
+
+
+class ValidationRecord:
+    """The validation metric over a run (lower is better): the untrained model's value (what "it
+    learns" is measured from), the last, the best and its step, and early stopping on it. Saved in
+    every checkpoint."""
+
+    def __init__(self, patience: int, min_delta: float):
+        self.early = EarlyStopping(patience, min_delta)
+        self.initial: float | None = None
+        self.last: float | None = None
+        self.best_step: int | None = None
+
+    @property
+    def best(self) -> float | None:
+        return self.early.best
+
+    def update(self, step: int, metric: float, name: str, log, metrics) -> bool:
+        """A new value, logged and written to the metrics; True when it is the best so far."""
+        improved = self.early.update(metric)
+        self.last = metric
+        if improved:
+            self.best_step = step
+        metrics.log(step, "val", {name: metric, "best": self.best, "improved": improved})
+        log.info("step %d: val %s %.5f%s", step, name, metric,
+                 " (best)" if improved else f" ({self.early.bad_evals} without improvement)")
+        return improved
+
+    def untrained(self, step: int, metric: float, name: str, log, metrics) -> None:
+        """The untrained model's value: what "it learns" is measured from."""
+        self.initial = metric
+        metrics.log(step, "val", {name: metric, "initial": True})
+        log.info("step %d: val %s %.5f (untrained)", step, name, metric)
+
+    def summary(self, name: str) -> dict:
+        """results.json's view of it."""
+        return {"best_val": {"name": f"val_{name}", "value": self.best, "step": self.best_step},
+                "initial_val": self.initial, "last_val": self.last}
+
+    def state_dict(self) -> dict:
+        return {"early_stopping": self.early.state_dict(), "initial_metric": self.initial, "last_metric": self.last,
+                "best_step": self.best_step}
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.early = EarlyStopping(self.early.patience, self.early.min_delta, **saved["early_stopping"])
+        self.initial, self.last, self.best_step = saved["initial_metric"], saved["last_metric"], saved["best_step"]

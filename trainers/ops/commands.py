@@ -1,13 +1,15 @@
-"""The body of `trainers plan` (flags: trainers/ops/cli.py)."""
+"""The bodies of `trainers plan` and `trainers package` (their flags: trainers/ops/cli.py)."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 from trainers.errors import UsageError
 from trainers.ops.devices import DEVICES, TABLE_DATE
+from trainers.ops.package import package_run
 from trainers.ops.plan import compare, format_plan, plan
 from trainers.registry import trainer_config, trainer_module
 from trainers.runtime.files import atomic_write_json
@@ -44,7 +46,7 @@ def read_prices(path: str | None, fallback: float | None, gpu: str) -> dict[str,
     return prices
 
 
-def main(args) -> int:
+def plan_command(args) -> int:
     if args.list_gpus:
         print(f"known GPUs (table of {TABLE_DATE}):")
         for d in DEVICES.values():
@@ -78,4 +80,12 @@ def main(args) -> int:
             print(out["compute_optimal"]["line"])
     if args.json:
         atomic_write_json(Path(args.json), out)
+    return 0
+
+
+def package_command(args) -> int:
+    info = package_run(args.run_dir, args.output)
+    for warning in info.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
+    print(json.dumps(info))
     return 0

@@ -1,0 +1,35 @@
+"""Run under torchrun with 2 gloo workers (tests/unit/test_ddp.py): the gradients `wrap_ddp` gives a
+loop that accumulates micro-batches under `no_sync` equal the gradients of the whole global batch in
+one process, step after step. Prints one line per step: `step <i> max_abs_diff <x>`."""
+
+import contextlib
+import sys
+
+import torch
+import torch.distributed as dist
+
+from trainers.runtime.dist import distributed, wrap_ddp
+
+STEPS, MICRO, ROWS = 3, int(sys.argv[1]), 4
+
+with distributed("cpu") as ctx:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    reference.load_state_dict(model.state_dict())
+    ddp = wrap_ddp(model, ctx, accumulates=MICRO > 1)
+    g = torch.Generator().manual_seed(1)
+    for step in range(STEPS):
+        batches = torch.randn(ctx.world_size, MICRO, ROWS, 4, generator=g)  # [rank][micro-batch]
+        for i in range(MICRO):
+            sync = i == MICRO - 1
+            with contextlib.nullcontext() if sync else ddp.no_sync():
+                (ddp(batches[ctx.rank, i]).pow(2).mean() / MICRO).backward()
+        for r in range(ctx.world_size):  # the whole global batch, in one process
+            for i in range(MICRO):
+                (reference(batches[r, i]).pow(2).mean() / (MICRO * ctx.world_size)).backward()
+        diff = max(float((p.grad - q.grad).abs().max()) for p, q in zip(model.parameters(), reference.parameters()))
+        if dist.get_rank() == 0:
+            print(f"step {step} max_abs_diff {diff:.3e}", flush=True)
+        for p in [*model.parameters(), *reference.parameters()]:
+            p.grad = None

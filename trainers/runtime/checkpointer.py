@@ -1,0 +1,192 @@
+"""When and how a run's checkpoints are written: the cadence, the write in the loop or behind it, and
+the commit protocol. (What a checkpoint is on disk, and resuming from one, is `checkpoint.py`'s.)
+
+Cadence: every `--ckpt-every` optimizer steps, and every `--ckpt-every-min` minutes of rank 0's
+clock (rank 0's "due" rides on the stop agreement, so every rank saves at the same step).
+
+With `--ckpt-async` (default on CUDA) the loop only waits for a copy of the states into host memory;
+a background thread writes and hashes the files while training goes on. The on-disk contract is
+the same as a synchronous save:
+
+- the files are written atomically, and the checkpoint only becomes complete when rank 0 writes its
+  meta, which needs every rank's checksums; that commit is a collective, so it happens at a step
+  boundary every rank agrees on: the stop agreement carries "my write is still running" and "my
+  write failed" (max over ranks), and the first agreement where no rank is still writing commits;
+- at most one write is in flight: the next save first waits for the previous one and commits it;
+- a stop waits for its save and commits it before the loop ends (`settle`), so the newest complete
+  checkpoint is still the last step trained;
+- a kill while a write is in flight leaves files without a meta: never resumed from, removed by the
+  next prune; the run resumes from the previous complete checkpoint;
+- a write that fails (disk full) stops every rank at the next agreement, in one line.
+
+FSDP2's sharded states (torch.distributed.checkpoint) are written synchronously.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from trainers.errors import RunFailed
+from trainers.runtime import rng
+from trainers.runtime.async_save import BackgroundWrite, HostSnapshot
+from trainers.runtime.checkpoint import CheckpointManager
+from trainers.runtime.dist import DistContext, all_reduce_max, barrier
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> Any: ...
+
+
+@dataclass
+class Start:
+    """Where a loop continues: the last finished step and this rank's data position."""
+
+    step: int = 0
+    position: dict | None = None  # this rank's own position; None on a fresh start or a new world size
+    position_rank0: dict | None = None  # rank 0's position (what a changed world size can fall back to)
+    resumed: bool = False
+
+
+class Checkpointer:
+    def __init__(self, manager: CheckpointManager, ctx: DistContext, every_steps: int, every_min: float | None,
+                 write_behind: bool | None):
+        self.manager = manager
+        self.ctx = ctx
+        self.every_steps = every_steps
+        self.every_min = every_min
+        # A GPU gains from the host copy; on a CPU the background write would compete for the cores.
+        self.write_behind = ctx.device.type == "cuda" if write_behind is None else write_behind
+        self.last_saved_step = -1
+        self.slowest_s = 0.0  # the slowest save seen, the whole write included (the budget's reserve)
+        self.writes_behind_s = 0.0  # write time overlapped with training
+        self._last_save_time = time.monotonic()
+        self._pending: BackgroundWrite | None = None
+        self._snapshot = HostSnapshot()
+
+    # ---- cadence -------------------------------------------------------------------------------
+    def due_by_steps(self, step: int) -> bool:
+        return step % self.every_steps == 0
+
+    def due_by_time(self) -> bool:
+        """Rank 0's clock (agree on it before acting)."""
+        return bool(self.ctx.is_main and self.every_min
+                    and time.monotonic() - self._last_save_time >= self.every_min * 60)
+
+    def resume(self, states: dict[str, Stateful], sharded_states: dict[str, Stateful], restart: bool, seed: int,
+               log) -> tuple[Start, dict | None]:
+        """Collective: load the newest verified checkpoint into `states` (and `sharded_states` in
+        place) and restore this rank's RNG streams; on a fresh start seed them (`seed` offset by the
+        rank). Returns where the loop continues and the run's own saved counters (None: fresh).
+        `restart` (--restart) first moves every checkpoint aside."""
+        if restart:
+            aside = self.manager.set_aside() if self.ctx.is_main else None
+            barrier(self.ctx)
+            if aside is not None:
+                log.warning("--restart: starting over from step 0; the old checkpoints are in %s", aside)
+        resumed = self.manager.resume(self.ctx.device, sharded=sharded_states or None)
+        if resumed is None:
+            rng.seed_everything(rng.rank_seed(seed, self.ctx.rank))
+            return Start(), None
+        for name, obj in states.items():
+            obj.load_state_dict(resumed.shared["states"][name])
+        self.last_saved_step = resumed.step
+        saved, position = resumed.shared["run"], None
+        if resumed.rank_state is not None:
+            rng.restore(resumed.rank_state["rng"], self.ctx.device)
+            position = resumed.rank_state["position"]
+        else:  # another world size: this rank's streams cannot be mapped
+            rng.seed_everything(rng.rank_seed(seed, self.ctx.rank) + resumed.step)
+        log.info("resumed from checkpoint step %d%s", resumed.step, f" (position {position})" if position else "")
+        return Start(resumed.step, position, saved["position_rank0"], True), saved
+
+    def restore_best(self, names: tuple[str, ...], states: dict[str, Stateful], sharded_states: dict[str, Stateful]
+                     ) -> int | None:
+        """Collective. Load the best complete checkpoint (lowest validation metric; else the newest)
+        into the named states (plain or sharded), after checking its SHA-256. Its step, or None."""
+        self.settle()
+        steps = self.manager.complete_steps()
+        if not steps:
+            return None
+        best = self.manager.best_step()
+        step = steps[0] if best is None else best
+        plain = [n for n in names if n not in sharded_states]
+        if plain:
+            saved = self.manager.load_verified(step, self.ctx.device)["states"]
+            for name in plain:
+                states[name].load_state_dict(saved[name])
+        sharded = {n: sharded_states[n] for n in names if n in sharded_states}
+        if sharded:
+            self.manager.load_sharded(step, sharded)
+        return step
+
+    # ---- the write -----------------------------------------------------------------------------
+    def save(self, step: int, shared: dict[str, Any], position: dict | None, meta: dict[str, Any],
+             sharded: dict[str, Any] | None = None) -> float:
+        """Collective (every rank at the same step): `shared` from rank 0, this rank's data
+        `position` and RNG streams in its own file. Returns the seconds the loop stood still."""
+        t0 = time.perf_counter()
+        rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
+        self.settle()  # one write in flight at most
+        if sharded:
+            self.manager.save(step, shared, rank_state, meta, sharded=sharded)
+        elif self.write_behind:
+            snap = self._snapshot.take({"shared": shared if self.ctx.is_main else None, "rank": rank_state})
+            self._pending = BackgroundWrite(step, meta,
+                                            lambda: self.manager.write_local(step, snap["shared"], snap["rank"]))
+        else:
+            self.manager.save(step, shared, rank_state, meta)
+        self.last_saved_step = step
+        self._last_save_time = time.monotonic()
+        stalled = time.perf_counter() - t0
+        self.slowest_s = max(self.slowest_s, stalled)
+        return stalled
+
+    def write_status(self) -> tuple[float, float]:
+        """This rank's (writing, failed), for the stop agreement to carry."""
+        pending = self._pending
+        writing = pending is not None and not pending.done()
+        failed = pending is not None and not writing and pending.error is not None
+        return float(writing), float(failed)
+
+    def agreed(self, any_writing: bool, any_failed: bool) -> None:
+        """Collective, after an agreement that carried `write_status`: a failure anywhere stops every
+        rank; no rank still writing completes the checkpoint."""
+        if self._pending is None:
+            return
+        if any_failed:
+            self._write_failed(self._pending)
+        elif not any_writing:
+            self._commit()
+
+    def settle(self) -> float:
+        """Collective: wait for the write in flight, then complete it (or stop every rank with the
+        failure). Returns the seconds waited (the loop stands still)."""
+        pending = self._pending
+        if pending is None:
+            return 0.0
+        t0 = time.perf_counter()
+        pending.wait()
+        if all_reduce_max(self.ctx, [1.0 if pending.error is not None else 0.0])[0] > 0:
+            self._write_failed(pending)
+        self._commit()
+        return time.perf_counter() - t0
+
+    def _commit(self) -> None:
+        pending, self._pending = self._pending, None
+        self.manager.commit(pending.step, pending.files, pending.meta)
+        self.writes_behind_s += pending.seconds
+        # a final save is waited for: the budget's reserve counts the whole write, not the copy
+        self.slowest_s = max(self.slowest_s, pending.seconds)
+
+    def _write_failed(self, pending: BackgroundWrite) -> None:
+        """Every rank stops here together (the failure came through a collective)."""
+        self._pending = None
+        steps = self.manager.complete_steps()
+        where = f"this rank: {pending.error}" if pending.error is not None else "on another rank"
+        raise RunFailed(f"writing the checkpoint of step {pending.step} failed ({where}); the newest complete "
+                        f"checkpoint is {'step ' + str(steps[0]) if steps else 'none'}: fix the disk and run the "
+                        f"same command to resume from it")
