@@ -70,7 +70,7 @@ def test_jobs_per_gpu_binds_k_workers_to_each_gpu(monkeypatch):
 
     from trainers.errors import UsageError
     from trainers.lstm.config import LstmConfig
-    from trainers.lstm.train import worker_device
+    from trainers.lstm.worker import worker_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)

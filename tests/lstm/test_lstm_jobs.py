@@ -17,7 +17,7 @@ TINY = ["--synthetic-tickers", "5", "--synthetic-days", "700", "--window", "16",
 def test_five_symbols_on_two_workers_with_one_failing_and_one_retried(tmp_path):
     run_dir = tmp_path / "job"
     proc = run_torchrun(["lstm", "train", "--run-dir", str(run_dir), *TINY],
-                        env={"TRAINERS_LSTM_FAIL": "SYN001:always,SYN002:once"})
+                        env={"TRAINERS_FAULT_RAISE": "SYN001@step2:always,SYN002@step2:once"})
     assert proc.returncode == 0  # under torchrun failures are counted, not an exit code (see train.py)
     r = json.loads((run_dir / "results.json").read_text())
     rows = r["symbols"]

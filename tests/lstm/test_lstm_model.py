@@ -59,7 +59,7 @@ def job(tmp_path_factory):
     """SYN000 trains (and exports in its worker), SYN001 is made to fail on both tries."""
     root = tmp_path_factory.mktemp("lstm-job")
     mp = pytest.MonkeyPatch()
-    mp.setenv("TRAINERS_LSTM_FAIL", "SYN001:always")
+    mp.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:always")
     try:
         rc = main(["lstm", "train", "--run-dir", str(root / "job"), *TINY, "--symbols", "SYN000,SYN001"])
     finally:

@@ -1,17 +1,49 @@
-"""Fault injection for the fault-tolerance tests: `TRAINERS_FAULT=sigkill@rank1:step25`.
+"""Fault injection for the fault-tolerance tests (never set outside tests):
 
-The named rank sends the signal to itself when it reaches that optimizer step, on the first
-attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted job runs through. It exercises the
-real paths: SIGKILL gives no chance to clean up, SIGTERM goes through the signal handler.
+    TRAINERS_FAULT=sigkill@rank1:step25                     a rank signals itself at an optimizer step
+    TRAINERS_FAULT_RAISE=SYN001@step2:always,SYN002@step2:once   a named piece of work raises
+
+`TRAINERS_FAULT`: the named rank sends the signal to itself when it reaches that optimizer step, on
+the first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted job runs through. It exercises
+the real paths: SIGKILL gives no chance to clean up, SIGTERM goes through the signal handler. The
+run boundary calls `maybe_inject` at every step with its context's rank.
+
+Which rank. A process that runs single-process runs of its own (the LSTM: each torchrun worker
+trains symbols one after another, each in a run whose context is rank 0) says which worker it is
+with `as_worker(rank)`, once, around its work; `maybe_inject` then matches that rank instead of the
+run's, so the fault fires in the one worker it names and not in every one.
+
+`TRAINERS_FAULT_RAISE`: a piece of work with a name (an LSTM symbol) raises RuntimeError at the
+given step: `always` on every try, `once` on the first try only (so a retry succeeds). It
+exercises a trainer's handling of one failing unit among many. The loop that owns the work calls
+`maybe_raise(name, step, attempt)`; `raise_requests()` parses the variable (a malformed one is a
+ValueError, so a typo in a test fails loudly instead of testing nothing).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
+from collections.abc import Iterator
 
 _SPEC = re.compile(r"^(sigkill|sigterm)@rank(\d+):step(\d+)$")
+_RAISE = re.compile(r"^([^@,\s]+)@step(\d+):(always|once)$")
+RAISE_ENV = "TRAINERS_FAULT_RAISE"
+
+_worker_rank: int | None = None  # set by `as_worker`: this process's rank for TRAINERS_FAULT
+
+
+@contextlib.contextmanager
+def as_worker(rank: int) -> Iterator[None]:
+    """Inside, `maybe_inject` takes this process to be worker `rank`, whatever rank its runs have."""
+    global _worker_rank
+    previous, _worker_rank = _worker_rank, rank
+    try:
+        yield
+    finally:
+        _worker_rank = previous  # an in-process caller (tests) runs the next job as itself again
 
 
 def maybe_inject(rank: int, step: int, restart_count: int) -> None:
@@ -22,5 +54,25 @@ def maybe_inject(rank: int, step: int, restart_count: int) -> None:
     if m is None:
         raise ValueError(f"TRAINERS_FAULT={spec!r} is not like sigkill@rank1:step25")
     kind, fault_rank, fault_step = m.group(1), int(m.group(2)), int(m.group(3))
-    if rank == fault_rank and step == fault_step:
+    me = _worker_rank if _worker_rank is not None else rank
+    if me == fault_rank and step == fault_step:
         os.kill(os.getpid(), signal.SIGKILL if kind == "sigkill" else signal.SIGTERM)
+
+
+def raise_requests() -> dict[str, tuple[int, str]]:
+    """{name: (step, 'always' | 'once')} from TRAINERS_FAULT_RAISE (empty when unset)."""
+    spec = os.environ.get(RAISE_ENV, "")
+    out = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        m = _RAISE.match(part)
+        if m is None:
+            raise ValueError(f"{RAISE_ENV}={spec!r}: {part!r} is not like SYN001@step2:always or SYN002@step2:once")
+        out[m.group(1)] = (int(m.group(2)), m.group(3))
+    return out
+
+
+def maybe_raise(name: str, step: int, attempt: int) -> None:
+    """Raise if TRAINERS_FAULT_RAISE asks `name` to fail at `step` on this try (1, 2, ...)."""
+    want = raise_requests().get(name)
+    if want is not None and step == want[0] and (want[1] == "always" or attempt == 1):
+        raise RuntimeError(f"{RAISE_ENV} asked {name} to fail at step {step} (try {attempt})")

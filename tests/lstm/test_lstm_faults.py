@@ -1,0 +1,55 @@
+"""The test hooks the LSTM's fault tests use, in trainers.runtime.faults (not in the LSTM): the worker
+rank a process injects TRAINERS_FAULT as, and the named piece of work TRAINERS_FAULT_RAISE fails."""
+
+import os
+import signal
+
+import pytest
+
+from trainers.runtime import faults
+
+
+@pytest.fixture
+def caught():
+    """SIGTERMs this process sends itself, recorded instead of ending the test."""
+    got = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
+    yield got
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_worker_injects_as_its_own_rank_not_as_its_runs_rank_0(monkeypatch, caught):
+    """Each symbol's run has rank 0 (a single-process context): without `as_worker` the fault meant
+    for worker 1 would fire in worker 0, and worker 1's run would never match it."""
+    monkeypatch.setenv("TRAINERS_FAULT", "sigterm@rank1:step3")
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    with faults.as_worker(0):
+        faults.maybe_inject(0, 3, 0)  # what the run calls in worker 0
+    assert caught == []
+    with faults.as_worker(1):
+        faults.maybe_inject(0, 2, 0)
+        assert caught == []
+        faults.maybe_inject(0, 3, 0)  # worker 1's run, rank 0 inside, at the step named
+        assert caught == [signal.SIGTERM]
+        faults.maybe_inject(0, 3, 1)  # a restarted attempt runs through
+    assert len(caught) == 1
+    faults.maybe_inject(1, 3, 0)  # outside `as_worker` the run's own rank counts again (every other trainer)
+    assert len(caught) == 2
+
+
+def test_a_named_symbol_raises_at_its_step_always_or_on_the_first_try_only(monkeypatch):
+    monkeypatch.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:always, SYN002@step5:once")
+    assert faults.raise_requests() == {"SYN001": (2, "always"), "SYN002": (5, "once")}
+    faults.maybe_raise("SYN001", 1, 1)
+    faults.maybe_raise("SYN000", 2, 1)
+    for attempt in (1, 2):
+        with pytest.raises(RuntimeError, match=f"asked SYN001 to fail at step 2 \\(try {attempt}\\)"):
+            faults.maybe_raise("SYN001", 2, attempt)
+    with pytest.raises(RuntimeError, match="asked SYN002 to fail at step 5 \\(try 1\\)"):
+        faults.maybe_raise("SYN002", 5, 1)
+    faults.maybe_raise("SYN002", 5, 2)  # once: the second try goes through
+    monkeypatch.setenv("TRAINERS_FAULT_RAISE", "SYN001:always")  # the old LSTM-only spelling is a typo now
+    with pytest.raises(ValueError, match="is not like SYN001@step2:always"):
+        faults.raise_requests()
+    monkeypatch.delenv("TRAINERS_FAULT_RAISE")
+    assert faults.raise_requests() == {} and "TRAINERS_FAULT_RAISE" not in os.environ
