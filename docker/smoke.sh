@@ -7,14 +7,22 @@
 # Steps: 1. the stand-in base (Debian bookworm via debootstrap + python3/pip + the CPU torch wheel),
 # built once and cached as an image; 2. docker/Dockerfile built on it (--build-arg BASE_IMAGE=...);
 # 3. inside the image: the entrypoint's dispatch (help, shell -c, a command, exit codes, SIGTERM through
-# tini), `preflight` (no GPU: exit 1 and its --demo hint), `deploy --demo` and `gnn --demo` into a host
-# folder mounted at /workspace; on the host, `sha256sum -c` of each tarball and of the SHA256SUMS inside
-# it, and results.json's world_size 2, device cpu. A summary goes to --out as JSON.
+# tini), sshd installed with no host keys baked in, `preflight` (no GPU: exit 1 and its --demo hint);
+# 4. a pod as RunPod starts one, on loopback only: PUBLIC_KEY a key made for the test, port 22 published
+# on 127.0.0.1, RUNPOD_PUBLIC_IP/RUNPOD_TCP_PORT_22 set as RunPod sets them; `deploy --demo` to its end,
+# the container still up; over SSH with that key `deploy_8gpu.sh status` and the session's environment;
+# the printed scp line run as printed, `sha256sum -c` on the host; password login and a stranger's key
+# refused; `podman stop -t 10` ends it at once; 5. without PUBLIC_KEY (SSH off, said so): SIGTERM in the
+# middle of training (checkpoint, results, a clean exit within the 10 s grace), restart resumes it,
+# a failed deploy is not rerun on restart; `gnn --demo` with EXIT_WHEN_DONE=1 (exits when done). Each
+# tarball: `sha256sum -c`, the SHA256SUMS inside it, results.json's world_size 2, device cpu. A summary
+# goes to --out as JSON.
 #
-# It does not prove the real base image (pytorch/pytorch CUDA, conda), CUDA, NCCL, GPUs or multi-node.
-# Needs root (rootful podman), podman + runc + debootstrap, python3 on the host, and network access to
-# a Debian mirror and PyPI. Environment: TORCH_SPEC (default torch==2.13.0), TORCH_INDEX_URL (where
-# pip finds it; default: the host's pip configuration), DEBIAN_MIRROR.
+# It does not prove the real base image (pytorch/pytorch CUDA, conda), CUDA, NCCL, GPUs, multi-node or
+# RunPod itself (its proxy to port 22, how it passes PUBLIC_KEY, its stop grace period).
+# Needs root (rootful podman), podman + runc + debootstrap + openssh-client, python3 on the host, and
+# network access to a Debian mirror and PyPI. Environment: TORCH_SPEC (default torch==2.13.0),
+# TORCH_INDEX_URL (where pip finds it; default: the host's pip configuration), DEBIAN_MIRROR.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,14 +51,14 @@ while [[ $# -gt 0 ]]; do
     --rebuild-base) REBUILD_BASE=1; shift ;;
     --no-gnn) GNN=0; shift ;;
     -v|--verbose) VERBOSE=1; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo pipefail/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (use --out FILE, --work DIR, --rebuild-base, --no-gnn, --verbose)" ;;
   esac
 done
 
 [[ "$(id -u)" -eq 0 ]] || die "must be run as root (it drives rootful podman and debootstrap): sudo bash docker/smoke.sh"
-for tool in podman runc debootstrap; do
-  command -v "$tool" >/dev/null 2>&1 || die "$tool not found: apt-get install podman runc debootstrap"
+for tool in podman runc debootstrap ssh scp ssh-keygen; do
+  command -v "$tool" >/dev/null 2>&1 || die "$tool not found: apt-get install podman runc debootstrap openssh-client"
 done
 command -v python3 >/dev/null 2>&1 || die "python3 not found on the host (it fetches the torch wheel and checks JSON): apt-get install python3 python3-pip"
 [[ "$WORK" == /* && "$WORK" != / ]] || die "--work '$WORK' must be an absolute path other than /"
@@ -188,6 +196,8 @@ record = {
               "build_seconds": float(e["S_IMAGE_S"]), "dockerfile": "docker/Dockerfile", "versions": e["S_VERSIONS"]},
     "checks": checks,
     "not_proven": ["the real base image pytorch/pytorch:*-cuda* (conda Python, CUDA libraries, Ubuntu packages)",
+                   "RunPod itself: its proxy to port 22, how it passes PUBLIC_KEY and RUNPOD_* (set by hand here), "
+                   "its restart policy and stop grace period (podman's default 10 s here)",
                    "CUDA, NCCL, GPUs, --gpus device passthrough, /dev/shm sizing under NCCL",
                    "multi-node rendezvous between containers",
                    "Docker Engine and BuildKit themselves (podman/buildah built and ran it)"],
@@ -213,6 +223,43 @@ verify_tarball() {  # verify_tarball TRAINER: on the host, both checksum lists a
   [[ "$world" == 2 && "$device" == cpu ]] || fail "verify-$name" 1 "results.json says world_size $world, device $device (wanted 2, cpu)"
   STEP_S=$(since "$t0")
   pass "verify-$name" "tarball $(stat -c %s "$tarball") B, $(wc -l < "$extract/$name/SHA256SUMS") files OK by sha256sum -c SHA256SUMS, world_size 2, device cpu"
+}
+
+# A check that is not one command: begin it, run what it needs, then pass (or fail) it.
+begin() {  # begin NAME DESCRIPTION
+  STEP_LOG="$LOGS/$1.log" STEP_CMD="$2" STEP_RC=0 STEP_T0=$EPOCHREALTIME
+  : > "$STEP_LOG"
+  echo "--> $1: $STEP_CMD"
+}
+done_ok() {  # done_ok NAME DETAIL: the check that began passed
+  STEP_S=$(since "$STEP_T0")
+  pass "$1" "$2"
+}
+running() { [[ "$("${PODMAN[@]}" inspect --format '{{.State.Running}}' "$1" 2>/dev/null)" == true ]]; }
+exit_of() { "${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$1" 2>/dev/null || echo unknown; }
+save_logs() { "${PODMAN[@]}" logs "$C" >> "$STEP_LOG" 2>&1 || true; }
+
+wait_for() {  # wait_for NAME SECONDS TEST...: until TEST succeeds; fails if the container $C ends first
+  local name="$1" limit="$2" t0=$SECONDS
+  shift 2
+  until "$@"; do
+    running "$C" || { save_logs; fail "$name" "$(exit_of "$C")" "the container ended (exit $(exit_of "$C")) before: $*"; }
+    (( SECONDS - t0 < limit )) || { save_logs; fail "$name" 124 "not within $limit s: $*"; }
+    sleep 1
+  done
+}
+log_has() { "${PODMAN[@]}" logs "$C" 2>&1 | grep -qF -- "$1"; }
+file_has() { grep -qF -- "$2" "$1" 2>/dev/null; }
+
+# stop_pod NAME: what RunPod's "Stop pod" and docker stop do (SIGTERM, SIGKILL after the grace);
+# sets STOP_S, STOP_RC. A clean stop ends before the grace, on the container's own terms.
+stop_pod() {
+  local t0=$EPOCHREALTIME
+  "${PODMAN[@]}" stop -t 10 "$C" >> "$STEP_LOG" 2>&1 || true
+  STOP_S=$(since "$t0") STOP_RC=$(exit_of "$C")
+  save_logs
+  [[ "$STOP_RC" != 137 ]] || fail "$1" 137 "killed after podman stop's 10 s grace (exit 137): the container did not end on SIGTERM"
+  awk -v s="$STOP_S" 'BEGIN { exit !(s < 10) }' || fail "$1" "$STOP_RC" "took $STOP_S s to stop: not within the 10 s grace"
 }
 
 echo "trainers container smoke: repo $REPO, work $WORK, $("${PODMAN[@]}" --version)"
@@ -339,6 +386,11 @@ STEP_S=$(since "$t0")
 "${PODMAN[@]}" rm -f --ignore "$C" >/dev/null 2>&1 || true
 pass entry-sigterm "podman stop's SIGTERM reached the command (exit 42 from its trap)"
 
+container image-ssh
+step image-ssh 0 "${RUN[@]}" --name "$C" --entrypoint /bin/bash "$IMAGE" -c \
+  'test -x /usr/sbin/sshd && ls /etc/ssh && if ls /etc/ssh/ssh_host_*key* 2>/dev/null; then echo "host keys baked in"; exit 1; fi'
+pass image-ssh "sshd installed; no host keys in the image (each container makes its own)"
+
 container preflight
 step preflight 1 "${RUN[@]}" --name "$C" "$IMAGE" preflight
 expect preflight "no NVIDIA GPU"
@@ -346,17 +398,133 @@ expect preflight "--demo"
 awk -v s="$STEP_S" 'BEGIN { exit !(s < 60) }' || fail preflight 1 "took $STEP_S s, not fast"
 pass preflight "no GPU: exit 1 with the --demo hint"
 
-container deploy
-step deploy 0 "${RUN[@]}" --name "$C" "$IMAGE" deploy --demo --out /workspace/output -- "${FORECAST_ARGS[@]}"
+# ---- 4. a pod as RunPod starts it: the user's key, port 22, the job, the container kept up -----
+SSH_WORK="$WORK/ssh"
+rm -rf "${SSH_WORK:?}"
+mkdir -p "$SSH_WORK/fetched"
+ssh-keygen -q -t ed25519 -N '' -C trainers-smoke-user -f "$SSH_WORK/id_user"
+ssh-keygen -q -t ed25519 -N '' -C trainers-smoke-stranger -f "$SSH_WORK/id_stranger"
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# -F /dev/null: none of this host's ssh configuration; a fresh known_hosts for this container's new host key
+SSH_OPTS=(-F /dev/null -o IdentitiesOnly=yes -o BatchMode=yes -o ConnectTimeout=20 -o LogLevel=ERROR
+          -o StrictHostKeyChecking=accept-new -o "UserKnownHostsFile=$SSH_WORK/known_hosts")
+SSH_USER=(ssh "${SSH_OPTS[@]}" -i "$SSH_WORK/id_user" -p "$PORT" root@127.0.0.1)
+
+container pod
+begin deploy "podman run -d -e PUBLIC_KEY=<a key made for the test> -e TRAINER=forecast -e RUNPOD_PUBLIC_IP=127.0.0.1 -e RUNPOD_TCP_PORT_22=$PORT -p 127.0.0.1:$PORT:22 $IMAGE deploy --demo --out /workspace/output -- $(quote "${FORECAST_ARGS[@]}")"
+"${RUN_KEEP[@]}" -d --name "$C" -e "PUBLIC_KEY=$(cat "$SSH_WORK/id_user.pub")" -e TRAINER=forecast \
+  -e RUNPOD_PUBLIC_IP=127.0.0.1 -e "RUNPOD_TCP_PORT_22=$PORT" -p "127.0.0.1:$PORT:22" \
+  "$IMAGE" deploy --demo --out /workspace/output -- "${FORECAST_ARGS[@]}" >> "$STEP_LOG" 2>&1 || fail deploy 1 "podman run -d failed"
+wait_for deploy 1500 log_has "the container stays up"
+save_logs
 expect deploy "deploy finished"
-pass deploy "forecast: train (torchrun, 2 gloo workers), export, package"
+expect deploy "entrypoint: SSH on: port 22"
+done_ok deploy "forecast: train (torchrun, 2 gloo workers), export, package; the entrypoint said SSH on"
 verify_tarball forecast
+
+begin kept-up "5 s after the job: podman inspect .State.Running"
+sleep 5
+running "$C" || { save_logs; fail kept-up "$(exit_of "$C")" "the container ended after the job"; }
+STEP_S=5.0
+pass kept-up "the container is still up after the job, its log ends with the download line and how to stop it"
+
+step ssh-status 0 "${SSH_USER[@]}" deploy_8gpu.sh status
+expect ssh-status "forecast in /workspace/output: FINISHED"
+expect ssh-status "download: scp -P $PORT root@127.0.0.1:/workspace/output/forecast.tar.gz ."
+pass ssh-status "ssh with the test key: deploy_8gpu.sh status (found on the session's PATH) says FINISHED"
+
+# shellcheck disable=SC2016  # expanded in the container
+SESSION='echo "TRAINER=$TRAINER OUT=$OUT RUNPOD_TCP_PORT_22=$RUNPOD_TCP_PORT_22 python3=$(command -v python3)"; stat -c "%a %n" /root/.ssh /root/.ssh/authorized_keys'
+step ssh-session 0 "${SSH_USER[@]}" "$SESSION"
+want=$("${PODMAN[@]}" exec "$C" bash -c "$SESSION" 2>&1) || fail ssh-session 1 "podman exec failed: $want"
+[[ "$(cat "$STEP_LOG")" == "$want" ]] || fail ssh-session 1 "an SSH session sees '$(tr '\n' ' ' < "$STEP_LOG")', the container '${want//$'\n'/ }'"
+expect ssh-session "700 /root/.ssh"
+expect ssh-session "600 /root/.ssh/authorized_keys"
+pass ssh-session "an SSH command sees the container's TRAINER, OUT, RUNPOD_*, python3; /root/.ssh 700, authorized_keys 600"
+
+# The download line exactly as the deploy printed it, with the test's key and known_hosts added
+line=$("${PODMAN[@]}" logs "$C" 2>&1 | grep -o 'scp -P [0-9]* root@[^ ]*forecast\.tar\.gz \.$' | tail -n1 || true)
+[[ -n "$line" ]] || fail scp 1 "no scp line in the container's log"
+read -r -a words <<< "$line"
+begin scp "(cd $SSH_WORK/fetched && $line && ${line/.tar.gz/.tar.gz.sha256} && sha256sum -c forecast.tar.gz.sha256)"
+(cd "$SSH_WORK/fetched" && scp "${SSH_OPTS[@]}" -i "$SSH_WORK/id_user" "${words[@]:1}" \
+  && scp "${SSH_OPTS[@]}" -i "$SSH_WORK/id_user" "${words[1]}" "${words[2]}" "${words[3]}.sha256" . \
+  && sha256sum -c forecast.tar.gz.sha256) >> "$STEP_LOG" 2>&1 || fail scp 1 "the printed line '$line' did not fetch a tarball that sha256sum -c accepts"
+cmp "$SSH_WORK/fetched/forecast.tar.gz" "$WS/output/forecast.tar.gz" >> "$STEP_LOG" 2>&1 || fail scp 1 "the fetched tarball differs from the one in /workspace"
+done_ok scp "the printed line '$line' fetched it over SSH; sha256sum -c OK on the host"
+
+step ssh-password 255 ssh "${SSH_OPTS[@]}" -o PubkeyAuthentication=no -o PreferredAuthentications=password,keyboard-interactive \
+  -p "$PORT" root@127.0.0.1 true
+expect ssh-password "Permission denied (publickey)."
+pass ssh-password "password and keyboard-interactive login refused: the server offers publickey only"
+
+step ssh-stranger 255 ssh "${SSH_OPTS[@]}" -i "$SSH_WORK/id_stranger" -p "$PORT" root@127.0.0.1 true
+expect ssh-stranger "Permission denied (publickey)."
+pass ssh-stranger "a key that is not PUBLIC_KEY is refused"
+
+begin stop-kept-up "podman stop -t 10 (the pod's Stop, after the job)"
+stop_pod stop-kept-up
+STEP_RC=$STOP_RC
+expect stop-kept-up "entrypoint: SIGTERM: stopping"
+[[ "$STOP_RC" == 0 ]] || fail stop-kept-up "$STOP_RC" "exit $STOP_RC after a finished job, not 0"
+STEP_S=$STOP_S
+pass stop-kept-up "SIGTERM ended the kept-up container in $STOP_S s, exit 0 (sshd stopped, nothing killed)"
+
+# ---- 5. without PUBLIC_KEY: SIGTERM in the middle of training, restart resumes; a failure is not rerun -
+container stop
+# more epochs than the pipeline test, so training is still going when the stop comes
+begin stop-training "podman run -d $IMAGE deploy --demo --out /workspace/stopped -- ... --epochs 40; at the first training row: podman stop -t 10"
+"${RUN_KEEP[@]}" -d --name "$C" "$IMAGE" deploy --demo --out /workspace/stopped -- "${FORECAST_ARGS[@]}" --epochs 40 \
+  >> "$STEP_LOG" 2>&1 || fail stop-training 1 "podman run -d failed"
+wait_for stop-training 1200 file_has "$WS/stopped/forecast/metrics.jsonl" '"kind": "train"'
+stop_pod stop-training
+STEP_RC=$STOP_RC
+expect stop-training "entrypoint: SSH off: no PUBLIC_KEY given"
+expect stop-training "deploy: got SIGTERM in phase 'train'"
+grep -qx 'state=stopped' "$WS/stopped/deploy-forecast.state" || fail stop-training "$STOP_RC" "the state file does not say stopped"
+reason=$(json_get "$WS/stopped/forecast/results.json" training stop_reason 2>/dev/null || echo none)
+[[ "$reason" == signal ]] || fail stop-training "$STOP_RC" "results.json's stop_reason is '$reason', not signal"
+metas=("$WS"/stopped/forecast/checkpoints/meta_*.json)
+[[ -f "${metas[0]}" ]] || fail stop-training "$STOP_RC" "no complete checkpoint (meta_*.json) after the stop"
+STEP_S=$STOP_S
+pass stop-training "SSH off, said so; SIGTERM mid-training: $(basename "${metas[-1]}"), results.json stop_reason signal, state stopped; the container exited $STOP_RC (the deploy's code) in $STOP_S s"
+
+begin resume "podman start (the pod started again): the stopped job resumes"
+"${PODMAN[@]}" start "$C" >> "$STEP_LOG" 2>&1 || fail resume 1 "podman start failed"
+wait_for resume 600 log_has "was stopped in phase train: resuming it"
+wait_for resume 900 file_has "$WS/stopped/deploy-forecast.log" "resumed from checkpoint step"
+STEP_S=$(since "$STEP_T0")
+resumed=$(grep -o 'resumed from checkpoint step [0-9]*' "$WS/stopped/deploy-forecast.log" | tail -n1)
+RESUME_S=$STEP_S
+stop_pod resume
+STEP_RC=$STOP_RC STEP_S=$RESUME_S
+pass resume "on start the state file said stopped: the deploy ran again and $resumed (in $RESUME_S s); stopped again in $STOP_S s"
+
+container failed
+begin failed-not-rerun "podman run -d $IMAGE deploy --demo --out /workspace/failed -- ... --epochs 0; podman stop; podman start"
+"${RUN_KEEP[@]}" -d --name "$C" "$IMAGE" deploy --demo --out /workspace/failed -- "${FORECAST_ARGS[@]}" --epochs 0 \
+  >> "$STEP_LOG" 2>&1 || fail failed-not-rerun 1 "podman run -d failed"
+wait_for failed-not-rerun 600 log_has "the deploy of forecast FAILED in phase train"
+sleep 3
+running "$C" || { save_logs; fail failed-not-rerun "$(exit_of "$C")" "the container ended after the failed job"; }
+stop_pod failed-not-rerun
+"${PODMAN[@]}" start "$C" >> "$STEP_LOG" 2>&1 || fail failed-not-rerun 1 "podman start failed"
+wait_for failed-not-rerun 120 log_has "FAILED earlier in phase train (exit 2"
+sleep 3
+running "$C" || { save_logs; fail failed-not-rerun "$(exit_of "$C")" "the container ended after saying the job failed"; }
+runs=$(grep -cE '^deploy_8gpu.sh [0-9]{4}-' "$WS/failed/deploy-forecast.log" || true)  # its first line, once per run
+[[ "$runs" == 1 ]] || fail failed-not-rerun 1 "the deploy ran $runs times, not once"
+stop_pod failed-not-rerun
+STEP_RC=$STOP_RC
+[[ "$STOP_RC" == 2 ]] || fail failed-not-rerun "$STOP_RC" "exit $STOP_RC, not the failed deploy's 2"
+done_ok failed-not-rerun "failed in phase train, container kept up; restarted: not rerun (one deploy in its log), still up; stopped: exit 2"
 
 if [[ "$GNN" -eq 1 ]]; then
   container gnn
-  step gnn 0 "${RUN[@]}" --name "$C" "$IMAGE" gnn --demo --out /workspace/output "${GNN_ARGS[@]}"
+  step gnn 0 "${RUN[@]}" --name "$C" -e EXIT_WHEN_DONE=1 "$IMAGE" gnn --demo --out /workspace/output "${GNN_ARGS[@]}"
   expect gnn "deploy finished"
-  pass gnn "gnn: data, train (2 gloo workers), export, package"
+  expect gnn "entrypoint: SSH off: no PUBLIC_KEY given"
+  pass gnn "gnn with EXIT_WHEN_DONE=1: data, train (2 gloo workers), export, package, then the container exited 0"
   verify_tarball gnn
 fi
 
