@@ -47,13 +47,13 @@ def test_changing_every_bar_after_t_moves_no_feature_at_or_before_t(case):
     make, text = CASES[case]
     bars = make()
     tfs = tfs_of(bars, text)
-    feats, names = raw_features(bars, tfs)
+    feats, names, _ = raw_features(bars, tfs)
     rng = np.random.default_rng(1)
     ts = pd.DatetimeIndex(bars.ts)
     moved_later = {tf.label: False for tf in tfs}
     for t in range(len(bars) - 1):  # every t: a leak may show only at a rare calendar corner
         changed = bars.replace_after(t, rng)
-        got, _ = raw_features(changed, tfs)
+        got, _, _ = raw_features(changed, tfs)
         same = np.isclose(got[: t + 1], feats[: t + 1], rtol=0, atol=0, equal_nan=True)
         assert same.all(), (f"{case}: features at or before {ts[t]} moved when later bars changed: "
                             f"{[names[j] for j in np.flatnonzero(~same.all(axis=0))]}")
@@ -90,7 +90,7 @@ def test_the_seeds_open_time_join_fails_the_same_check():
 ])
 def test_a_higher_bar_becomes_visible_exactly_at_the_bar_that_closes_it(case, tf, closing):
     bars = CASES[case][0]()
-    feats, names = raw_features(bars, tfs_of(bars, CASES[case][1]))
+    feats, names, _ = raw_features(bars, tfs_of(bars, CASES[case][1]))
     ts = pd.DatetimeIndex(bars.ts)
     gap = feats[:, names.index(f"{tf}:gap")]  # log(close now / close of the last closed higher bar)
     ret = feats[:, names.index(f"{tf}:ret")]
@@ -106,7 +106,7 @@ def test_a_weekday_calendar_holiday_friday_shows_the_week_at_the_next_bar():
     days = pd.bdate_range("2021-01-04", periods=60)
     days = days[days != pd.Timestamp("2021-01-29")]  # a Friday without trading
     bars = make_bars(days)
-    feats, names = raw_features(bars, tfs_of(bars, "1d,1w"))
+    feats, names, _ = raw_features(bars, tfs_of(bars, "1d,1w"))
     gap = pd.Series(feats[:, names.index("1w:gap")], index=days)
     assert gap[pd.Timestamp("2021-01-28")] != 0  # Thursday: Friday might still trade, the week is open
     prev_week_close = bars.close[days.get_loc(pd.Timestamp("2021-01-28"))]

@@ -33,6 +33,8 @@ def bars_file(path, tickers, freq="h", periods=200):
     (["--jobs-per-gpu", "2"], "--jobs-per-gpu 2 packs workers onto GPUs; on CPU"),
     (["--symbols", "SYN000", "--tickers-file", "x.txt"], "give --symbols or --tickers-file, not both"),
     (["--source", "nasdaq"], "--source 'nasdaq' is not one of"),
+    (["--symbols", ""], "--symbols '' names no symbol"),  # it once meant "every symbol"
+    (["--symbols", " , "], "--symbols ' , ' names no symbol"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, needle, capsys):
     run_dir = tmp_path / "job"
@@ -65,6 +67,29 @@ def test_bad_files_are_refused_before_anything_is_written(tmp_path, capsys):
         assert not run_dir.exists()
 
 
+def test_blank_ticker_cells_are_refused_not_trained_as_a_symbol_named_nan(tmp_path, capsys):
+    """The LSTM's own reader once read empty ticker cells as the text 'nan' and trained a symbol NAN
+    from them (the market reader, which it now uses, refuses the file)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ts = pd.date_range("2023-01-01", periods=24 * 40, freq="h")
+    series = []
+    for ticker in ("BTC-USD", None):  # a whole second series without its name
+        close = 100 * np.exp(np.cumsum(rng.normal(0, 0.004, len(ts))))
+        series.append(pd.DataFrame({"date": ts, "ticker": ticker, "open": close, "high": close * 1.002,
+                                    "low": close * 0.998, "close": close, "volume": 1e3}))
+    path = tmp_path / "bars.csv"
+    pd.concat(series).to_csv(path, index=False)
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", "--run-dir", str(run_dir), "--source", f"file:{path}", "--window", "16",
+                 "--hidden", "8", "--epochs", "1", "--no-export", "--device", "cpu"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "960 row(s) have no ticker (first: row 961 of the data, dated 2023-01-01 00:00:00); " \
+        "give every row a symbol" in lines[0], lines
+    assert not run_dir.exists()
+
+
 def test_jobs_per_gpu_binds_k_workers_to_each_gpu(monkeypatch):
     import torch
 
@@ -90,6 +115,8 @@ def test_evaluate_and_export_pick_only_symbols_the_job_has():
     assert job_symbols(job, None) == ["BTC-USD", "ETH-USD"] and job_symbols(job, "eth-usd") == ["ETH-USD"]
     with pytest.raises(UsageError, match="--symbols SOL-USD: not in this job \\(it has BTC-USD, ETH-USD\\)"):
         job_symbols(job, "BTC-USD,SOL-USD")
+    with pytest.raises(UsageError, match="--symbols '' names no symbol"):  # not "all of them"
+        job_symbols(job, "")
 
 
 def test_the_deploys_check_only_start_passes_and_writes_nothing(tmp_path, monkeypatch, capsys):
@@ -103,3 +130,25 @@ def test_the_deploys_check_only_start_passes_and_writes_nothing(tmp_path, monkey
     assert not run_dir.exists()
     assert main(["lstm", "train", "--run-dir", str(run_dir), *TINY, "--window", "400"]) == 2  # a check still fails
     assert not run_dir.exists()
+
+
+def test_the_same_job_folder_under_another_spelling_or_moved_resumes(tmp_path, monkeypatch, capsys):
+    """`--run-dir x`, then `./x`, the absolute path, or the folder moved: the same job (the job's and
+    each symbol's config once recorded the spelling and refused every other as "a different config")."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    args = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--epochs", "1", "--batch-size", "64",
+            "--no-export"]
+    monkeypatch.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:always")
+    assert main([*args, "--run-dir", "x"]) == 1  # SYN001 failed: the next launch trains it again
+    monkeypatch.delenv("TRAINERS_FAULT_RAISE")
+    assert main([*args, "--run-dir", "./x"]) == 0  # the job's config, then SYN001's own folder's
+    status = lambda folder: {s: r["status"] for s, r in json.loads((tmp_path / folder / "results.json")  # noqa: E731
+                                                                   .read_text())["symbols"].items()}
+    assert status("x") == {"SYN000": "ok", "SYN001": "ok"}
+    assert main([*args, "--run-dir", str(tmp_path / "x")]) == 0
+    (tmp_path / "x").rename(tmp_path / "moved")
+    assert main([*args, "--run-dir", "moved"]) == 0
+    assert status("moved") == {"SYN000": "ok", "SYN001": "ok"}
+    assert "different config" not in capsys.readouterr().err

@@ -43,3 +43,39 @@ def test_five_symbols_on_two_workers_with_one_failing_and_one_retried(tmp_path):
     assert "| SYN003 | ok |" in md and "SYN001: RuntimeError" in md
     log = (run_dir / "training.log").read_text()
     assert "[worker 0 cpu]" in log and "[worker 1 cpu]" in log and "SYN002: try 1 failed" in log
+
+
+def close_only_csv(path, symbols=("A", "B"), days=700, seed=0):
+    """date, ticker, close: what the forecaster accepts, and the LSTM once refused ("lacks column(s)
+    open, high, low, volume")."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    dates = pd.bdate_range("2018-01-01", periods=days)
+    rows = [pd.DataFrame({"date": dates.strftime("%Y-%m-%d"), "ticker": s,
+                          "close": 50 * np.exp(np.cumsum(rng.normal(0, 0.01, days)))}) for s in symbols]
+    pd.concat(rows).to_csv(path, index=False)
+    return path
+
+
+def test_a_close_only_file_trains_on_two_workers_and_reports_the_features_left_out(tmp_path):
+    csv = close_only_csv(tmp_path / "close_only.csv")
+    run_dir = tmp_path / "job"
+    run_torchrun(["lstm", "train", "--source", f"file:{csv}", "--symbols", "A,B", "--run-dir", str(run_dir),
+                  "--window", "16", "--hidden", "8", "--batch-size", "64", "--epochs", "1"])
+    r = json.loads((run_dir / "results.json").read_text())
+    assert {s: row["status"] for s, row in r["symbols"].items()} == {"A": "ok", "B": "ok"}
+    lacks = {"1d:range_hl": "needs high, low, which the data lacks", "1d:ret_oc": "needs open, which the data lacks",
+             "1d:volume_z": "needs volume, which the data lacks", "1w:range_hl": "needs high, low, which the data lacks",
+             "1M:range_hl": "needs high, low, which the data lacks"}
+    assert r["data"]["features_left_out"] == {"A": lacks, "B": lacks}  # the job's summary
+    assert r["data"]["sources"] == {f"file:{csv.resolve()}": 2}  # provenance from the market reader
+    assert r["data"]["validation"]["columns_absent"] == ["open", "high", "low", "volume"]
+    kept = ["1d:ret", "1d:vol_20", "1w:ret", "1w:gap", "1M:ret", "1M:gap"]
+    for s in ("A", "B"):
+        one = json.loads((run_dir / "symbols" / s / "results.json").read_text())
+        assert one["data"]["features"] == kept and one["data"]["features_left_out"] == lacks  # each symbol's own
+        assert one["model"]["n_features"] == len(kept) and one["preprocessing"]["features"] == kept
+        assert one["export"]["input"]["shape"] == ["batch", 16, len(kept)]  # the ONNX takes what the model was fed
+    assert "Features left out" in (run_dir / "results.md").read_text()

@@ -1,9 +1,12 @@
 """Each symbol's base bars, on its own calendar, from the market sources.
 
-Daily bars come through trainers.market.sources (synthetic, the yfinance cache, yfinance); a user
-file may hold daily, hourly or minute bars (`date` with a time of day), read here because the
-market package's long table keeps dates only. Every symbol keeps its own timestamps: stocks trade
-on weekdays, crypto seven days a week, and nothing is forced onto a shared date index.
+Every source goes through trainers.market.sources, as for the forecaster and PPO (its reader, column
+names, symbol spelling, validation and provenance): synthetic, the yfinance cache, yfinance (daily),
+or a user file of daily, hourly or minute bars (`keep_time`: a file's dates keep their time of day).
+A file needs date, ticker and close; open, high, low and volume are used when it has them (the
+features that need a missing one are left out, trainers.lstm.features). Every symbol keeps its own
+timestamps: stocks trade on weekdays, crypto seven days a week, and nothing is forced onto a shared
+date index.
 
 The base interval is the shortest gap between two bars of a symbol (so no two bars overlap, which
 the no-look-ahead argument in trainers.lstm.features relies on); every symbol of a job must have
@@ -13,17 +16,15 @@ the same one.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from trainers.errors import UsageError
-from trainers.lstm.config import LstmConfig, Timeframe, check_symbols, parse_symbols, read_symbols_file, to_symbol
-from trainers.market.panel import COLUMNS
+from trainers.lstm.config import LstmConfig, Timeframe
 from trainers.market.sources import DataRequest, load_source
+from trainers.market.symbols import parse_symbols, read_symbols_file, unique_symbols
 from trainers.market.universe import load_universe
-from trainers.market.validate import validate_long_table
 
 WEEKDAYS, SEVEN_DAYS = "weekdays", "7 days"
 
@@ -42,6 +43,10 @@ class Bars:
 
     def __len__(self) -> int:
         return len(self.ts)
+
+    def absent_columns(self) -> list[str]:
+        """Columns with no value at all (a close-only file has no open, high, low or volume)."""
+        return [c for c in ("open", "high", "low", "volume") if not np.isfinite(getattr(self, c)).any()]
 
     def replace_after(self, t: int, rng: np.random.Generator) -> "Bars":
         """A copy whose bars after index t are replaced by other, valid prices (for the look-ahead test)."""
@@ -81,90 +86,44 @@ def calendar_of(ts: np.ndarray) -> str:
     return SEVEN_DAYS if (weekday >= 5).any() else WEEKDAYS
 
 
-def read_bars_file(path: str) -> pd.DataFrame:
-    """A user's long table (CSV or parquet) with `date` kept to the second (intraday bars)."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"--source file:{path}: no such file")
-    suffix = "".join(p.suffixes[-2:]).lower()
-    try:
-        if suffix.endswith((".parquet", ".pq")):
-            frame = pd.read_parquet(p)
-        elif suffix.endswith((".csv", ".csv.gz")):
-            frame = pd.read_csv(p)
-        else:
-            raise UsageError(f"--source file:{path}: unknown format {p.suffix!r}; use .csv, .csv.gz or .parquet")
-    except (ValueError, OSError) as exc:
-        raise UsageError(f"--source file:{path} could not be read: {str(exc).splitlines()[0]}") from None
-    frame = frame.rename(columns={c: str(c).strip().lower() for c in frame.columns})
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise UsageError(f"--source file:{path} lacks column(s) {', '.join(missing)}; need {', '.join(COLUMNS)}")
-    out = frame[list(COLUMNS)].copy()
-    try:  # offsets -> UTC, naive times taken as UTC; ISO dates with or without a time, else any format
-        dates = pd.to_datetime(out["date"], utc=True, format="ISO8601")
-    except (ValueError, TypeError):
-        try:
-            dates = pd.to_datetime(out["date"], utc=True, format="mixed")
-        except (ValueError, TypeError) as exc:
-            raise UsageError(f"--source file:{path}: unparseable date ({str(exc).splitlines()[0]})") from None
-    out["date"] = dates.dt.tz_localize(None)
-    out["ticker"] = out["ticker"].astype(str)
-    for c in COLUMNS[2:]:
-        out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
-    return out
-
-
 def requested_symbols(cfg: LstmConfig) -> list[str] | None:
     """--symbols, --tickers-file, the universe (yfinance) or None (every symbol the source has)."""
-    if cfg.symbols:
+    if cfg.symbols is not None:
         return parse_symbols(cfg.symbols)
-    if cfg.tickers_file:
+    if cfg.tickers_file is not None:
         return read_symbols_file(cfg.tickers_file)
     if cfg.source == "yfinance":
-        return check_symbols(load_universe(cfg.universe)["symbol"].tolist(), f"--universe {cfg.universe}")
+        return unique_symbols(load_universe(cfg.universe)["symbol"].tolist(), f"--universe {cfg.universe}")
     return None
 
 
-def _long_table(cfg: LstmConfig, wanted: list[str] | None, log) -> tuple[pd.DataFrame, dict]:
-    if cfg.source.startswith("file:"):
-        frame = read_bars_file(cfg.source[5:])
-        names = {raw: to_symbol(raw) for raw in frame["ticker"].unique()}
-        if wanted is None:  # every ticker of the file becomes a folder name: each must be a symbol
-            check_symbols(list(names.values()), f"--source {cfg.source}", list(names))
-        frame["ticker"] = frame["ticker"].map(names)
-        if cfg.start or cfg.end:
-            if cfg.start:
-                frame = frame[frame["date"] >= pd.Timestamp(cfg.start)]
-            if cfg.end:
-                frame = frame[frame["date"] < pd.Timestamp(cfg.end)]
-        if wanted is not None:
-            frame = frame[frame["ticker"].isin(wanted)]
-        if frame.empty:
-            raise UsageError(f"--source {cfg.source}: no rows for the requested symbols and dates")
-        frame, report = validate_long_table(frame, 1)
-        return frame, {"source": cfg.source, "synthetic": False, "validation": report}
-    request = DataRequest(source=cfg.source, tickers=None if cfg.source == "synthetic" else wanted,
-                          cache_dir=cfg.cache_dir, start=cfg.start, end=cfg.end, years=cfg.years, min_rows=1,
-                          synthetic_tickers=cfg.synthetic_tickers, synthetic_days=cfg.synthetic_days,
-                          synthetic_seed=cfg.data_seed, synthetic_momentum=cfg.synthetic_momentum)
-    return load_source(request, log=log)
+def data_request(cfg: LstmConfig, wanted: list[str] | None) -> DataRequest:
+    """The market sources' request for this job. A file keeps its bars' times of day (hourly, minute
+    bars) and is read whole unless --start/--end say otherwise (--years is for yfinance and the cache);
+    the synthetic market names its own symbols (filtered after)."""
+    file = cfg.source.startswith("file:")
+    return DataRequest(source=cfg.source, tickers=None if cfg.source == "synthetic" else wanted,
+                       cache_dir=cfg.cache_dir, start=cfg.start, end=cfg.end, years=None if file else cfg.years,
+                       min_rows=1, synthetic_tickers=cfg.synthetic_tickers, synthetic_days=cfg.synthetic_days,
+                       synthetic_seed=cfg.data_seed, synthetic_momentum=cfg.synthetic_momentum, keep_time=file)
 
 
 def load_bars(cfg: LstmConfig, log=print) -> tuple[dict[str, Bars], dict]:
     """{symbol: Bars} in the order asked for (or sorted), and the source's info. Unknown symbols,
-    malformed names and mixed bar intervals are refused before anything is written."""
+    malformed names and mixed bar intervals are refused before anything is written. Columns a source
+    lacks (a close-only file) come as all-NaN arrays: the features that need them are left out."""
     wanted = requested_symbols(cfg)
-    frame, info = _long_table(cfg, wanted, log)
+    frame, info = load_source(data_request(cfg, wanted), log=log)
     frame["ticker"] = frame["ticker"].astype(str)
     have = sorted(frame["ticker"].unique().tolist())
     if wanted is None:
-        wanted = check_symbols(have, f"--source {cfg.source}")  # names from a file or cache become folders
+        wanted = unique_symbols(have, f"--source {cfg.source}")  # names from a source become folders
     unknown = [s for s in wanted if s not in set(have)]
     if unknown:
         sample = ", ".join(have[:8]) + (f" ... ({len(have)} in all)" if len(have) > 8 else "")
+        asked = "" if cfg.source == "synthetic" else " of those asked for"  # the others were read for these only
         raise UsageError(f"unknown symbol(s) {', '.join(unknown[:10])}: --source {cfg.source} has no bars for "
-                         f"them (it has {sample or 'none'})")
+                         f"them (it has {sample or 'none'}{asked})")
     out: dict[str, Bars] = {}
     for symbol, rows in frame.groupby("ticker", sort=False, observed=True):
         if symbol not in wanted:

@@ -1,4 +1,5 @@
-"""The per-symbol LSTM's options, the symbol grammar and the timeframe grammar.
+"""The per-symbol LSTM's options and the timeframe grammar (symbols are spelled and checked by
+trainers.market.symbols, as for every trainer).
 
 No torch or pandas here: `trainers lstm train --help` must answer at once.
 """
@@ -7,10 +8,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from trainers.errors import UsageError
-from trainers.market.symbols import SYMBOL_HINT, is_symbol, to_yfinance_symbol
+from trainers.market.symbols import parse_symbols
 from trainers.runtime.config import option
 from trainers.runtime.options import RunOptions
 
@@ -22,53 +22,15 @@ DAY = 1440
 AUTO_TIMEFRAMES = {"1d": "1d,1w,1M", "1h": "1h,4h,1d", "1m": "1m,15m,1h,4h"}
 
 
-def to_symbol(text: str) -> str:
-    """' brk.b ' / 'BTC/USD' -> 'BRK-B' / 'BTC-USD' (yfinance spelling; the market package's rule, plus
-    '/' between two currencies)."""
-    text = str(text).strip().upper()
-    return to_yfinance_symbol(re.sub(r"^([A-Z0-9]+)/([A-Z]{2,4})$", r"\1-\2", text))
-
-
-def check_symbols(symbols: list[str], where: str, given: list[str] | None = None) -> list[str]:
-    """`symbols` against the grammar (`given`: the text they came from, for the message), once each."""
-    bad = [g for s, g in zip(symbols, given or symbols) if not is_symbol(s)]  # the market package's one grammar
-    if bad:
-        raise UsageError(f"{where}: malformed symbol(s) {', '.join(map(repr, bad[:10]))}; {SYMBOL_HINT}")
-    dups = sorted({s for s in symbols if symbols.count(s) > 1})
-    if dups:
-        raise UsageError(f"{where}: duplicate symbol(s) {', '.join(dups[:10])}; each symbol may appear once")
-    if not symbols:
-        raise UsageError(f"{where}: no symbols")
-    return symbols
-
-
-def parse_symbols(text: str, where: str = "--symbols") -> list[str]:
-    given = [s for s in re.split(r"[,\s]+", text) if s.strip()]
-    return check_symbols([to_symbol(s) for s in given], where, given)
-
-
 def job_symbols(job: dict, symbols: str | None) -> list[str]:
     """The symbols of a job's results.json that `--symbols` names (all of them when None); one line
     naming any the job does not have."""
     have = job.get("symbols", {})
-    wanted = parse_symbols(symbols) if symbols else list(have)
+    wanted = parse_symbols(symbols) if symbols is not None else list(have)  # '' is refused, not "all"
     unknown = [s for s in wanted if s not in have]
     if unknown:
         raise UsageError(f"--symbols {', '.join(unknown)}: not in this job (it has {', '.join(have)})")
     return wanted
-
-
-def read_symbols_file(path: str) -> list[str]:
-    """One symbol per line or comma separated, '#' starts a comment; or a CSV with a `symbol` column."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"--tickers-file {path}: no such file")
-    lines = p.read_text().splitlines()
-    header = lines[0].split(",") if lines else []
-    if header and header[0].strip().lower() == "symbol":
-        given = [line.split(",")[0] for line in lines[1:] if line.strip()]
-        return check_symbols([to_symbol(g) for g in given], f"--tickers-file {path}", given)
-    return parse_symbols(" ".join(line.split("#", 1)[0] for line in lines), f"--tickers-file {path}")
 
 
 @dataclass(frozen=True)
@@ -137,13 +99,16 @@ def resolve_timeframes(text: str, base: Timeframe) -> list[Timeframe]:
 
 
 def n_features(n_timeframes: int) -> int:
-    """5 features of the base bars + 3 per higher timeframe (see trainers.lstm.features)."""
+    """5 features of the base bars + 3 per higher timeframe (see trainers.lstm.features): the count
+    with every column present, what the planner sizes; a close-only symbol's model has fewer."""
     return 5 + 3 * (n_timeframes - 1)
 
 
 @dataclass
 class LstmConfig(RunOptions):
-    run_dir: str = option("runs/lstm", "job folder: a run folder per symbol under symbols/, the summary beside them")
+    # where the folder is now: `x`, `./x`, its absolute path or a moved copy are the same job
+    run_dir: str = option("runs/lstm", "job folder: a run folder per symbol under symbols/, the summary beside them",
+                          resume_safe=True)
     # symbols and data
     symbols: str | None = option(None, "comma-separated symbols, e.g. AAPL,BRK-B or BTC-USD (default: every symbol "
                                  "the source has; --universe for yfinance)", resume_safe=True)
@@ -151,8 +116,8 @@ class LstmConfig(RunOptions):
                                       resume_safe=True)
     universe: str = option("sp500", "symbols for --source yfinance when none are given", choices=("sp500",))
     source: str = option("synthetic", "bars: synthetic, yfinance (daily, cached), cache (daily) or file:PATH "
-                         "(CSV/parquet with date[+time], ticker, open, high, low, close, volume; minute, hour or "
-                         "daily bars)")
+                         "(CSV/parquet with date[+time], ticker, close and, when it has them, open, high, low, "
+                         "volume: features that need a missing one are left out; minute, hour or daily bars)")
     cache_dir: str = option("cache/sp500", "parquet price cache of the yfinance and cache sources", resume_safe=True)
     years: float = option(10.0, "history for yfinance/cache when --start is not given", gt=0)
     start: str | None = option(None, "first date (YYYY-MM-DD); fixed in config.json on the first run")
@@ -202,8 +167,8 @@ class LstmConfig(RunOptions):
         check_source(self.source)
         if self.val_frac + self.test_frac >= 1:
             raise UsageError(f"--val-frac {self.val_frac} and --test-frac {self.test_frac} must sum to less than 1")
-        if self.symbols and self.tickers_file:
+        if self.symbols is not None and self.tickers_file is not None:
             raise UsageError("give --symbols or --tickers-file, not both")
-        if self.symbols:
+        if self.symbols is not None:  # --symbols '' must not quietly mean every symbol
             parse_symbols(self.symbols)
         parse_timeframes(self.timeframes)

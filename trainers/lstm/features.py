@@ -6,7 +6,13 @@ Base bar i opens at ts[i] and closes at ts[i] + base. Every feature at bar i is 
   open-to-close return, volume against its 20-bar mean, 20-bar volatility);
 - for each higher timeframe (1w, 1M over daily bars; 4h, 1d over hourly ones), three features of
   the last higher bar that has CLOSED: its return over the one before, its high-low range, and the
-  current base close against its close. A higher bar is the period [start, end) (4h buckets from
+  current base close against its close.
+
+A feature that needs a column the symbol's data lacks (a close-only file has no open, high, low or
+volume: the ranges, the open-to-close return and the volume score) is left out, not filled with
+made-up values, as the forecaster does (trainers.market.windows.available_features); the names and
+reasons go into the symbol's results.json (`data.features_left_out`) and the job's summary, and the
+model's input size is the number of features kept. A higher bar is the period [start, end) (4h buckets from
   midnight, days, Monday-to-Sunday weeks, calendar months) and aggregates the base bars that open
   inside it. It closes at bar i when end <= e[i], the earliest time the next bar can open: ts[i] +
   base, or for daily bars on a weekday calendar the next weekday's midnight (a stock's week closes
@@ -33,12 +39,24 @@ import torch
 
 from trainers.errors import UsageError
 from trainers.lstm.bars import SEVEN_DAYS, Bars
-from trainers.lstm.config import LstmConfig, Timeframe, n_features
+from trainers.lstm.config import LstmConfig, Timeframe
 from trainers.market.panel import Panel
-from trainers.market.windows import CLIP, LOOKBACK, SPLITS, SplitPlan, causal_features, plan_splits, window_complete
+from trainers.market.windows import (
+    CLIP,
+    LOOKBACK,
+    SPLITS,
+    SplitPlan,
+    absent_columns,
+    available_features,
+    causal_features,
+    plan_splits,
+    window_complete,
+)
 
-BASE_FEATURES = ("ret", "range_hl", "ret_oc", "volume_z", "vol_20")  # causal_features' columns, in order
-HIGHER_FEATURES = ("ret", "range_hl", "gap")
+# causal_features' names -> the LSTM's (what its exported preprocessing has always called them)
+BASE_FEATURES = {"ret_1d": "ret", "range_hl": "range_hl", "ret_oc": "ret_oc", "volume_z": "volume_z",
+                 "vol_20d": "vol_20"}
+HIGHER_FEATURES = {"ret": ("close",), "range_hl": ("high", "low"), "gap": ("close",)}  # and the columns each needs
 NS_PER_MIN = 60 * 10**9
 
 
@@ -97,19 +115,30 @@ def higher_timeframe_features(bars: Bars, tf: Timeframe) -> np.ndarray:
     return out
 
 
-def raw_features(bars: Bars, timeframes: list[Timeframe]) -> tuple[np.ndarray, list[str]]:
-    """[bars, F] unnormalised features (NaN where not yet defined) and their names."""
+def raw_features(bars: Bars, timeframes: list[Timeframe]) -> tuple[np.ndarray, list[str], dict[str, str]]:
+    """[bars, F] unnormalised features (NaN where not yet defined), their names, and {feature left
+    out: why} for those that need a column this symbol's bars lack."""
     panel = Panel(bars.ts, [bars.symbol], bars.open[:, None], bars.high[:, None], bars.low[:, None],
                   bars.close[:, None], bars.volume[:, None])
-    parts = [causal_features(panel)[:, 0, :]]
-    names = [f"{timeframes[0].label}:{n}" for n in BASE_FEATURES]
+    base = timeframes[0].label
+    kept, why = available_features(panel)
+    parts = [causal_features(panel, kept)[:, 0, :]]
+    names = [f"{base}:{BASE_FEATURES[f]}" for f in kept]
+    left_out = {f"{base}:{BASE_FEATURES[f]}": reason for f, reason in why.items()}
+    absent = set(absent_columns(panel))
     for tf in timeframes[1:]:
-        parts.append(higher_timeframe_features(bars, tf))
-        names += [f"{tf.label}:{n}" for n in HIGHER_FEATURES]
+        higher = higher_timeframe_features(bars, tf)
+        for j, (name, needs) in enumerate(HIGHER_FEATURES.items()):
+            lacking = [c for c in needs if c in absent]
+            if lacking:
+                left_out[f"{tf.label}:{name}"] = f"needs {', '.join(lacking)}, which the data lacks"
+            else:
+                parts.append(higher[:, j:j + 1])
+                names.append(f"{tf.label}:{name}")
     feats = np.concatenate(parts, axis=1)
     feats[~np.isfinite(feats)] = np.nan
-    assert feats.shape[1] == n_features(len(timeframes))
-    return feats, names
+    assert feats.shape[1] == len(names)
+    return feats, names, left_out
 
 
 def higher_history_bars(timeframes: list[Timeframe]) -> int:
@@ -179,6 +208,7 @@ class SymbolData:
     horizon: int
     plan: SplitPlan
     feature_names: list[str]
+    features_left_out: dict[str, str]  # feature -> why (a column the data lacks)
     feature_mean: list[float]
     feature_std: list[float]
     timeframes: list[Timeframe]
@@ -207,7 +237,8 @@ class SymbolData:
         label = self.label.cpu().numpy()
         return {"symbol": self.symbol, "bars": int(len(self.ts)), "first_bar": stamp(0), "last_bar": stamp(-1),
                 "base_timeframe": self.timeframes[0].label, "timeframes": [t.label for t in self.timeframes],
-                "calendar": self.calendar, "features": self.feature_names, "window": self.window,
+                "calendar": self.calendar, "features": self.feature_names,
+                "features_left_out": self.features_left_out, "window": self.window,
                 "horizon": self.horizon, "embargo_bars": self.plan.embargo,
                 "anchors": {s: [stamp(a), stamp(b - 1)] for s, (a, b) in self.plan.ranges.items()},
                 "samples": {s: int(len(v)) for s, v in labelled.items()},
@@ -227,7 +258,7 @@ class SymbolData:
 def build_symbol_data(bars: Bars, cfg: LstmConfig, timeframes: list[Timeframe]) -> SymbolData:
     n = len(bars)
     plan = plan_symbol_splits(bars.symbol, n, cfg, timeframes)
-    feats, names = raw_features(bars, timeframes)
+    feats, names, left_out = raw_features(bars, timeframes)
     ret_h, label = direction_target(bars.close, cfg.horizon, cfg.dead_zone)
     ret_1, _ = direction_target(bars.close, 1, 0.0)
     past_ret = np.full(n, np.nan)
@@ -261,6 +292,7 @@ def build_symbol_data(bars: Bars, cfg: LstmConfig, timeframes: list[Timeframe]) 
         symbol=bars.symbol, ts=bars.ts, features=torch.from_numpy(norm.astype(np.float32)),
         label=torch.from_numpy(label.astype(np.float32)), ret_h=ret_h, ret_1=ret_1, past_ret=past_ret,
         ids={k: torch.from_numpy(v.astype(np.int64)) for k, v in ids.items()}, trade_ids=trade_ids,
-        window=cfg.window, horizon=cfg.horizon, plan=plan, feature_names=names, feature_mean=mean.tolist(),
+        window=cfg.window, horizon=cfg.horizon, plan=plan, feature_names=names, features_left_out=left_out,
+        feature_mean=mean.tolist(),
         feature_std=std.tolist(), timeframes=timeframes, calendar=bars.calendar,
         pos_weight=n_down / n_up if cfg.class_weights else 1.0, train_up_rate=n_up / len(train_labels))

@@ -71,10 +71,18 @@ def prepare_job(cfg: LstmConfig, log=print) -> JobPlan:
     bars, source = load_bars(cfg, log)
     symbols = list(bars)
     timeframes = resolve_timeframes(cfg.timeframes, bars[symbols[0]].base)
-    total = {}
+    total, left_out = {}, {}
     for s in symbols:  # every check a symbol can fail, now; the tensors are rebuilt when it is trained
         data = build_symbol_data(bars[s], symbol_config(cfg, s), timeframes)
         total[s] = planned_steps(cfg, len(data.ids["train"]))
+        if data.features_left_out:
+            left_out[s] = data.features_left_out
+    by_columns: dict[tuple, list[str]] = {}
+    for s in left_out:  # one line per set of missing columns, not per symbol
+        by_columns.setdefault((tuple(bars[s].absent_columns()), tuple(left_out[s])), []).append(s)
+    for (columns, names), which in by_columns.items():
+        log(f"{', '.join(which[:10])}{' ...' if len(which) > 10 else ''}: the data lacks {', '.join(columns)}; "
+            f"features left out: {', '.join(names)}")
     source = dict(source, base_timeframe=timeframes[0].label, timeframes=[t.label for t in timeframes],
-                  symbols=symbols, calendars={s: bars[s].calendar for s in symbols})
+                  symbols=symbols, calendars={s: bars[s].calendar for s in symbols}, features_left_out=left_out)
     return JobPlan(symbols, bars, timeframes, total, source)

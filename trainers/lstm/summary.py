@@ -177,6 +177,11 @@ def markdown(results: dict) -> str:
               f"over the same bars (the strategy is long when P(up) > 0.5, net of --cost-bps). "
               f"A model has skill only if its log loss beats the base rate's and its AUC clears 0.5 by 1.96 "
               f"standard errors.", ""]
+    left_out = data.get("features_left_out") or {}
+    if left_out:  # a close-only file: say which inputs the models never had
+        lines += ["Features left out (the data lacks the columns they need): " +
+                  "; ".join(f"{s}: {', '.join(names)}" for s, names in list(left_out.items())[:20]) +
+                  (f"; ... ({len(left_out)} symbols)" if len(left_out) > 20 else "") + ".", ""]
     for split, title in (("test", "Test (the last period; used for nothing else)"),
                          ("val", "Validation (picked the checkpoint)")):
         lines += [f"## {title}", "",

@@ -14,9 +14,12 @@ PRICE_COLUMNS = ("open", "high", "low", "close")
 OPTIONAL_COLUMNS = ("open", "high", "low", "volume")  # what a close-only table may lack
 
 
-def normalise_columns(frame: pd.DataFrame, where: str, optional: tuple[str, ...] = ()) -> pd.DataFrame:
+def normalise_columns(frame: pd.DataFrame, where: str, optional: tuple[str, ...] = (),
+                      keep_time: bool = False) -> pd.DataFrame:
     """Lower-case column names; fail with the names of any missing column. Columns named in
-    `optional` may be missing: they are added empty (NaN), and whatever needs them is left out later."""
+    `optional` may be missing: they are added empty (NaN), and whatever needs them is left out later.
+    Dates become midnight (daily bars), or with `keep_time` keep their time of day (intraday bars:
+    offsets are converted to UTC, times without one are taken as UTC)."""
     names = [str(c).strip().lower() for c in frame.columns]
     clashing = sorted({n for n in names if names.count(n) > 1})
     if clashing:
@@ -31,9 +34,12 @@ def normalise_columns(frame: pd.DataFrame, where: str, optional: tuple[str, ...]
         raise UsageError(f"{where} lacks column(s) {', '.join(missing)}; need {', '.join(need)}{extra} "
                          f"(case-insensitive), found {', '.join(map(str, frame.columns))}")
     out = renamed.reindex(columns=list(COLUMNS))  # an absent optional column comes back all NaN
-    if not (pd.api.types.is_datetime64_dtype(out["date"]) and out["date"].dt.tz is None):
-        out["date"] = pd.to_datetime(out["date"]).dt.tz_localize(None)
-    out["date"] = out["date"].dt.normalize()
+    if keep_time:
+        out["date"] = _timestamps(out["date"])
+    else:
+        if not (pd.api.types.is_datetime64_dtype(out["date"]) and out["date"].dt.tz is None):
+            out["date"] = pd.to_datetime(out["date"]).dt.tz_localize(None)
+        out["date"] = out["date"].dt.normalize()
     blank = out["ticker"].isna() | (out["ticker"].astype(str).str.strip() == "")
     if blank.any():
         rows = np.flatnonzero(blank.to_numpy())
@@ -45,6 +51,18 @@ def normalise_columns(frame: pd.DataFrame, where: str, optional: tuple[str, ...]
         if out[c].dtype != np.float64:
             out[c] = pd.to_numeric(out[c], errors="coerce").astype("float64")
     return out
+
+
+def _timestamps(dates: pd.Series) -> pd.Series:
+    """Naive UTC timestamps to the second: ISO 8601 with or without a time and offset, else any format
+    pandas can read (raises ValueError when none fits)."""
+    if pd.api.types.is_datetime64_dtype(dates) and dates.dt.tz is None:
+        return dates
+    try:
+        parsed = pd.to_datetime(dates, utc=True, format="ISO8601")
+    except (ValueError, TypeError):
+        parsed = pd.to_datetime(dates, utc=True, format="mixed")
+    return parsed.dt.tz_localize(None)
 
 
 @dataclass

@@ -4,7 +4,8 @@
     yfinance       fetch what the cache lacks from Yahoo via yfinance, then read the cache
     cache          read the parquet cache only (no network)
     file:PATH      the user's long-format CSV or parquet (date, ticker, close; open, high, low and
-                   volume when it has them: features that need a missing column are left out)
+                   volume when it has them: features that need a missing column are left out).
+                   Dates are days, or with `keep_time` (the LSTM's intraday bars) timestamps.
 
 Real-data sources are validated (trainers.market.validate) before they reach training; the report
 and the exact tickers used go into results.json. Nothing falls back to synthetic data silently.
@@ -58,6 +59,7 @@ class DataRequest:
     synthetic_days: int = 2520
     synthetic_seed: int = 0
     synthetic_momentum: float = 0.03
+    keep_time: bool = False  # a file's dates keep their time of day (hourly, minute bars)
 
     def date_range(self) -> tuple[str, str]:
         end = self.end or (dt.date.today() + dt.timedelta(days=1)).isoformat()  # yfinance's end is exclusive
@@ -94,7 +96,9 @@ def file_date_range(req: DataRequest, frame: pd.DataFrame) -> tuple[str, str]:
     return req.date_range()
 
 
-def read_user_file(path: str) -> pd.DataFrame:
+def read_user_file(path: str, keep_time: bool = False) -> pd.DataFrame:
+    """A user's long table, columns normalised, tickers spelled like --tickers and checked. Dates are
+    midnight, or keep their time of day with `keep_time`."""
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--source file:{path}: no such file")
@@ -109,12 +113,13 @@ def read_user_file(path: str) -> pd.DataFrame:
     except (ValueError, OSError) as exc:
         raise UsageError(f"--source file:{path} could not be read: {str(exc).splitlines()[0]}") from None
     try:
-        frame = normalise_columns(frame, f"--source file:{path}", optional=OPTIONAL_COLUMNS)
+        frame = normalise_columns(frame, f"--source file:{path}", optional=OPTIONAL_COLUMNS, keep_time=keep_time)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--source file:{path} has unparseable values: {str(exc).splitlines()[0]}") from None
     # the same spelling as --tickers and the universes (BRK.B, brk/b -> BRK-B), so they match
-    frame["ticker"] = frame["ticker"].astype(str).map(to_yfinance_symbol)
-    check_symbols(sorted(frame["ticker"].unique()), f"--source file:{path}")
+    spelled = {raw: to_yfinance_symbol(raw) for raw in sorted(frame["ticker"].astype(str).unique())}
+    frame["ticker"] = frame["ticker"].astype(str).map(spelled)
+    check_symbols(list(spelled.values()), f"--source file:{path}", list(spelled))  # named as the file has them
     return frame
 
 
@@ -131,9 +136,14 @@ def load_source(req: DataRequest, log=print) -> tuple[pd.DataFrame, dict]:
                              "(use --synthetic-tickers N)")
         return frame, info
     if req.source.startswith("file:"):
-        frame = read_user_file(req.source[5:])
+        frame = read_user_file(req.source[5:], req.keep_time)
         if req.tickers is not None:
             missing = sorted(set(req.tickers) - set(frame["ticker"]))
+            if missing and len(missing) == len(set(req.tickers)):  # name them and what the file has
+                have = sorted(frame["ticker"].unique())
+                raise UsageError(f"--source {req.source} has none of the requested tickers "
+                                 f"({', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}); it has "
+                                 f"{', '.join(have[:8])}{f' ... ({len(have)} in all)' if len(have) > 8 else ''}")
             if missing:
                 log(f"warning: {len(missing)} requested ticker(s) are not in the file: {', '.join(missing[:10])}")
             frame = frame[frame["ticker"].isin(req.tickers)]
