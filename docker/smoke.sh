@@ -434,13 +434,15 @@ expect ssh-status "download: scp -P $PORT root@127.0.0.1:/workspace/output/forec
 pass ssh-status "ssh with the test key: deploy_8gpu.sh status (found on the session's PATH) says FINISHED"
 
 # shellcheck disable=SC2016  # expanded in the container
-SESSION='echo "TRAINER=$TRAINER OUT=$OUT RUNPOD_TCP_PORT_22=$RUNPOD_TCP_PORT_22 python3=$(command -v python3)"; stat -c "%a %n" /root/.ssh /root/.ssh/authorized_keys'
-step ssh-session 0 "${SSH_USER[@]}" "$SESSION"
+SESSION='echo "TRAINER=$TRAINER RUNPOD_TCP_PORT_22=$RUNPOD_TCP_PORT_22 python3=$(command -v python3) PATH=$PATH"'
+step ssh-session 0 "${SSH_USER[@]}" "$SESSION; echo OUT=\$OUT; stat -c '%a %n' /root/.ssh /root/.ssh/authorized_keys"
+# what the container's own processes see (podman exec, as RunPod's web terminal)
 want=$("${PODMAN[@]}" exec "$C" bash -c "$SESSION" 2>&1) || fail ssh-session 1 "podman exec failed: $want"
-[[ "$(cat "$STEP_LOG")" == "$want" ]] || fail ssh-session 1 "an SSH session sees '$(tr '\n' ' ' < "$STEP_LOG")', the container '${want//$'\n'/ }'"
+[[ "$(head -n1 "$STEP_LOG")" == "$want" ]] || fail ssh-session 1 "an SSH session sees '$(head -n1 "$STEP_LOG")', the container '$want'"
+expect ssh-session "OUT=/workspace/output"
 expect ssh-session "700 /root/.ssh"
 expect ssh-session "600 /root/.ssh/authorized_keys"
-pass ssh-session "an SSH command sees the container's TRAINER, OUT, RUNPOD_*, python3; /root/.ssh 700, authorized_keys 600"
+pass ssh-session "an SSH command sees the container's TRAINER, RUNPOD_*, PATH and python3, and OUT; /root/.ssh 700, authorized_keys 600"
 
 # The download line exactly as the deploy printed it, with the test's key and known_hosts added
 line=$("${PODMAN[@]}" logs "$C" 2>&1 | grep -o 'scp -P [0-9]* root@[^ ]*forecast\.tar\.gz \.$' | tail -n1 || true)
@@ -492,9 +494,9 @@ pass stop-training "SSH off, said so; SIGTERM mid-training: $(basename "${metas[
 begin resume "podman start (the pod started again): the stopped job resumes"
 "${PODMAN[@]}" start "$C" >> "$STEP_LOG" 2>&1 || fail resume 1 "podman start failed"
 wait_for resume 600 log_has "was stopped in phase train: resuming it"
-wait_for resume 900 file_has "$WS/stopped/deploy-forecast.log" "resumed from checkpoint step"
+wait_for resume 900 file_has "$WS/stopped/forecast/training.log" "resumed from checkpoint step"
 STEP_S=$(since "$STEP_T0")
-resumed=$(grep -o 'resumed from checkpoint step [0-9]*' "$WS/stopped/deploy-forecast.log" | tail -n1)
+resumed=$(grep -o 'resumed from checkpoint step [0-9]*' "$WS/stopped/forecast/training.log" | tail -n1)
 RESUME_S=$STEP_S
 stop_pod resume
 STEP_RC=$STOP_RC STEP_S=$RESUME_S
