@@ -210,7 +210,7 @@ report_end() {  # report_end RC: what the job left, as the last lines of the con
   if [[ "$rc" -eq 0 ]]; then
     say "the deploy of $JOB_TRAINER finished; the container stays up so you can fetch the results"
   elif [[ "$state" == stopped ]]; then
-    say "the deploy of $JOB_TRAINER was stopped in phase $phase with a checkpoint (exit $rc); log $log"
+    say "the deploy of $JOB_TRAINER was stopped by a signal in phase $phase (exit $rc); log $log"
     say "the container stays up; resume with: deploy_8gpu.sh --trainer $JOB_TRAINER [options]"
   else
     say "the deploy of $JOB_TRAINER FAILED in phase $phase (exit $rc); log $log"
