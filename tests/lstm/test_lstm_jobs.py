@@ -1,12 +1,19 @@
 """Packing: symbols spread over 2 torchrun workers from the c10d queue, a failing symbol retried and
-reported while the others finish. (A SIGKILLed worker's symbols finished after the restart: the lstm
-entry of tests/e2e/test_loop_contract.py.)"""
+reported while the others finish; a close-only file; one job per job folder (a second job, evaluate
+and export are refused while it trains); the summary survives a killed agent or a killed launch.
+(A SIGKILLed worker's symbols finished after the restart: the lstm entry of
+tests/e2e/test_loop_contract.py.)"""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from conftest import run_torchrun
+from conftest import run_cli, run_torchrun, torchrun_cmd, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -79,3 +86,92 @@ def test_a_close_only_file_trains_on_two_workers_and_reports_the_features_left_o
         assert one["model"]["n_features"] == len(kept) and one["preprocessing"]["features"] == kept
         assert one["export"]["input"]["shape"] == ["batch", 16, len(kept)]  # the ONNX takes what the model was fed
     assert "Features left out" in (run_dir / "results.md").read_text()
+
+
+def quiet_env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TRAINERS_FAULT", None)
+    return env
+
+
+def one_line(proc) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_running_job_holds_its_folder_against_a_second_job_evaluate_and_export(tmp_path):
+    """A second `train` into the folder once ran beside the first: it marked the first one's symbol
+    failed ("in use by pid ...") and trained the others; evaluate and export wrote into it unlocked."""
+    run_dir = tmp_path / "job"
+    args = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--epochs", "5000", "--patience", "0",
+            "--run-dir", str(run_dir)]
+    first = subprocess.Popen([sys.executable, "-m", "trainers", *args], stderr=subprocess.PIPE, text=True,
+                             env=quiet_env())
+    try:
+        wait_for(lambda: any(run_dir.rglob("checkpoints/meta_*.json")), 120, first)
+        holder = f"is in use by pid {first.pid} on "
+        assert holder in one_line(run_cli(args, timeout=60))  # refused at once, in one line, exit 2
+        check = run_cli(args, env={"TRAINERS_CHECK_ONLY": "1"}, timeout=60)  # the deploy's check before torchrun
+        assert check.returncode == 2 and holder in one_line(check)
+        for verb in (["evaluate", "--device", "cpu"], ["export"]):
+            proc = run_cli(["lstm", *verb, "--run-dir", str(run_dir)], timeout=60)
+            assert proc.returncode == 2 and holder in one_line(proc), verb
+        assert not any(run_dir.glob("symbols/*/done.json"))  # nothing marked failed (or done) by the others
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == 0, first.stderr.read()[-3000:]
+    r = json.loads((run_dir / "results.json").read_text())
+    assert r["training"]["stop_reason"] == "signal" and r["training"]["symbols"]["failed"] == 0
+    assert "in use" not in (run_dir / "training.log").read_text()
+
+
+def test_killing_torchruns_agent_still_leaves_the_summary_of_what_finished(tmp_path):
+    """`kill -9` of the agent: its workers get SIGTERM (PR_SET_PDEATHSIG) but the store it hosted is
+    gone; they once died on it and no job results.json was written. Now each checkpoints its symbol
+    and rank 0 summarises what is on disk."""
+    run_dir = tmp_path / "job"
+    agent = subprocess.Popen(torchrun_cmd(["lstm", "train", *TINY, "--synthetic-tickers", "6", "--epochs", "15",
+                                           "--run-dir", str(run_dir)]),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=quiet_env())
+    wait_for(lambda: any(run_dir.glob("symbols/*/done.json")), 120, agent)
+    agent.kill()
+    agent.wait()
+
+    def summarised() -> dict | None:
+        try:
+            r = json.loads((run_dir / "results.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return r if r["training"]["stop_reason"] == "signal" else None
+
+    deadline = time.monotonic() + 60
+    while summarised() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    r = summarised()
+    assert r is not None, (run_dir / "training.log").read_text()[-3000:]
+    time.sleep(1.0)  # let the other worker finish writing its checkpoint before the folders are compared
+    done = {p.parent.name for p in run_dir.glob("symbols/*/done.json")}
+    rows = r["symbols"]
+    assert {s for s, row in rows.items() if row["status"] == "ok"} == done and done
+    stopped = [s for s, row in rows.items() if row["status"] == "stopped"]
+    assert r["training"]["symbols"]["failed"] == 0 and stopped  # symbols in training when the agent died
+    for s in stopped:  # each stopped with a checkpoint at the step it reached: the next launch resumes it
+        steps = json.loads((run_dir / "symbols" / s / "results.json").read_text())["training"]["steps"]
+        assert (run_dir / "symbols" / s / "checkpoints" / f"meta_{steps:08d}.json").exists()
+    assert "the job's store is gone" in (run_dir / "training.log").read_text()
+
+
+def test_a_launch_killed_outright_still_finds_the_summary_of_what_earlier_ones_finished(tmp_path):
+    """A launch SIGKILLed with all its processes writes nothing at its end: what earlier launches
+    finished is summarised when a launch starts."""
+    run_dir = tmp_path / "job"
+    args = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--run-dir", str(run_dir)]
+    assert run_cli(args, env={"TRAINERS_FAULT_RAISE": "SYN001@step2:always"}).returncode == 1
+    for name in ("results.json", "results.md"):  # as if that launch had been killed before its summary
+        (run_dir / name).unlink()
+    killed = run_cli(args, env={"TRAINERS_FAULT": "sigkill@rank0:step3"})  # the retry of SYN001, killed outright
+    assert killed.returncode == -signal.SIGKILL
+    r = json.loads((run_dir / "results.json").read_text())
+    assert r["symbols"]["SYN000"]["status"] == "ok" and r["training"]["symbols"]["ok"] == 1
+    assert "1 of 2 symbols succeeded" in (run_dir / "results.md").read_text()

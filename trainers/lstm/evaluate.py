@@ -95,18 +95,12 @@ def evaluate_run(run_dir: str, symbols: str | None = None, checkpoint: str = "be
                  log=print) -> dict:
     """`trainers lstm evaluate`: the metrics of every symbol of a job that has a checkpoint (or the
     ones named), e.g. those a signal stopped before their evaluation; rewrites the job summary."""
-    import dataclasses
     from pathlib import Path
 
     from trainers.errors import UsageError
-    from trainers.lstm.build import build_model
     from trainers.lstm.config import LstmConfig, job_symbols
-    from trainers.lstm.features import build_symbol_data
-    from trainers.lstm.job import prepare_job, symbol_dir
-    from trainers.lstm.summary import refresh_job_summary
-    from trainers.runtime.dist import pick_device
-    from trainers.runtime.results import merge_results, read_results
-    from trainers.runtime.rundir import load_checkpoint_states, load_run_config
+    from trainers.runtime.results import read_results
+    from trainers.runtime.rundir import exclusive, load_run_config
 
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, LstmConfig)
@@ -115,6 +109,23 @@ def evaluate_run(run_dir: str, symbols: str | None = None, checkpoint: str = "be
         raise UsageError(f"--run-dir {run_dir} holds no lstm job results.json; point it at the folder "
                          f"`trainers lstm train` wrote")
     wanted = job_symbols(job, symbols)
+    with exclusive(run_dir):  # it writes results into the job's folders: not while training (or another) does
+        return _evaluate_symbols(run_dir, cfg, wanted, checkpoint, device, log)
+
+
+def _evaluate_symbols(run_dir, cfg, wanted: list[str], checkpoint: str, device: str, log) -> dict:
+    import dataclasses
+
+    from trainers.errors import UsageError
+    from trainers.lstm.build import build_model
+    from trainers.lstm.config import LstmConfig
+    from trainers.lstm.features import build_symbol_data
+    from trainers.lstm.job import prepare_job, symbol_dir
+    from trainers.lstm.summary import refresh_job_summary
+    from trainers.runtime.dist import pick_device
+    from trainers.runtime.results import merge_results
+    from trainers.runtime.rundir import load_checkpoint_states, load_run_config
+
     with_checkpoint = [s for s in wanted if any((symbol_dir(run_dir, s) / "checkpoints").glob("meta_*.json"))]
     if not with_checkpoint:
         raise UsageError(f"no symbol of {', '.join(wanted[:10])} has a checkpoint yet; train first")

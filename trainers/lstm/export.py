@@ -20,7 +20,13 @@ from trainers.onnx import check_parity, check_tolerance, export_program, measure
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.files import atomic_write_json, sha256_file
 from trainers.runtime.results import merge_results, read_results
-from trainers.runtime.rundir import load_checkpoint_states, load_run_config, resolve_checkpoint, single_process_context
+from trainers.runtime.rundir import (
+    exclusive,
+    load_checkpoint_states,
+    load_run_config,
+    resolve_checkpoint,
+    single_process_context,
+)
 
 EXPORT_BATCH = 2  # the example the graph is traced with; the checks use other sizes
 CHECK_BATCHES = (1, 7, 64)
@@ -86,9 +92,6 @@ def export_run(run_dir: Path, symbols: str | None = None, checkpoint: str = "bes
                latency_iters: int = 20, force: bool = False, log=print) -> dict:
     """`trainers lstm export`: every finished symbol of the job (or the ones named) whose export is
     missing or stale; the job summary is rewritten after."""
-    from trainers.lstm.queue import read_marker
-    from trainers.lstm.summary import refresh_job_summary
-
     check_tolerance(tolerance)
     run_dir = Path(run_dir)
     job = read_results(run_dir)
@@ -96,6 +99,15 @@ def export_run(run_dir: Path, symbols: str | None = None, checkpoint: str = "bes
         raise UsageError(f"--run-dir {run_dir} is not an lstm job folder (no config.json or job results.json); "
                          f"point it at the folder `trainers lstm train` wrote")
     wanted = job_symbols(job, symbols)
+    with exclusive(run_dir):  # it writes into the job's folders: not while training (or another) does
+        return _export_symbols(run_dir, wanted, checkpoint, tolerance, latency_iters, force, log)
+
+
+def _export_symbols(run_dir: Path, wanted: list[str], checkpoint: str, tolerance: float, latency_iters: int,
+                    force: bool, log) -> dict:
+    from trainers.lstm.queue import read_marker
+    from trainers.lstm.summary import refresh_job_summary
+
     done, skipped, failed = [], [], {}
     for s in wanted:
         folder = run_dir / "symbols" / s

@@ -21,6 +21,11 @@ training and stop their own symbol at the next step, with a checkpoint. At the e
 adds 1 to `finished`; rank 0 waits for all of them (at most GRACE_S once it was signalled itself:
 torchrun's SIGKILL follows SIGTERM after 30 s) and writes the job's summary.
 
+The store is lost when torchrun's agent dies (`kill -9` of the agent: its workers get SIGTERM from
+PR_SET_PDEATHSIG, trainers.runtime.dist.end_with_parent). Every call here then answers as if the job
+had been stopped (no more claims, a stop record) instead of raising, so each worker checkpoints its
+symbol and leaves, and rank 0 still writes the summary of what is on disk.
+
 Single process (no torchrun): the same code on an in-memory store.
 """
 
@@ -84,33 +89,60 @@ class JobQueue:
         self.pending = pending
         self._next_poll = 0.0
         self._stop: dict | None = None
+        self.lost: str | None = None  # why the store cannot be reached (its agent is gone)
+
+    def _store_lost(self, exc: Exception) -> dict:
+        self.lost = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        if self._stop is None:
+            self._stop = {"reason": "signal", "signal": "the job's store is gone (torchrun's agent died)",
+                          "worker": None, "symbol": None, "step": None, "error": self.lost}
+        return self._stop
 
     def claim(self) -> tuple[int, str] | None:
-        """(index, symbol) of the next unclaimed symbol; None when all are taken."""
-        index = int(self.store.add("next", 1)) - 1
+        """(index, symbol) of the next unclaimed symbol; None when all are taken (or the store is gone)."""
+        try:
+            index = int(self.store.add("next", 1)) - 1
+        except dist.DistError as exc:
+            self._store_lost(exc)
+            return None
         return (index, self.pending[index]) if index < len(self.pending) else None
 
     def request_stop(self, record: dict) -> dict:
         """Publish why the job stops; returns the record in force (the first one published wins)."""
-        got = self.store.compare_set("stop", "", json.dumps(record))
-        self._stop = json.loads(got)
+        try:
+            self._stop = json.loads(self.store.compare_set("stop", "", json.dumps(record)))
+        except dist.DistError as exc:
+            self._stop = self._stop or record  # nobody else can hear it: this worker's own reason stands
+            self._store_lost(exc)
         return self._stop
 
     def stop_record(self, force: bool = False) -> dict | None:
         """The published stop record, if any (read from the store at most every POLL_S seconds)."""
         if self._stop is None and (force or time.monotonic() >= self._next_poll):
             self._next_poll = time.monotonic() + POLL_S
-            if self.store.check(["stop"]):
-                self._stop = json.loads(self.store.get("stop"))
+            try:
+                if self.store.check(["stop"]):
+                    self._stop = json.loads(self.store.get("stop"))
+            except dist.DistError as exc:
+                return self._store_lost(exc)
         return self._stop
 
     def worker_done(self) -> None:
-        self.store.add("finished", 1)
+        try:
+            self.store.add("finished", 1)
+        except dist.DistError as exc:
+            self._store_lost(exc)
 
     def wait_for_workers(self, world_size: int, deadline: float | None) -> int:
-        """Poll until every worker is done (or the deadline passes); returns how many are."""
+        """Poll until every worker is done (or the deadline passes, or the store is gone); returns how
+        many are known to be."""
+        done = 0
         while True:
-            done = int(self.store.add("finished", 0))
+            try:
+                done = int(self.store.add("finished", 0))
+            except dist.DistError as exc:
+                self._store_lost(exc)
+                return done
             if done >= world_size or (deadline is not None and time.monotonic() >= deadline):
                 return done
             time.sleep(0.2)

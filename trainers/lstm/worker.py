@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from trainers.errors import CheckPassed, UsageError
+from trainers.errors import UsageError
 from trainers.lstm import queue as jobqueue
 from trainers.lstm.config import LstmConfig
 from trainers.lstm.export import export_symbol
@@ -41,6 +41,7 @@ from trainers.runtime.budget import Budget, StopReason
 from trainers.runtime.dist import DistContext, broadcast_object, pick_device
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.results import read_results
+from trainers.runtime.rundir import take_run_folder
 
 SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often while it trains
 
@@ -233,13 +234,24 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
     device = worker_device(cfg, ctx.local_rank)
     faults.raise_requests()  # a malformed test hook fails here, not as every symbol's error
     plan = prepare_job(cfg, log=print if ctx.is_main else (lambda _msg: None))
-    if os.environ.get("TRAINERS_CHECK_ONLY") == "1":
-        # The deploy's check before torchrun: the job-level checks above are all a launch can fail
-        # (each symbol's own checks ran in prepare_job). It must stop here, before the first write: a
-        # symbol's run would raise CheckPassed inside work_on, whose per-symbol handler records it
-        # as that symbol's failure.
-        raise CheckPassed(f"lstm: every check before training passed for {job_dir} ({len(plan.symbols)} symbols)")
+    # One job per folder, as for every trainer: rank 0 holds the job folder's lock for the job's life
+    # (each symbol's run locks only its own folder, so a second job used to collide symbol by symbol,
+    # marking the first one's symbols failed "in use" and training the others beside it). The
+    # deploy's check-only start (TRAINERS_CHECK_ONLY=1) is refused by a held folder too, and stops
+    # here with CheckPassed before the first write: past this point a symbol's run would raise it
+    # inside work_on, whose per-symbol handler would record it as that symbol's failure.
+    lock = take_run_folder(job_dir, ctx, "lstm", None)
+    try:
+        return _attempt(cfg, ctx, started_at, train_symbol, plan, device)
+    finally:
+        if lock is not None:
+            lock.release()
 
+
+def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol, plan: JobPlan,
+             device: torch.device) -> int:
+    """One torchrun attempt of the job, its folder locked: the pending list, the claims, the summary."""
+    job_dir = Path(cfg.run_dir)
     devices = ctx.world_size // cfg.jobs_per_gpu if device.type == "cuda" else ctx.world_size
     attempt = None
     if ctx.is_main:
@@ -256,15 +268,19 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
     log = job_logger(job_dir, ctx.rank, device)
     worker = Worker(cfg, ctx, device, log, queue, attempt)
     worker.install_signal_handlers()
+
+    def summary() -> dict:
+        return write_job_summary(job_dir, cfg, plan, attempt, ctx, device, queue.stop_record(force=True), log)
+
     if ctx.is_main:
         log.info("lstm job: %d symbols (%d done, %d failed before, %d to train) on %d worker(s), %s%s; base %s, "
                  "timeframes %s", len(plan.symbols), attempt["counts"]["ok"], attempt["counts"]["failed"],
                  len(attempt["pending"]), ctx.world_size, device.type,
                  f", {cfg.jobs_per_gpu} per GPU" if device.type == "cuda" else "", plan.timeframes[0].label,
                  ",".join(t.label for t in plan.timeframes))
-
-    def summary() -> dict:
-        return write_job_summary(job_dir, cfg, plan, attempt, ctx, device, queue.stop_record(force=True), log)
+        # What earlier attempts finished is summarised before anything else: an attempt killed
+        # outright (SIGKILL to every process) writes nothing at its end.
+        summary()
 
     next_summary = time.monotonic() + SUMMARY_EVERY_S
     with faults.as_worker(ctx.rank):
@@ -290,13 +306,17 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
                 next_summary = time.monotonic() + SUMMARY_EVERY_S
 
     queue.worker_done()
+    if queue.lost:  # torchrun's agent is gone: no one hears this worker any more
+        log.warning("the job's store is gone (%s): torchrun's agent died; stopped%s", queue.lost,
+                    ", writing the summary of what is on disk" if ctx.is_main else "")
     if not ctx.is_main:
         return 0
     signalled = worker.signalled is not None
     done = queue.wait_for_workers(ctx.world_size, time.monotonic() + jobqueue.GRACE_S if signalled else None)
     if done < ctx.world_size:
-        log.warning("%d of %d workers did not finish within %.0f s of the signal; the summary shows what is on disk",
-                    ctx.world_size - done, ctx.world_size, jobqueue.GRACE_S)
+        log.warning("%d of %d workers did not report done%s; the summary shows what is on disk",
+                    ctx.world_size - done, ctx.world_size,
+                    f" within {jobqueue.GRACE_S:.0f} s of the signal" if signalled and not queue.lost else "")
     results = summary()
     counts = results["training"]["symbols"]
     log.info("lstm: %d of %d symbols succeeded, %d failed, %d stopped, %d pending; stop reason %s; %s",
