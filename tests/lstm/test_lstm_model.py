@@ -175,3 +175,42 @@ def test_the_queue_hands_out_each_pending_symbol_once_and_rescans_done_markers(t
     assert first.request_stop({"reason": "signal", "worker": 0}) == {"reason": "signal", "worker": 0}
     assert second.request_stop({"reason": "time_budget", "worker": 1}) == {"reason": "signal", "worker": 0}
     assert second.stop_record(force=True)["reason"] == "signal" and again.stop_record(force=True) is None
+
+
+def test_the_point_in_time_universe_keeps_each_symbols_samples_to_its_member_dates(tmp_path):
+    """--universe sp500-pit on a file: TSLA joined the index on 2020-12-21, SIVB was in it from 2018-03-19
+    to 2023-03-15, AAPL all along, BTC-USD never: every sample of a symbol is a date it was a member."""
+    from trainers.lstm.job import prepare_job
+
+    rng = np.random.default_rng(0)
+    days = pd.bdate_range("2016-01-04", "2024-12-31")
+    frame = pd.concat([pd.DataFrame({"date": days, "ticker": t, "close": 50 * np.exp(np.cumsum(rng.normal(0, 0.01,
+                                                                                                          len(days))))})
+                       for t in ("AAPL", "TSLA", "SIVB", "BTC-USD")])
+    frame.to_csv(tmp_path / "prices.csv", index=False)
+    args = ["--source", f"file:{tmp_path / 'prices.csv'}", "--universe", "sp500-pit", "--window", "16", "--hidden", "8",
+            "--epochs", "1", "--batch-size", "256", "--timeframes", "1d,1w", "--no-export", "--device", "cpu"]
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", "--run-dir", str(run_dir), *args]) == 0
+    r = json.loads((run_dir / "results.json").read_text())
+    assert list(r["symbols"]) == ["AAPL", "SIVB", "TSLA"]  # BTC-USD was never a member: left out, reported
+    universe = r["data"]["universe"]
+    assert universe["name"] == "sp500-pit" and universe["never_members"] == ["BTC-USD"]
+    assert universe["members_over_the_dates"] > 500 and "FRC" in universe["members_without_bars"]
+    member = {"AAPL": ("2016-01-04", "2025-01-01"), "TSLA": ("2020-12-21", "2025-01-01"),
+              "SIVB": ("2018-03-19", "2023-03-15")}
+    cfg = load_run_config(run_dir, LstmConfig)
+    plan = prepare_job(cfg, log=lambda _m: None)
+    for symbol, (joined, left) in member.items():
+        data = build_symbol_data(plan.bars[symbol], cfg, plan.timeframes)
+        anchors = np.concatenate([data.ids[s].numpy() for s in ("train", "val", "test")] +
+                                 [data.trade_ids[s] for s in ("train", "val", "test")])
+        dates = pd.DatetimeIndex(data.ts[anchors])
+        assert dates.min() >= pd.Timestamp(joined) and dates.max() < pd.Timestamp(left), symbol
+        one = json.loads((run_dir / "symbols" / symbol / "results.json").read_text())
+        assert one["data"]["member_bars"] == universe["member_bars"][symbol] == \
+            ((days >= joined) & (days < left)).sum()
+    tsla = pd.DatetimeIndex(plan.bars["TSLA"].ts)  # its first sample is the day it joined, not a later one
+    data = build_symbol_data(plan.bars["TSLA"], cfg, plan.timeframes)
+    assert tsla[data.ids["train"][0].item()] == pd.Timestamp("2020-12-21")
+    assert main(["lstm", "train", "--run-dir", str(tmp_path / "syn"), "--universe", "sp500-pit"]) == 2  # no members

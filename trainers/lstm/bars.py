@@ -40,6 +40,7 @@ class Bars:
     volume: np.ndarray
     base: Timeframe
     calendar: str  # WEEKDAYS or SEVEN_DAYS
+    member: np.ndarray | None = None  # --universe sp500-pit: bars at which the symbol was in the index
 
     def __len__(self) -> int:
         return len(self.ts)
@@ -51,7 +52,7 @@ class Bars:
     def replace_after(self, t: int, rng: np.random.Generator) -> "Bars":
         """A copy whose bars after index t are replaced by other, valid prices (for the look-ahead test)."""
         out = Bars(self.symbol, self.ts.copy(), self.open.copy(), self.high.copy(), self.low.copy(),
-                   self.close.copy(), self.volume.copy(), self.base, self.calendar)
+                   self.close.copy(), self.volume.copy(), self.base, self.calendar, self.member)
         n = len(self) - t - 1
         if n > 0:
             scale = np.exp(rng.normal(0, 0.2, n))
@@ -61,6 +62,12 @@ class Bars:
             out.low[t + 1:] *= 0.95
             out.volume[t + 1:] = rng.uniform(1e3, 1e7, n)
         return out
+
+
+def only_bars(bars: Bars, lo: int, hi: int, member: np.ndarray) -> Bars:
+    """Bars lo..hi-1, with the membership of each."""
+    return Bars(bars.symbol, bars.ts[lo:hi], bars.open[lo:hi], bars.high[lo:hi], bars.low[lo:hi], bars.close[lo:hi],
+                bars.volume[lo:hi], bars.base, bars.calendar, member)
 
 
 def base_timeframe(ts: np.ndarray, symbol: str) -> Timeframe:
@@ -86,12 +93,22 @@ def calendar_of(ts: np.ndarray) -> str:
     return SEVEN_DAYS if (weekday >= 5).any() else WEEKDAYS
 
 
+def named_symbols(cfg: LstmConfig) -> bool:
+    """The user named the symbols (--symbols, --tickers-file): each one must train, or the job is refused."""
+    return cfg.symbols is not None or cfg.tickers_file is not None
+
+
 def requested_symbols(cfg: LstmConfig) -> list[str] | None:
-    """--symbols, --tickers-file, the universe (yfinance) or None (every symbol the source has)."""
+    """--symbols, --tickers-file, the universe (yfinance: sp500 today's members, sp500-pit every member
+    of the history over the dates) or None (every symbol the source has)."""
     if cfg.symbols is not None:
         return parse_symbols(cfg.symbols)
     if cfg.tickers_file is not None:
         return read_symbols_file(cfg.tickers_file)
+    if cfg.source == "yfinance" and cfg.universe == "sp500-pit":
+        from trainers.market.pit import load_history, members_between
+
+        return members_between(load_history(), cfg.start, cfg.end)
     if cfg.source == "yfinance":
         return unique_symbols(load_universe(cfg.universe)["symbol"].tolist(), f"--universe {cfg.universe}")
     return None
@@ -119,7 +136,12 @@ def load_bars(cfg: LstmConfig, log=print) -> tuple[dict[str, Bars], dict]:
     if wanted is None:
         wanted = unique_symbols(have, f"--source {cfg.source}")  # names from a source become folders
     unknown = [s for s in wanted if s not in set(have)]
-    if unknown:
+    if unknown and not named_symbols(cfg):  # a universe's members Yahoo no longer serves: reported, not fatal
+        log(f"warning: {len(unknown)} symbol(s) of --universe {cfg.universe} have no bars: {', '.join(unknown[:10])}"
+            f"{' ...' if len(unknown) > 10 else ''}")
+        info["symbols_without_bars"] = unknown
+        wanted = [s for s in wanted if s not in set(unknown)]
+    elif unknown:
         sample = ", ".join(have[:8]) + (f" ... ({len(have)} in all)" if len(have) > 8 else "")
         asked = "" if cfg.source == "synthetic" else " of those asked for"  # the others were read for these only
         raise UsageError(f"unknown symbol(s) {', '.join(unknown[:10])}: --source {cfg.source} has no bars for "

@@ -114,7 +114,10 @@ class LstmConfig(RunOptions):
                                  "the source has; --universe for yfinance)", resume_safe=True)
     tickers_file: str | None = option(None, "file of symbols, one per line (or a CSV with a symbol column)",
                                       resume_safe=True)
-    universe: str = option("sp500", "symbols for --source yfinance when none are given", choices=("sp500",))
+    universe: str = option("sp500", "symbols for --source yfinance when none are given: sp500 (today's members) or "
+                           "sp500-pit (every member of the index's history over the dates; each symbol's samples "
+                           "only on the dates it was a member, with a file or the cache too)",
+                           choices=("sp500", "sp500-pit"))
     source: str = option("synthetic", "bars: synthetic, yfinance (daily, cached), cache (daily) or file:PATH "
                          "(CSV/parquet with date[+time], ticker, close and, when it has them, open, high, low, "
                          "volume: features that need a missing one are left out; minute, hour or daily bars)")
@@ -169,6 +172,9 @@ class LstmConfig(RunOptions):
             raise UsageError(f"--val-frac {self.val_frac} and --test-frac {self.test_frac} must sum to less than 1")
         if self.symbols is not None and self.tickers_file is not None:
             raise UsageError("give --symbols or --tickers-file, not both")
+        if self.universe == "sp500-pit" and self.source == "synthetic":
+            raise UsageError("--universe sp500-pit keeps each symbol to the dates it was in the S&P 500; the synthetic "
+                             "market has no members (use --source yfinance, cache or file:PATH)")
         if self.symbols is not None:  # --symbols '' must not quietly mean every symbol
             parse_symbols(self.symbols)
         parse_timeframes(self.timeframes)

@@ -26,7 +26,9 @@ label. The input window is bars i-window+1..i, so the target never overlaps the 
 split by time (trainers.market.windows.plan_splits) with an embargo that covers the window, the
 horizon, the base features' look-back and three periods of the longest higher timeframe, so no
 input bar or target bar of one split is an input or target bar of another. Normalisation
-statistics come from the bars up to the last training anchor only.
+statistics come from the bars up to the last training anchor only. With `--universe sp500-pit` an
+anchor (a sample, and a bar the strategy trades) must also be a date the symbol was in the index
+(`Bars.member`; its inputs may reach back before it joined: prices known at the time).
 """
 
 from __future__ import annotations
@@ -209,6 +211,7 @@ class SymbolData:
     plan: SplitPlan
     feature_names: list[str]
     features_left_out: dict[str, str]  # feature -> why (a column the data lacks)
+    member_bars: int | None  # --universe sp500-pit: bars at which the symbol was in the index
     feature_mean: list[float]
     feature_std: list[float]
     timeframes: list[Timeframe]
@@ -239,6 +242,7 @@ class SymbolData:
                 "base_timeframe": self.timeframes[0].label, "timeframes": [t.label for t in self.timeframes],
                 "calendar": self.calendar, "features": self.feature_names,
                 "features_left_out": self.features_left_out, "window": self.window,
+                "member_bars": self.member_bars,
                 "horizon": self.horizon, "embargo_bars": self.plan.embargo,
                 "anchors": {s: [stamp(a), stamp(b - 1)] for s, (a, b) in self.plan.ranges.items()},
                 "samples": {s: int(len(v)) for s, v in labelled.items()},
@@ -265,6 +269,8 @@ def build_symbol_data(bars: Bars, cfg: LstmConfig, timeframes: list[Timeframe]) 
     with np.errstate(divide="ignore", invalid="ignore"):
         past_ret[cfg.horizon:] = np.log(bars.close[cfg.horizon:] / bars.close[:-cfg.horizon])
     complete = window_complete(np.isfinite(feats).all(axis=1)[:, None], cfg.window)[:, 0]
+    if bars.member is not None:  # --universe sp500-pit: an anchor only where the symbol was in the index
+        complete &= bars.member
 
     _, train_stop = plan.ranges["train"]
     mean = np.nanmean(feats[:train_stop], axis=0)  # the training period only
@@ -293,6 +299,7 @@ def build_symbol_data(bars: Bars, cfg: LstmConfig, timeframes: list[Timeframe]) 
         label=torch.from_numpy(label.astype(np.float32)), ret_h=ret_h, ret_1=ret_1, past_ret=past_ret,
         ids={k: torch.from_numpy(v.astype(np.int64)) for k, v in ids.items()}, trade_ids=trade_ids,
         window=cfg.window, horizon=cfg.horizon, plan=plan, feature_names=names, features_left_out=left_out,
+        member_bars=None if bars.member is None else int(bars.member.sum()),
         feature_mean=mean.tolist(),
         feature_std=std.tolist(), timeframes=timeframes, calendar=bars.calendar,
         pos_weight=n_down / n_up if cfg.class_weights else 1.0, train_up_rate=n_up / len(train_labels))
