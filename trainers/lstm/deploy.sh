@@ -10,7 +10,8 @@ trainer_usage() {
   --symbols A,B,C        one model per symbol (default: the S&P 500 list; 8 synthetic ones with --demo) [SYMBOLS]
   --tickers-file FILE    symbols from a file, one per line
   --source SPEC          yfinance (default: daily bars, cached under OUT/cache/lstm), cache, or file:PATH
-                         (minute, hour or daily bars with a date[+time] column)                  [SOURCE]
+                         (minute, hour or daily bars: date[+time], ticker, close; open, high,
+                         low, volume optional: features needing one it lacks are left out)   [SOURCE]
   --years N              years of daily history (default: 10)                                   [YEARS]
   --epochs N             epochs per symbol (default: 20; 2 with --demo)
   --jobs-per-gpu K       workers sharing each GPU: torchrun starts K x GPUs per node (default: 1) [JOBS_PER_GPU]
