@@ -26,8 +26,9 @@ class ToyConfig(RunOptions):
 
 def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, evaluate=None, summary=None,
              draws: list | None = None, data_fingerprint: str | None = None, eval_seconds: float = 0.0,
-             epoch_steps: int = 3):
-    """A minimal trainer: a linear model, SGD, a 'position' that counts samples."""
+             epoch_steps: int = 3, nan_at: int | None = None, val_nan_at: int | None = None):
+    """A minimal trainer: a linear model, SGD, a 'position' that counts samples. `nan_at`: the loss
+    of that step is NaN (the weights follow)."""
     ctx = single_process_context()
     torch.manual_seed(cfg.seed)
     model = torch.nn.Linear(3, 1)
@@ -41,7 +42,7 @@ def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, eva
             draws.append(("start", torch.rand(1).item(), np.random.rand(), random.random()))
         while step < total_steps:
             x = torch.randn(4, 3)
-            loss = model(x).pow(2).mean()
+            loss = model(x).pow(2).mean() * (float("nan") if step + 1 == nan_at else 1.0)
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -54,8 +55,8 @@ def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, eva
             if run.should_eval(step, end_of_epoch=step % epoch_steps == 0):
                 with run.timing("evaluation"):
                     time.sleep(eval_seconds)
-                    run.evaluated(step, float(loss.detach()))
-            reason = run.step_done(step, {"seen": seen}, items=4)
+                    run.evaluated(step, float("nan") if step == val_nan_at else float(loss.detach()))
+            reason = run.step_done(step, {"seen": seen}, items=4, loss=loss.detach())
             if reason != StopReason.NONE:
                 if draws is not None:
                     draws.append(("stop", torch.rand(1).item(), np.random.rand(), random.random()))

@@ -17,7 +17,7 @@ import importlib
 import os
 import sys
 
-from trainers.errors import CheckFailed, CheckPassed, RunFailed, UsageError
+from trainers.errors import CheckFailed, CheckPassed, RunEnded, RunFailed, UsageError
 from trainers.registry import SHARED_COMMANDS, TRAINERS
 from trainers.runtime.config import OneLineParser
 
@@ -31,6 +31,18 @@ FILESYSTEM_ERRORS = {
     errno.EISDIR: "that path is a folder where a file is needed",
     errno.ENOENT: "that path does not exist (moved or deleted while running?)",
 }
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """What a failed host allocation said (NumPy raises MemoryError, torch's CPU allocator a
+    RuntimeError in its own words), in one line; None for any other error."""
+    if isinstance(exc, MemoryError):
+        return str(exc).splitlines()[0] if str(exc) else "MemoryError"
+    marker = "DefaultCPUAllocator: can't allocate memory: "
+    text = str(exc)
+    if marker in text:
+        return text.split(marker, 1)[1].split(". Error code")[0]
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,12 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = [x for x in extra if x != "--"]
     try:
         return args.func(args)
-    except (UsageError, CheckFailed, RunFailed) as exc:
+    except (UsageError, CheckFailed, RunFailed, RunEnded) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except CheckPassed as exc:
         print(f"check passed: {exc}", file=sys.stderr)
         return 0
+    except (MemoryError, RuntimeError) as exc:
+        detail = out_of_memory(exc)
+        if detail is None:
+            raise
+        # Sizes each within their bounds can still ask for more than this machine holds (--batch-size
+        # 2**31 - 1, --hidden 10**6): the allocation fails at once, before anything is written.
+        print(f"error: not enough memory for what the options ask ({detail}); use smaller sizes (batch, model "
+              f"width or depth, counts)", file=sys.stderr)
+        return UsageError.exit_code
     except BrokenPipeError:  # `trainers status --json | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

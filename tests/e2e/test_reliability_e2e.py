@@ -3,6 +3,7 @@ when their torchrun agent is killed, so no orphan keeps writing."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_DATA, read_results, run_cli, torchrun_cmd, wait_for
+from conftest import GPT_TINY, TINY_DATA, read_results, run_cli, run_torchrun, torchrun_cmd, wait_for
+from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.lock import held_by_other
+from trainers.runtime.rundir import single_process_context
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +87,38 @@ def test_killing_the_torchrun_agent_ends_its_workers_with_a_checkpoint(tmp_path)
     assert held_by_other(run_dir) is None  # nobody writes the folder any more: a relaunch may take it
     proc = run_cli([*LONG, "--run-dir", str(run_dir), "--max-hours", "1e-9"], check=True)
     assert "resumed from checkpoint" in (run_dir / "training.log").read_text(), proc.stderr[-2000:]
+
+
+@pytest.fixture
+def small_volume(tmp_path):
+    """A 3 MiB tmpfs: a real full disk (what torch.save says then is not an OSError but a RuntimeError
+    "unexpected pos"). Needs root and mount(2), as on the CI machine; skipped elsewhere."""
+    where = tmp_path / "small"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(where)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.decode().strip()[:80]})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_the_run_once_as_disk_full_and_torchrun_does_not_relaunch_it(small_volume):
+    """A full disk was a traceback, torchrun restarted the job twice, the deploy made 4 attempts and
+    never said "disk full". Now every rank agrees on it at the failing save, results.json says
+    disk_full, the workers exit 0 so torchrun does not start it again, earlier checkpoints verify."""
+    run_dir = small_volume / "run"
+    proc = run_torchrun(["gpt", "train", *GPT_TINY, "--batch-tokens", "512", "--device", "cpu", "--run-dir",
+                         str(run_dir), "--max-steps", "500", "--ckpt-every", "1", "--keep-last", "1000",
+                         "--eval-every", "1000", "--sample-chars", "0"], extra=["--max-restarts=3"], check=False,
+                        timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "error: the disk filled up at step" in proc.stderr and "Traceback" not in proc.stderr
+    assert "Restarting" not in proc.stderr and "restart" not in proc.stderr.lower().replace("--restart", "")
+    t = read_results(run_dir)["training"]
+    assert t["stop_reason"] == "disk_full" and t["restarts"] == 0 and 1 <= t["steps"] < 500
+    ckpt = CheckpointManager(run_dir / "checkpoints", single_process_context(), 1, logging.getLogger("test"))
+    steps = ckpt.complete_steps()
+    assert steps and all(ckpt.verify(s) is None for s in steps)

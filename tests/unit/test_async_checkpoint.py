@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from toy_trainer import cfg_for, toy_loop
-from trainers.errors import RunFailed
+from trainers.errors import RunEnded, RunFailed
 from trainers.runtime.async_save import HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.checkpointer import Checkpointer
@@ -70,12 +70,12 @@ def test_the_loop_trains_on_while_a_write_runs_and_the_meta_comes_after_the_file
     real_step_done = Run.step_done
     commits: list = []
 
-    def step_done(self, step, position, items=0):
+    def step_done(self, step, position, items=0, loss=None):
         if step == 5:
             release.set()  # steps 4 and 5 ran while step 3 was being written
         if not commits and self.ckpt.manager.meta_path(3).exists():
             commits.append(step)
-        return real_step_done(self, step, position, items)
+        return real_step_done(self, step, position, items, loss)
 
     monkeypatch.setattr(CheckpointManager, "write_local", slow_write)
     monkeypatch.setattr(Run, "step_done", step_done)
@@ -125,7 +125,10 @@ def test_a_kill_while_a_write_is_uncommitted_resumes_from_the_previous_complete_
     torch.testing.assert_close(model.weight, ref_model.weight)
 
 
-def test_a_failed_write_stops_the_run_in_one_line_and_keeps_what_is_on_disk(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("ckpt_async", [True, False])
+def test_a_full_disk_ends_the_run_as_disk_full_and_keeps_what_is_on_disk(tmp_path, monkeypatch, ckpt_async):
+    """Written behind the loop or in it, a full disk is agreed by every rank: the run ends (RunEnded:
+    a rerun would end the same way), results.json says disk_full, the checkpoints before it stay."""
     real_write = CheckpointManager.write_local
 
     def disk_full(self, step, shared, rank_state):
@@ -134,19 +137,38 @@ def test_a_failed_write_stops_the_run_in_one_line_and_keeps_what_is_on_disk(tmp_
         return real_write(self, step, shared, rank_state)
 
     monkeypatch.setattr(CheckpointManager, "write_local", disk_full)
-    with pytest.raises(RunFailed) as err:
-        toy_loop(cfg_for(tmp_path, ckpt_every=2, patience=0, ckpt_async=True), total_steps=8, epoch_steps=100)
-    message = str(err.value)
-    assert "checkpoint of step 4 failed" in message and "No space left on device" in message
-    assert "newest complete checkpoint is step 2" in message
+    with pytest.raises(RunEnded) as err:
+        toy_loop(cfg_for(tmp_path, ckpt_every=2, patience=0, ckpt_async=ckpt_async), total_steps=8, epoch_steps=100)
+    assert "the disk filled up at step" in str(err.value) and "newest complete checkpoint is step 2" in str(err.value)
+    log = (tmp_path / "run" / "training.log").read_text()
+    assert "checkpoint of step 4 failed" in log and "No space left on device" in log
     assert meta_steps(tmp_path) == [2]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["training"]["stop_reason"] == "disk_full" and "disk filled up" in results["evaluation"]["skipped"]
     ckpt = CheckpointManager(tmp_path / "run" / "checkpoints", _ctx(), 1, _log())
     assert ckpt.verify(2) is None
     # the same command, disk fixed, resumes from step 2
     monkeypatch.setattr(CheckpointManager, "write_local", real_write)
-    results, _ = toy_loop(cfg_for(tmp_path, ckpt_every=2, patience=0, ckpt_async=True), total_steps=8, epoch_steps=100)
-    assert results["training"]["steps"] == 8
+    results, _ = toy_loop(cfg_for(tmp_path, ckpt_every=2, patience=0, ckpt_async=ckpt_async), total_steps=8,
+                          epoch_steps=100)
+    assert results["training"]["steps"] == 8 and results["training"]["stop_reason"] == "completed"
     assert "resumed from checkpoint step 2" in (tmp_path / "run" / "training.log").read_text()
+
+
+def test_another_write_failure_stops_the_run_in_one_line_for_a_retry(tmp_path, monkeypatch):
+    """Not a full disk (an I/O error, a lost mount): RunFailed on every rank, so torchrun may retry."""
+    real_write = CheckpointManager.write_local
+
+    def io_error(self, step, shared, rank_state):
+        if step == 4:
+            raise OSError(5, "Input/output error")
+        return real_write(self, step, shared, rank_state)
+
+    monkeypatch.setattr(CheckpointManager, "write_local", io_error)
+    with pytest.raises(RunFailed) as err:
+        toy_loop(cfg_for(tmp_path, ckpt_every=2, patience=0, ckpt_async=True), total_steps=8, epoch_steps=100)
+    assert "checkpoint of step 4 failed" in str(err.value) and "Input/output error" in str(err.value)
+    assert meta_steps(tmp_path) == [2]
 
 
 def test_async_is_on_by_default_only_with_cuda(tmp_path):

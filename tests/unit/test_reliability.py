@@ -76,6 +76,27 @@ def test_every_checkpoint_corrupt_is_refused_in_one_line_and_restart_keeps_the_e
         n + ".unusable" if n.startswith("meta_") else n for n in before)
 
 
+def test_every_meta_deleted_is_refused_too_not_a_silent_start_from_step_0(tmp_path):
+    """With every meta_*.json gone (a careless cleanup), a start once began again at step 0 and
+    overwrote the old step files; the step files show a run was here."""
+    cfg = cfg_for(tmp_path, ckpt_every=2, patience=0)
+    toy_loop(cfg, total_steps=6)
+    for p in ckpts(tmp_path).glob("meta_*.json"):
+        p.unlink()
+    before = {p.name: p.read_bytes() for p in ckpts(tmp_path).iterdir()}
+    with pytest.raises(UsageError, match=r"every checkpoint in .* is unusable \(model_0000000.*add --restart"):
+        toy_loop(cfg, total_steps=8)
+    assert {p.name: p.read_bytes() for p in ckpts(tmp_path).iterdir()} == before
+
+
+def test_one_step_written_without_its_meta_is_a_first_write_killed_and_starts_over(tmp_path):
+    cfg = cfg_for(tmp_path, ckpt_every=2, patience=0)
+    toy_loop(cfg, total_steps=2)
+    (ckpts(tmp_path) / "meta_00000002.json").unlink()  # as if killed before the first meta was written
+    results, _ = toy_loop(cfg, total_steps=2)
+    assert results["training"]["steps"] == 2 and (ckpts(tmp_path) / "meta_00000002.json").exists()
+
+
 def test_leftover_temp_files_are_removed_at_the_next_start(tmp_path):
     cfg = cfg_for(tmp_path, ckpt_every=2, patience=0)
     toy_loop(cfg, total_steps=2)
@@ -170,6 +191,22 @@ def test_a_resume_on_changed_data_is_refused_in_one_line(tmp_path):
     assert results["training"]["steps"] == 4
 
 
+@pytest.mark.parametrize("damage", ["delete", "garble"])
+def test_a_resume_whose_data_record_is_gone_or_unreadable_is_refused(tmp_path, damage):
+    """A GPT run whose data.json was deleted or garbled once resumed on different text, exit 0, and
+    wrote the new fingerprint over the evidence."""
+    cfg = cfg_for(tmp_path, ckpt_every=2, patience=0)
+    toy_loop(cfg, total_steps=2, data_fingerprint="a" * 64)
+    record = tmp_path / "run" / "data.json"
+    record.unlink() if damage == "delete" else record.write_text("{garbage")
+    with pytest.raises(UsageError, match="no data.json" if damage == "delete" else "data.json is unreadable"):
+        toy_loop(cfg, total_steps=4, data_fingerprint="b" * 64)
+    assert not record.exists() if damage == "delete" else record.read_text() == "{garbage"
+    cfg.restart = True  # starting over on the new data is allowed, and records it
+    toy_loop(cfg, total_steps=2, data_fingerprint="b" * 64)
+    assert json.loads(record.read_text())["fingerprint"] == "b" * 64
+
+
 def test_a_full_disk_during_a_save_is_one_line_and_the_previous_checkpoint_survives(tmp_path, monkeypatch, capsys):
     import errno
 
@@ -183,14 +220,43 @@ def test_a_full_disk_during_a_save_is_one_line_and_the_previous_checkpoint_survi
             "--hidden", "8", "--layers", "1", "--ckpt-every", "2", "--device", "cpu"]
     assert main([*args, "--max-hours", "1e-9"]) == 0  # stops after its first step, with a checkpoint
     good = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
-    real = CheckpointManager.save
+    real = CheckpointManager.write_local
 
     def full(self, step, *a):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.model_path(step)))
 
-    monkeypatch.setattr(CheckpointManager, "save", full)
-    assert main(args) == 2
+    monkeypatch.setattr(CheckpointManager, "write_local", full)
+    assert main(args) == 1  # a plain command; under torchrun 0, so the job is not relaunched (RunEnded)
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: cannot use ") and "No space left on device" in err[-1] and "model_" in err[-1]
-    monkeypatch.setattr(CheckpointManager, "save", real)
+    assert err[-1].startswith("error: the disk filled up at step ") and "newest complete checkpoint is step 1" in err[-1]
+    assert json.loads((run / "results.json").read_text())["training"]["stop_reason"] == "disk_full"
+    monkeypatch.setattr(CheckpointManager, "write_local", real)
     assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == good
+
+
+def test_a_write_that_fails_on_a_full_volume_is_disk_full_whatever_raised_it(tmp_path, monkeypatch):
+    """torch.save on a full disk raises RuntimeError ("unexpected pos"), not OSError: the atomic
+    write still names it DiskFull (so every caller has one disk-full path), and the old file stays."""
+    import os
+
+    from trainers.runtime.files import DiskFull, atomic_write
+
+    target = tmp_path / "file.bin"
+    target.write_bytes(b"old")
+
+    def torch_like(_f):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+    with pytest.raises(RuntimeError, match="unexpected pos") as plain:  # a roomy volume: the error as it is
+        atomic_write(target, torch_like)
+    assert not isinstance(plain.value, DiskFull)
+
+    class Full:
+        f_bavail, f_frsize = 0, 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda _p: Full())
+    with pytest.raises(DiskFull, match="no space left on the volume of .*file.bin.*unexpected pos"):
+        atomic_write(target, torch_like)
+    assert target.read_bytes() == b"old" and not list(tmp_path.glob(".*.tmp"))
+    with pytest.raises(DiskFull):  # an OSError ENOSPC is one too, wherever it is raised
+        atomic_write(tmp_path / "other", lambda _f: (_ for _ in ()).throw(OSError(28, "No space left on device")))

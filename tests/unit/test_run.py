@@ -19,8 +19,8 @@ from trainers.runtime.checkpoint import CheckpointManager
 
 def test_a_stop_on_a_checkpoint_step_saves_once(tmp_path, monkeypatch):
     saved = []
-    real = CheckpointManager.save
-    monkeypatch.setattr(CheckpointManager, "save", lambda self, step, *a: (saved.append(step), real(self, step, *a)))
+    real = CheckpointManager.commit
+    monkeypatch.setattr(CheckpointManager, "commit", lambda self, step, *a: (saved.append(step), real(self, step, *a)))
     toy_loop(cfg_for(tmp_path, ckpt_every=2, patience=0), total_steps=4)
     assert saved == [2, 3, 4]  # cadence 2 and 4, the evaluation at 3; the stop at 4 is not saved twice
 
@@ -113,8 +113,8 @@ def test_early_stopping_is_an_agreed_stop_with_a_checkpoint(tmp_path, patience, 
 
 def test_checkpoints_by_wall_clock_as_well_as_by_steps(tmp_path, monkeypatch):
     saved = []
-    real = CheckpointManager.save
-    monkeypatch.setattr(CheckpointManager, "save", lambda self, step, *a: (saved.append(step), real(self, step, *a)))
+    real = CheckpointManager.commit
+    monkeypatch.setattr(CheckpointManager, "commit", lambda self, step, *a: (saved.append(step), real(self, step, *a)))
     toy_loop(cfg_for(tmp_path, ckpt_every=1000, patience=0, ckpt_every_min=1e-6), total_steps=5)
     assert saved == [1, 2, 3, 4, 5]
 
@@ -165,3 +165,35 @@ def test_adaptive_agreement_is_rare_and_still_stops_within_seconds(tmp_path, mon
     assert t["stop_reason"] == "signal" and 300 <= t["steps"] <= 300 + 100
     assert len(calls) < t["steps"] / 5  # far fewer collectives (host syncs on a GPU) than steps
     assert time.perf_counter() - t0 < 30
+
+
+@pytest.mark.parametrize("agree_every,stops_at", [(1, 5), (4, 6)])
+def test_a_non_finite_loss_stops_the_run_as_diverged_and_nothing_after_it_is_saved(tmp_path, agree_every, stops_at):
+    """A diverged run once ended "completed" with null metrics; now every rank stops at the next
+    agreement, the newest checkpoint is the last finite state, and the run ends RunEnded."""
+    from trainers.errors import RunEnded
+
+    cfg = cfg_for(tmp_path, ckpt_every=2, patience=0, agree_every=agree_every)
+    with pytest.raises(RunEnded) as err:
+        toy_loop(cfg, total_steps=50, nan_at=5, epoch_steps=100)
+    assert "training diverged" in str(err.value) and "the newest checkpoint (step 4) is the last finite" in str(err.value)
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    t = results["training"]
+    # every step agrees, or (every 4) the save due at 6 is an agreement: it sees the NaN and is skipped
+    assert t["stop_reason"] == "diverged" and t["steps"] == stops_at
+    assert "diverged" in results["evaluation"]["skipped"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("meta_*")) == \
+        ["meta_00000002.json", "meta_00000004.json"]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "model_00000004.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state["states"]["model"].values())
+
+
+def test_a_non_finite_validation_metric_is_a_divergence_too(tmp_path):
+    from trainers.errors import RunEnded
+
+    cfg = cfg_for(tmp_path, ckpt_every=100, patience=0, agree_every=50)
+    with pytest.raises(RunEnded):
+        toy_loop(cfg, total_steps=20, val_nan_at=6, epoch_steps=3)
+    t = json.loads((tmp_path / "run" / "results.json").read_text())["training"]
+    assert t["stop_reason"] == "diverged" and t["steps"] == 6  # the evaluation at 6 (NaN) is an agreement
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("meta_*")) == ["meta_00000003.json"]

@@ -168,7 +168,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
             if run.should_eval(step, end_of_epoch):
                 with run.timing("evaluation"):
                     run.evaluated(step, validation_loss(model, store, ctx, cfg.eval_batch_size, precision))
-            if run.step_done(step, cursor.position(), global_count) != StopReason.NONE:
+            if run.step_done(step, cursor.position(), global_count, loss=window_sse) != StopReason.NONE:
                 break
 
         def evaluate() -> dict | None:

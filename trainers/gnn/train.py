@@ -96,7 +96,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
             if run.should_eval(step, end_of_epoch):
                 with run.timing("evaluation"):
                     run.evaluated(step, validation_loss(model, val_data, cfg, ctx))
-            if run.step_done(step, cursor.position(), global_count) != StopReason.NONE:
+            if run.step_done(step, cursor.position(), global_count, loss=loss.detach()) != StopReason.NONE:
                 break
 
         def final_evaluation() -> dict | None:

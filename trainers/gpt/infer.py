@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from trainers.errors import UsageError
+from trainers.errors import CheckFailed, UsageError
 from trainers.gpt.build import build_model
 from trainers.gpt.config import GptConfig
 from trainers.gpt.data import default_prompt, load_corpus, markov_source
@@ -66,6 +66,10 @@ def load_for_inference(run_dir: Path, which: str = "best", device: str = "auto")
     vocab = list(states["vocab"]["chars"])
     model = build_model(cfg, len(vocab))
     model.load_state_dict(states["model"])
+    bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:  # a checkpoint written before the run boundary refused to save a diverged state
+        raise CheckFailed(f"checkpoint step {step} of {run_dir} holds non-finite weights ({bad[0]}{' ...' if len(bad) > 1 else ''}): "
+                          f"its training diverged; pick an earlier one with --checkpoint")
     dev = pick_device(0, device)
     model.to(dev).eval()
     return Loaded(cfg, vocab, model, step, dev)
@@ -93,5 +97,8 @@ def sample_run(run_dir: Path, which: str, prompt: str | None, max_new_tokens: in
     except ValueError as exc:
         raise UsageError(f"--prompt: {exc}") from None
     g = torch.Generator().manual_seed(seed)
-    out = generate(loaded.model, tokens, max_new_tokens, temperature, top_k, g)
-    return prompt + "".join(loaded.vocab[t] for t in out)
+    try:
+        return prompt + "".join(loaded.vocab[t] for t in generate(loaded.model, tokens, max_new_tokens, temperature,
+                                                                   top_k, g))
+    except ValueError as exc:  # a checkpoint whose weights are not finite
+        raise CheckFailed(f"checkpoint step {loaded.step} of {run_dir}: {exc}") from None

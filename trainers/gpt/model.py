@@ -225,11 +225,21 @@ def generate(model: GPT, prompt: list[int], max_new_tokens: int, temperature: fl
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> int:
+    """One token. The distribution is checked on the host copy the draw needs anyway: a diverged
+    model (NaN weights) has none, and is refused instead of answering garbage."""
     if temperature == 0:
+        logits = logits.cpu()
+        _check_finite(logits)
         return int(logits.argmax())
     logits = logits / max(temperature, 1e-6)  # a vanishing temperature must not overflow to inf - inf
     if top_k:
         kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    probs = torch.softmax(logits, dim=-1).cpu()
+    _check_finite(probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _check_finite(values: torch.Tensor) -> None:
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError("the model's outputs are not finite numbers (did its training diverge?): nothing to sample")

@@ -251,7 +251,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
             extra = {"bpc": result["bpc"], "bpb": result["bpb"], "tokens": result["tokens"]}
             if corpus.floor:
                 extra["gap_to_floor_nats"] = result["loss"] - corpus.floor["window_floor_nats"]
-            if cfg.sample_chars:
+            if cfg.sample_chars and math.isfinite(result["loss"]):  # a diverged model has no distribution to sample
                 extra["sample"] = prompt + sample_text(model, corpus.vocab, prompt, cfg.sample_chars, SAMPLE_SEED)
             run.metrics.log(step, "eval", extra)
             if "sample" in extra:
@@ -306,7 +306,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
             if run.should_eval(step):
                 with run.timing("evaluation"):
                     evaluate_now(step)
-            if run.step_done(step, stream.position(), cfg.batch_tokens) != StopReason.NONE:
+            if run.step_done(step, stream.position(), cfg.batch_tokens, loss=window_loss) != StopReason.NONE:
                 break
 
         def final_evaluation() -> dict | None:

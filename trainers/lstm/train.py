@@ -108,7 +108,7 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
                 with run.timing("evaluation"):
                     run.evaluated(step, validation_loss(model, data, cfg.eval_batch_size))
             worker.after_step(run, symbol, step, attempt)  # the job's stops and budget, the tests' raise hook
-            if run.step_done(step, cursor.position(), count) != StopReason.NONE:
+            if run.step_done(step, cursor.position(), count, loss=loss.detach()) != StopReason.NONE:
                 break
 
         def evaluate() -> dict:

@@ -55,28 +55,35 @@ class HostSnapshot:
 
 
 class BackgroundWrite:
-    """One checkpoint's files, written by a thread. `result()` after `done()`: the checksums, or the
-    exception the write raised (re-raised by the caller once every rank knows)."""
+    """One checkpoint's files, written by a thread (or, `in_thread=False`, right here: the same
+    record for a write in the loop). After `done()`: `files` (the checksums) or `error` (what the
+    write raised, re-raised by the caller once every rank knows)."""
 
-    def __init__(self, step: int, meta: dict[str, Any], write: Callable[[], dict[str, str]]):
+    def __init__(self, step: int, meta: dict[str, Any], write: Callable[[], dict[str, str]], in_thread: bool = True):
         self.step = step
         self.meta = meta
         self.files: dict[str, str] | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
-        self._thread = threading.Thread(target=self._run, args=(write,), name=f"checkpoint-{step}", daemon=True)
-        self._thread.start()
+        self.in_thread = in_thread
+        self._thread = None
+        if in_thread:
+            self._thread = threading.Thread(target=self._run, args=(write,), name=f"checkpoint-{step}", daemon=True)
+            self._thread.start()
+        else:
+            self._run(write)
 
     def _run(self, write: Callable[[], dict[str, str]]) -> None:
         t0 = time.perf_counter()
         try:
             self.files = write()
-        except BaseException as exc:  # noqa: BLE001 - handed to the loop, which stops every rank with it
+        except Exception as exc:  # noqa: BLE001 - handed to the loop, which stops every rank with it
             self.error = exc
         self.seconds = time.perf_counter() - t0
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._thread is None or not self._thread.is_alive()
 
     def wait(self) -> None:
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()

@@ -13,13 +13,21 @@ from trainers.errors import UsageError
 
 
 class StopReason(enum.IntEnum):
-    # Larger wins when ranks disagree: a signal beats a budget beats early stopping.
+    # Larger wins when ranks disagree: a signal beats a budget beats early stopping, and a run that
+    # cannot go on (a non-finite loss, a full disk) beats everything: no checkpoint of that state.
     NONE = 0
     COMPLETED = 1
     EARLY_STOP = 2
     MONEY_BUDGET = 3
     TIME_BUDGET = 4
     SIGNAL = 5
+    DIVERGED = 6
+    DISK_FULL = 7
+
+    @property
+    def failed(self) -> bool:
+        """The run ended without success and a rerun would end the same way (results.json says why)."""
+        return self in (StopReason.DIVERGED, StopReason.DISK_FULL)
 
 
 @dataclass(frozen=True)

@@ -137,10 +137,18 @@ class CheckpointManager:
         atomic_write_json(self.meta_path(step), record)
 
     def evidence_of_a_run(self) -> list[str]:
-        """Names of meta files (usable or set aside): a run was here and checkpointed."""
+        """Names that show a run was here and checkpointed: meta files (usable or set aside), or the
+        step files of two or more steps (every meta deleted). One step's files without a meta are
+        what a kill during the first write leaves: starting over from step 0 loses nothing then."""
         if not self.dir.is_dir():
             return []
-        return sorted(p.name for p in self.dir.iterdir() if p.name.startswith("meta_"))
+        names = sorted(p.name for p in self.dir.iterdir())
+        metas = [n for n in names if n.startswith("meta_")]
+        if metas:
+            return metas
+        steps = {int(m.group(2)) for n in names if (m := _STEP_FILE_RE.match(n))} | \
+            {int(m.group(1)) for n in names if (m := _SHARD_DIR_RE.match(n))}
+        return [n for n in names if _STEP_FILE_RE.match(n) or _SHARD_DIR_RE.match(n)] if len(steps) >= 2 else []
 
     # ---- save --------------------------------------------------------------------------------
     def save(self, step: int, shared: dict[str, Any], rank_state: dict[str, Any], meta: dict[str, Any],

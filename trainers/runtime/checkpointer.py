@@ -33,6 +33,7 @@ from trainers.runtime import rng
 from trainers.runtime.async_save import BackgroundWrite, HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.dist import DistContext, all_reduce_max, barrier
+from trainers.runtime.files import is_disk_full
 
 
 class Stateful(Protocol):
@@ -127,7 +128,8 @@ class Checkpointer:
     def save(self, step: int, shared: dict[str, Any], position: dict | None, meta: dict[str, Any],
              sharded: dict[str, Any] | None = None) -> float:
         """Collective (every rank at the same step): `shared` from rank 0, this rank's data
-        `position` and RNG streams in its own file. Returns the seconds the loop stood still."""
+        `position` and RNG streams in its own file. Returns the seconds the loop stood still. A write
+        that fails on any rank raises WriteFailed on every rank (disk full or not)."""
         t0 = time.perf_counter()
         rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
         self.settle()  # one write in flight at most
@@ -137,8 +139,10 @@ class Checkpointer:
             snap = self._snapshot.take({"shared": shared if self.ctx.is_main else None, "rank": rank_state})
             self._pending = BackgroundWrite(step, meta,
                                             lambda: self.manager.write_local(step, snap["shared"], snap["rank"]))
-        else:
-            self.manager.save(step, shared, rank_state, meta)
+        else:  # written here, but agreed like a write behind the loop: a rank that failed tells the others
+            self._pending = BackgroundWrite(step, meta, lambda: self.manager.write_local(step, shared, rank_state),
+                                            in_thread=False)
+            self.settle()
         self.last_saved_step = step
         self._last_save_time = time.monotonic()
         stalled = time.perf_counter() - t0
@@ -146,19 +150,19 @@ class Checkpointer:
         return stalled
 
     def write_status(self) -> tuple[float, float]:
-        """This rank's (writing, failed), for the stop agreement to carry."""
+        """This rank's (writing, failure), for the stop agreement to carry: failure 2 for a full
+        disk, 1 for any other error (the max over ranks wins)."""
         pending = self._pending
         writing = pending is not None and not pending.done()
-        failed = pending is not None and not writing and pending.error is not None
-        return float(writing), float(failed)
+        return float(writing), 0.0 if writing else self._failure_code(pending)
 
-    def agreed(self, any_writing: bool, any_failed: bool) -> None:
+    def agreed(self, any_writing: bool, failure: float) -> None:
         """Collective, after an agreement that carried `write_status`: a failure anywhere stops every
         rank; no rank still writing completes the checkpoint."""
         if self._pending is None:
             return
-        if any_failed:
-            self._write_failed(self._pending)
+        if failure > 0:
+            self._write_failed(self._pending, failure)
         elif not any_writing:
             self._commit()
 
@@ -170,23 +174,38 @@ class Checkpointer:
             return 0.0
         t0 = time.perf_counter()
         pending.wait()
-        if all_reduce_max(self.ctx, [1.0 if pending.error is not None else 0.0])[0] > 0:
-            self._write_failed(pending)
+        failure = all_reduce_max(self.ctx, [self._failure_code(pending)])[0]
+        if failure > 0:
+            self._write_failed(pending, failure)
         self._commit()
         return time.perf_counter() - t0
+
+    def _failure_code(self, pending: BackgroundWrite | None) -> float:
+        if pending is None or pending.error is None:
+            return 0.0
+        return 2.0 if is_disk_full(pending.error, self.manager.dir / "x") else 1.0
 
     def _commit(self) -> None:
         pending, self._pending = self._pending, None
         self.manager.commit(pending.step, pending.files, pending.meta)
-        self.writes_behind_s += pending.seconds
+        if pending.in_thread:
+            self.writes_behind_s += pending.seconds
         # a final save is waited for: the budget's reserve counts the whole write, not the copy
         self.slowest_s = max(self.slowest_s, pending.seconds)
 
-    def _write_failed(self, pending: BackgroundWrite) -> None:
+    def _write_failed(self, pending: BackgroundWrite, failure: float) -> None:
         """Every rank stops here together (the failure came through a collective)."""
         self._pending = None
         steps = self.manager.complete_steps()
         where = f"this rank: {pending.error}" if pending.error is not None else "on another rank"
-        raise RunFailed(f"writing the checkpoint of step {pending.step} failed ({where}); the newest complete "
-                        f"checkpoint is {'step ' + str(steps[0]) if steps else 'none'}: fix the disk and run the "
-                        f"same command to resume from it")
+        raise WriteFailed(f"writing the checkpoint of step {pending.step} failed ({where}); the newest complete "
+                          f"checkpoint is {'step ' + str(steps[0]) if steps else 'none'}: fix the disk and run the "
+                          f"same command to resume from it", disk_full=failure >= 2)
+
+
+class WriteFailed(RunFailed):
+    """A checkpoint could not be written on some rank; every rank raises it at the same step."""
+
+    def __init__(self, message: str, disk_full: bool):
+        super().__init__(message)
+        self.disk_full = disk_full

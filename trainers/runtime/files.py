@@ -5,6 +5,7 @@ No torch here: the market data cache and the CLI use these without importing it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -30,8 +31,33 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+LOW_SPACE_BYTES = 1 << 20  # a volume with less than this free cannot take even a results file
+
+
+class DiskFull(OSError):
+    """A write failed because its volume is full (or over quota), whatever library raised it."""
+
+    def __init__(self, path: Path, cause: BaseException | None = None):
+        detail = f" ({type(cause).__name__}: {str(cause).splitlines()[0][:160]})" if cause and str(cause) else ""
+        super().__init__(errno.ENOSPC, f"no space left on the volume of {path}{detail}", str(path))
+
+
+def is_disk_full(exc: BaseException, path: Path) -> bool:
+    """Whether a failed write into `path` was the disk filling up: an OSError ENOSPC or EDQUOT, or
+    any other error (torch.save's zip writer says "unexpected pos", PIL, pandas...) raised while
+    the volume has (almost) no space left."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        st = os.statvfs(Path(path).parent)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < LOW_SPACE_BYTES
+
+
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Write through `write(fileobj)` into a temp file beside `path`, fsync, then rename over it."""
+    """Write through `write(fileobj)` into a temp file beside `path`, fsync, then rename over it. A
+    full disk raises DiskFull, whatever `write` raised (the old file is untouched)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -42,9 +68,11 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
             os.fsync(f.fileno())
         os.replace(tmp, path)
         fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, Exception) and not isinstance(exc, DiskFull) and is_disk_full(exc, path):
+            raise DiskFull(path, exc) from exc
         raise
 
 

@@ -6,6 +6,7 @@ writer that does nothing and a disabled progress bar, so trainer code never bran
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -51,6 +52,7 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path | None, enabled: bool):
         self.enabled = enabled and run_dir is not None
+        self.disk_full: OSError | None = None  # a write found the volume full: writing stopped, the run stops
         self._file = None
         self._tb = None
         if self.enabled:
@@ -64,11 +66,16 @@ class MetricsWriter:
             return
         record = {"kind": kind, "step": step, "time": round(time.time(), 3)}
         record.update({k: _jsonable(v) for k, v in values.items()})
-        self._file.write(json.dumps(record) + "\n")
-        for key, value in values.items():
-            value = _jsonable(value)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._tb.add_scalar(f"{kind}/{key}", value, step)
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            for key, value in values.items():
+                value = _jsonable(value)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.disk_full, self.enabled = exc, False  # the run reads this and stops every rank
 
     def close(self) -> None:
         if self._file is not None:
@@ -85,3 +92,39 @@ def progress(total: int | None, initial: int, enabled: bool, desc: str) -> tqdm:
     enabled = enabled and os.environ.get("TRAINERS_PROGRESS", "1") != "0"
     return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, dynamic_ncols=True,
                 mininterval=1.0)
+
+
+class StepLog:
+    """What a loop shows and records step by step: the progress bar (rank 0) and the training row
+    that waits for its window's throughput, written when the step ends."""
+
+    def __init__(self, metrics: MetricsWriter, total: int | None, enabled: bool, desc: str, metric_name: str):
+        self.metrics, self.desc, self.metric_name = metrics, desc, metric_name
+        self.bar = progress(total, 0, enabled, desc)
+        self._pending: tuple[int, dict] | None = None
+
+    def start(self, step: int, total: int | None) -> None:
+        self.bar.reset(total=total)
+        self.bar.update(step)
+
+    def record(self, step: int, values: dict) -> None:
+        self._pending = (step, dict(values))
+        loss = next((v for k, v in values.items() if "loss" in k or "fraction" in k), None)
+        if isinstance(loss, float):
+            self.bar.set_postfix({self.metric_name: f"{loss:.4f}"})
+
+    def step_ended(self, window) -> None:
+        """`window()`: the throughput of the window this row closes (called only when one waits)."""
+        self.bar.update(1)
+        if self._pending is not None:
+            step, values = self._pending
+            self.metrics.log(step, "train", {**values, **window()})
+            self._pending = None
+
+    def quiet(self) -> None:
+        self.bar.leave = False  # closing erases the line it drew
+        self.bar.close()
+        self.bar = progress(None, 0, False, self.desc)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -19,6 +19,7 @@ finite or null: NaN and infinities never reach the file.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -66,17 +67,45 @@ def run_record() -> dict:
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def write_training(run_dir: Path, results: dict, trainer: str, best_step: int | None, stopped_by: str | None,
-                   warn) -> dict:
+def ending(reason, trainer: str, run_dir: Path, signal_name: str | None, step: int, complete: list[int]) -> str | None:
+    """Why the final evaluation is skipped (None: it runs), in words a user can act on: a signal
+    (torchrun's SIGKILL follows SIGTERM, no time to evaluate), a non-finite loss, a full disk.
+    `complete`: the complete checkpoints' steps, newest first."""
+    name, newest = reason.name.lower(), complete[0] if complete else None
+    if name == "signal":
+        return (f"stopped by {signal_name or 'a signal on another rank'}; run `trainers {trainer} evaluate "
+                f"--run-dir {run_dir}` for the metrics")
+    if name == "diverged":
+        kept = f"the newest checkpoint (step {newest}) is the last finite state" if newest is not None else \
+            "no checkpoint was written before it"
+        return (f"training diverged: a non-finite loss or metric by step {step}; nothing after it was saved, {kept}. "
+                f"Lower --lr (or the scale of the rewards, costs or inputs) and train again in a new --run-dir")
+    if name == "disk_full":
+        kept = f"step {newest}" if newest is not None else "none"
+        return (f"the disk filled up at step {step}; the newest complete checkpoint is {kept}. Free space (df -h "
+                f"{run_dir}) and run the same command to resume from it")
+    return None
+
+
+def write_training(run_dir: Path, results: dict, trainer: str, best_step: int | None, skipped: str | None,
+                   log) -> dict | None:
     """Rank 0, at the end of training: merge the run's sections in, before the final evaluation
-    (a kill during it loses nothing). `stopped_by` a signal: the evaluation is skipped (torchrun's
-    SIGKILL follows SIGTERM) and the command that runs it later is named. An export of another
-    checkpoint than the best one is marked stale (with the command that redoes it)."""
-    if stopped_by is not None:
-        evaluation = {"skipped": f"stopped by {stopped_by}; run `trainers {trainer} evaluate --run-dir {run_dir}` "
-                                 f"for the metrics"}
-    else:
-        evaluation = {"pending": "the final evaluation was running when results were last written"}
+    (a kill during it loses nothing). `skipped`: why there is no evaluation (see `ending`). An
+    export of another checkpoint than the best one is marked stale (with the command that redoes it).
+    A full disk is logged, not raised (the run is ending on it: the other ranks wait at a barrier)."""
+    try:
+        return _write_training(run_dir, results, trainer, best_step, skipped, log.warning)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        log.error("results.json could not be written: %s", exc)
+        return None
+
+
+def _write_training(run_dir: Path, results: dict, trainer: str, best_step: int | None, skipped: str | None,
+                    warn) -> dict:
+    evaluation = {"skipped": skipped} if skipped else \
+        {"pending": "the final evaluation was running when results were last written"}
     results = dict(results, evaluation=evaluation)
     export = read_results(run_dir, warn).get("export")
     if export and export.get("checkpoint_step") != best_step:

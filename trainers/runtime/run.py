@@ -8,16 +8,16 @@
             if run.should_log(step): run.log_train(step, {"loss": ...})
             if run.should_eval(step, end_of_epoch):
                 with run.timing("evaluation"): run.evaluated(step, validation_loss(...))
-            if run.step_done(step, position, items) != StopReason.NONE: break
+            if run.step_done(step, position, items, loss) != StopReason.NONE: break
         return run.finish(summary, evaluate=...)
 
 For every trainer alike: one job per folder, nothing written before every check passed; resume
-restores every state, the run's counters and *this rank's* RNG and data position; `step_done` saves
-at the cadence and after each evaluation, agrees on a stop with every rank and saves exactly once on
-a stop; `finish` writes the training results before the evaluation (a kill during it loses nothing)
-and skips the evaluation after a signal (torchrun's SIGKILL follows SIGTERM in 30 s). Its parts,
-one job each: `Checkpointer`, `StopAgreement`, `AgreementCadence`, `ValidationRecord`,
-`ThroughputClock`, and the run folder's lock, `Heartbeat` and data fingerprint (`rundir`).
+restores every state, the run's counters and this rank's RNG and data position; `step_done` saves at
+the cadence and after each evaluation, agrees on a stop with every rank and saves exactly once on a
+stop, never after a non-finite loss; `finish` writes the training results before the evaluation and
+skips it after a signal (SIGKILL follows in 30 s) or a failure. Its parts, one job each:
+`Checkpointer`, `StopAgreement`, `AgreementCadence`, `ValidationRecord`, `FiniteWatch`,
+`ThroughputClock`, `StepLog`, and the run folder's lock, `Heartbeat` and data fingerprint (`rundir`).
 """
 
 from __future__ import annotations
@@ -27,17 +27,18 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from trainers.errors import RunEnded
 from trainers.runtime import config as cfgmod
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.checkpointer import Checkpointer, Start, Stateful
+from trainers.runtime.checkpointer import Checkpointer, Start, Stateful, WriteFailed
 from trainers.runtime.dist import DistContext, barrier
 from trainers.runtime.faults import maybe_inject
 from trainers.runtime.info import run_facts
-from trainers.runtime.logs import progress
+from trainers.runtime.logs import StepLog
 from trainers.runtime.options import RunOptions
-from trainers.runtime.results import merge_results, run_record, write_training
+from trainers.runtime.results import ending, merge_results, run_record, write_training
 from trainers.runtime.rundir import Heartbeat, open_run_dir, take_run_folder
-from trainers.runtime.stops import AgreementCadence, StopAgreement, StopReason, ValidationRecord
+from trainers.runtime.stops import AgreementCadence, FiniteWatch, StopAgreement, StopReason, ValidationRecord
 from trainers.runtime.throughput import ThroughputClock
 
 
@@ -48,41 +49,37 @@ class Run:
                  data_fingerprint: str | None = None, sharded_states: dict[str, Stateful] | None = None,
                  budget_includes_startup: bool = False):
         self.cfg, self.ctx, self.trainer, self.total_steps = cfg, ctx, trainer, total_steps
-        # Both dicts are read at resume and at each save, so a loop may fill them after entering the
-        # run (a check-only start then never builds the model).
+        # read at resume and at each save: a loop may fill them after entering (a check-only start builds nothing)
         self.states, self.sharded_states = states, sharded_states if sharded_states is not None else {}
         self.metric_name, self.eval_every, self.data_fingerprint = metric_name, eval_every, data_fingerprint
-        self.budget_includes_startup = budget_includes_startup  # the budget's clock starts at `started_at`
         self.run_dir = Path(cfg.run_dir)
         self.clock = ThroughputClock(unit, ctx.device, ctx.world_size, flops_per_item,
                                      started_at if started_at is not None else time.time())
+        self.budget_from = self.clock.started_at if budget_includes_startup else None  # the budget's clock starts there
         self.step, self.reason = 0, StopReason.NONE
         self._metric_to_save: tuple[int, float] | None = None
-        self._pending_log: tuple[int, dict] | None = None
         self._exit = contextlib.ExitStack()
 
     def __enter__(self) -> "Run":
-        lock = take_run_folder(self.run_dir, self.ctx, self.trainer, self.data_fingerprint)
+        lock = take_run_folder(self.run_dir, self.ctx, self.trainer, self.data_fingerprint, self.cfg.restart)
         self._exit.callback(lambda: lock is not None and lock.release())
-        self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx, self.data_fingerprint)
+        self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx, self.data_fingerprint, self.cfg.restart)
         self._exit.callback(self.metrics.close)
         manager = CheckpointManager(self.run_dir / "checkpoints", self.ctx, self.cfg.keep_last, self.log)
         self.ckpt = Checkpointer(manager, self.ctx, self.cfg.ckpt_every, self.cfg.ckpt_every_min, self.cfg.ckpt_async)
         self.heartbeat = Heartbeat(self.run_dir, self.ctx, self.trainer, self.total_steps)
-        self.val = ValidationRecord(self.cfg.patience, self.cfg.min_delta)
+        self.val, self.finite = ValidationRecord(self.cfg.patience, self.cfg.min_delta), FiniteWatch()
         self.cadence = AgreementCadence(self.cfg.agree_every, self.ctx.device.type)
-        self.stopper = StopAgreement(self.ctx, self.cfg.budget(self.ctx.world_size))
-        if self.budget_includes_startup:
-            self.stopper.count_from(self.clock.started_at)
+        self.stopper = StopAgreement(self.ctx, self.cfg.budget(self.ctx.world_size), counted_from=self.budget_from)
         self.stopper.install_signal_handlers()
         self._exit.callback(self.stopper.restore_signal_handlers)
-        self.bar = progress(self.total_steps, 0, self.ctx.is_main, self.trainer)
-        self._exit.callback(lambda: self.bar.close())
+        self.steps = StepLog(self.metrics, self.total_steps, self.ctx.is_main, self.trainer, self.metric_name)
+        self._exit.callback(self.steps.close)
         self.clock.entered_at = time.time()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._exit.close()
+        self._exit.close()  # the lock, the metrics, the signal handlers, the bar
 
     @property
     def signal_name(self) -> str | None:
@@ -94,22 +91,19 @@ class Run:
 
     def quiet_progress(self) -> None:
         """No progress bar (several runs side by side would interleave on the terminal)."""
-        self.bar.leave = False  # closing erases the line it drew
-        self.bar.close()
-        self.bar = progress(None, 0, False, self.trainer)
+        self.steps.quiet()
 
     def resume(self) -> Start:
         """Collective. Restores the newest verified checkpoint into `states`, the run's counters and
         this rank's RNG; on a fresh start seeds this rank's own RNG streams instead."""
-        if self.cfg.restart:
+        if self.cfg.restart:  # its elapsed time is the old run's
             self.heartbeat.clear()
         start, saved = self.ckpt.resume(self.states, self.sharded_states, self.cfg.restart, self.cfg.seed, self.log)
         if saved is not None:
             self.stopper.elapsed_before_s = self.heartbeat.elapsed_including_lost_time(saved["elapsed_s"], self.log)
             self.val.load_state_dict(saved)
         self.step = start.step
-        self.bar.reset(total=self.total_steps)
-        self.bar.update(start.step)
+        self.steps.start(start.step, self.total_steps)
         self.clock.start()
         return start
 
@@ -117,25 +111,15 @@ class Run:
         return step % self.cfg.log_every == 0 or step == self.total_steps
 
     def should_eval(self, step: int, end_of_epoch: bool = False) -> bool:
-        due = end_of_epoch if self.eval_every == 0 else step % self.eval_every == 0
-        return due or step == self.total_steps
+        return (end_of_epoch if self.eval_every == 0 else step % self.eval_every == 0) or step == self.total_steps
 
-    @contextlib.contextmanager
     def timing(self, phase: str):
         """Time spent here is reported under `phase` and left out of the step throughput."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.clock.exclude(phase, time.perf_counter() - t0)
-            self._update_reserve()
+        return self.clock.timing(phase, after=self._update_reserve)
 
     def log_train(self, step: int, values: dict) -> None:
         """Record this step's training metrics; written by `step_done` with the window's throughput."""
-        self._pending_log = (step, dict(values))
-        loss = next((v for k, v in values.items() if "loss" in k or "fraction" in k), None)
-        if isinstance(loss, float):
-            self.bar.set_postfix({self.metric_name: f"{loss:.4f}"})
+        self.steps.record(step, values)
 
     def evaluated(self, step: int, metric: float, initial: bool = False) -> bool:
         """A validation result (lower is better, the same on every rank). `initial` marks the
@@ -143,27 +127,41 @@ class Run:
         if initial:
             self.val.untrained(step, metric, self.metric_name, self.log, self.metrics)
             return False
+        self.finite.watch(metric)
         improved = self.val.update(step, metric, self.metric_name, self.log, self.metrics)
         if self.val.early.should_stop:
             self.stopper.request(StopReason.EARLY_STOP)
         self._metric_to_save = (step, metric)
         return improved
 
-    def step_done(self, step: int, position: dict, items: int = 0) -> StopReason:
+    def step_done(self, step: int, position: dict, items: int = 0, loss=None) -> StopReason:
         """Collective, once per optimizer step: throughput window, checkpoint cadence, the agreed stop
         (saving exactly once on a stop). `position` is this rank's data position after `step`;
-        `items` the samples (tokens, graphs...) all ranks trained on in it."""
+        `items` the samples (tokens, graphs...) all ranks trained on in it; `loss` this step's loss
+        (a tensor stays on the device): a non-finite one stops every rank, nothing after it saved."""
         self.step = step
         self.clock.count(items)
-        self.bar.update(1)
+        self.finite.watch(loss)
         maybe_inject(self.ctx.rank, step, self.ctx.restart_count)
-        if self._pending_log is not None:
-            logged_step, values = self._pending_log
-            self.metrics.log(logged_step, "train", {**values, **self.clock.close_window()})
-            self._pending_log = None
+        self.steps.step_ended(self.clock.close_window)
         self.heartbeat.beat(step, self.stopper.elapsed_s())
+        if self.metrics.disk_full or self.heartbeat.disk_full:  # rank 0's writes: agreed like any stop
+            self.stopper.request(StopReason.DISK_FULL)
+        try:
+            self.reason = self._agree_and_save(step, position)
+        except WriteFailed as exc:  # every rank at once; a full disk ends the run, other failures raise
+            if not exc.disk_full:
+                raise
+            self.log.error("%s", exc)
+            self.reason = StopReason.DISK_FULL
+        return self.reason
+
+    def _agree_and_save(self, step: int, position: dict) -> StopReason:
         evaluated_now = self._metric_to_save is not None and self._metric_to_save[0] == step
         reason, time_save = self._agree(step, force=evaluated_now or self.ckpt.due_by_steps(step))
+        if reason.failed:
+            self._settle()  # the write in flight holds an earlier, finite step: complete it
+            return reason
         if evaluated_now or self.ckpt.due_by_steps(step) or time_save:
             self._save(step, position, self._metric_to_save[1] if evaluated_now else None)
         if reason == StopReason.NONE and self.total_steps is not None and step >= self.total_steps:
@@ -172,7 +170,6 @@ class Run:
             if self.ckpt.last_saved_step != step:
                 self._save(step, position, None)
             self._settle()  # the loop ends: its last checkpoint is complete before anything else runs
-        self.reason = reason
         return reason
 
     def _agree(self, step: int, force: bool) -> tuple[StopReason, bool]:
@@ -182,12 +179,14 @@ class Run:
         last = self.total_steps is not None and step >= self.total_steps
         if not self.cadence.due(force or last):
             return StopReason.NONE, False
-        writing, failed = self.ckpt.write_status()
-        reason, (time_save, every, any_writing, any_failed) = self.stopper.agree(
+        if self.finite.diverged():
+            self.stopper.request(StopReason.DIVERGED)
+        writing, failure = self.ckpt.write_status()
+        reason, (time_save, every, any_writing, failure) = self.stopper.agree(
             float(self.ckpt.due_by_time()), float(self.cadence.proposal(self.clock.seconds_per_step())),
-            writing, failed)
+            writing, failure)
         self.cadence.agreed(every)
-        self.ckpt.agreed(any_writing > 0, any_failed > 0)
+        self.ckpt.agreed(any_writing > 0, failure)
         self._update_reserve()
         return reason, time_save > 0
 
@@ -195,8 +194,7 @@ class Run:
         shared = {"states": {name: obj.state_dict() for name, obj in self.states.items()},
                   "run": {"step": step, "elapsed_s": self.stopper.elapsed_s(), "position_rank0": position,
                           **self.val.state_dict()}}
-        meta = {"metric": metric, "metric_name": self.metric_name, "trainer": self.trainer,
-                "config": cfgmod.to_dict(self.cfg)}
+        meta = {"metric": metric, "metric_name": self.metric_name, "trainer": self.trainer, "config": cfgmod.to_dict(self.cfg)}
         self.clock.exclude("checkpoint", self.ckpt.save(step, shared, position, meta, self.sharded_states or None))
         self.heartbeat.beat(step, self.stopper.elapsed_s(), force=True)
         self._update_reserve()
@@ -205,12 +203,11 @@ class Run:
         self.clock.exclude("checkpoint", self.ckpt.settle())
         self._update_reserve()
 
-    def _update_reserve(self) -> None:
+    def _update_reserve(self) -> None:  # the end of a budget keeps time for the final save and evaluation
         self.stopper.keep_for_the_end(self.ckpt.slowest_s, self.clock.slowest["evaluation"])
 
     def restore_best(self, names: tuple[str, ...] = ("model",)) -> int | None:
-        """Collective. Load the best checkpoint (lowest validation metric; else the newest) into the
-        named states, after checking its SHA-256. Returns its step (None when there is no checkpoint)."""
+        """Collective. The best checkpoint (else the newest) into the named states, verified; its step."""
         self._settle()
         return self.ckpt.restore_best(names, self.states, self.sharded_states)
 
@@ -219,8 +216,10 @@ class Run:
 
     def finish(self, summary: dict, evaluate: Callable[[], dict | None] | None = None) -> dict | None:
         """Collective. Write results.json (merged): the training section first, then the evaluation
-        (skipped after a signal, with the command that runs it later)."""
-        self._settle()
+        (skipped after a signal, with the command that runs it later, and after a failure). A run
+        that diverged or filled the disk then raises RunEnded on every rank."""
+        with contextlib.suppress(WriteFailed):
+            self._settle()  # (its failure is already the reason)
         if self.reason == StopReason.NONE:
             self.reason = StopReason.COMPLETED  # resumed at or past the last step
         self.log.info("training stopped: %s at step %d%s", self.reason.name.lower(), self.step,
@@ -232,18 +231,18 @@ class Run:
                     "wall_time_s_this_attempt": time.time() - self.clock.started_at,
                     **run_facts(self.ctx, elapsed, self.cfg.budget(self.ctx.world_size).cost_usd(elapsed)),
                     **summary.pop("training", {})}
-        stopped_by = (self.signal_name or "a signal on another rank") if self.reason == StopReason.SIGNAL else None
-        merged = None
-        if self.ctx.is_main:
-            merged = write_training(self.run_dir, {"trainer": self.trainer, "config": cfgmod.to_dict(self.cfg),
-                                                   **summary, "training": training, "run": run_record()},
-                                    self.trainer, self.ckpt.manager.best_step(), stopped_by, self.log.warning)
-        if stopped_by is None and evaluate is not None:
+        ended = ending(self.reason, self.trainer, self.run_dir, self.signal_name, self.step,
+                       self.ckpt.manager.complete_steps())
+        merged = write_training(self.run_dir, {"trainer": self.trainer, "config": cfgmod.to_dict(self.cfg), **summary,
+                                               "training": training, "run": run_record()}, self.trainer,
+                                self.ckpt.manager.best_step(), ended, self.log) if self.ctx.is_main else None
+        if ended is None and evaluate is not None:
             with self.timing("evaluation"):
                 evaluation = evaluate()
-            if self.ctx.is_main:
-                merged = merge_results(self.run_dir, {"evaluation": evaluation}, self.log.warning)
-        if self.ctx.is_main:
-            self.log.info("results: %s", self.run_dir / "results.json")
+            merged = merge_results(self.run_dir, {"evaluation": evaluation}, self.log.warning) if self.ctx.is_main \
+                else None
+        self.log.info("results: %s", self.run_dir / "results.json")  # (other ranks log warnings only)
         barrier(self.ctx)
+        if self.reason.failed:
+            raise RunEnded(ended)
         return merged

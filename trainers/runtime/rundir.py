@@ -24,7 +24,7 @@ from trainers.errors import CheckPassed, UsageError
 from trainers.runtime import config as cfgmod
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.dist import DistContext, barrier, broadcast_object
-from trainers.runtime.files import atomic_write_json, remove_stale_temp_files
+from trainers.runtime.files import DiskFull, atomic_write_json, remove_stale_temp_files
 from trainers.runtime.lock import FolderLock, describe_holder, held_by_other
 from trainers.runtime.logs import MetricsWriter, get_logger
 
@@ -54,7 +54,8 @@ def exclusive(run_dir: Path, ctx: DistContext | None = None):
             lock.release()
 
 
-def take_run_folder(run_dir: Path, ctx: DistContext, trainer: str, data_fingerprint: str | None) -> FolderLock | None:
+def take_run_folder(run_dir: Path, ctx: DistContext, trainer: str, data_fingerprint: str | None,
+                    restart: bool = False) -> FolderLock | None:
     """Collective: rank 0 locks the run folder for the job's life (one job per folder; the caller
     releases the lock it returns); every rank gets the same one-line refusal when another job holds
     it, or when the folder was trained on other data. Leftover temp files of a killed writer are
@@ -65,7 +66,7 @@ def take_run_folder(run_dir: Path, ctx: DistContext, trainer: str, data_fingerpr
     problem, lock = None, None
     if ctx.is_main:
         try:
-            check_data_unchanged(run_dir, data_fingerprint)
+            check_data_unchanged(run_dir, data_fingerprint, restart)
             if check_only:
                 holder = held_by_other(run_dir)
                 if holder:
@@ -90,7 +91,7 @@ def single_process_context(device: str = "cpu") -> DistContext:
     return DistContext(0, 0, 1, 1, torch.device(device), None)
 
 
-def open_run_dir(run_dir: Path, cfg, ctx: DistContext, data_fingerprint: str | None = None):
+def open_run_dir(run_dir: Path, cfg, ctx: DistContext, data_fingerprint: str | None = None, restart: bool = False):
     """Create the run folder, write config.json (and the data's fingerprint) on the first run, and
     return (logger, metrics). Call it after every check that can reject the input, so bad input
     writes nothing."""
@@ -98,7 +99,7 @@ def open_run_dir(run_dir: Path, cfg, ctx: DistContext, data_fingerprint: str | N
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / "config.json").exists():
             atomic_write_json(run_dir / "config.json", cfgmod.to_dict(cfg))
-        if data_fingerprint is not None and not (run_dir / DATA_RECORD).exists():
+        if data_fingerprint is not None and (restart or not (run_dir / DATA_RECORD).exists()):
             atomic_write_json(run_dir / DATA_RECORD, {"fingerprint": data_fingerprint})
     barrier(ctx)
     return get_logger(ctx.rank, run_dir), MetricsWriter(run_dir, enabled=ctx.is_main)
@@ -150,16 +151,20 @@ class Heartbeat:
         self.ctx = ctx
         self.trainer = trainer
         self.total_steps = total_steps
+        self.disk_full: OSError | None = None  # a beat found the volume full: the run stops on it
         self._last = 0.0
 
     def beat(self, step: int, elapsed_s: float, force: bool = False) -> None:
         now = time.monotonic()
-        if not self.ctx.is_main or (not force and now - self._last < HEARTBEAT_S):
+        if not self.ctx.is_main or self.disk_full or (not force and now - self._last < HEARTBEAT_S):
             return
         self._last = now
-        atomic_write_json(self.path, {"elapsed_s": elapsed_s, "step": step, "total_steps": self.total_steps,
-                                      "world_size": self.ctx.world_size, "trainer": self.trainer,
-                                      "time": time.time(), "pid": os.getpid()})
+        try:
+            atomic_write_json(self.path, {"elapsed_s": elapsed_s, "step": step, "total_steps": self.total_steps,
+                                          "world_size": self.ctx.world_size, "trainer": self.trainer,
+                                          "time": time.time(), "pid": os.getpid()})
+        except DiskFull as exc:
+            self.disk_full = exc
 
     def elapsed_including_lost_time(self, checkpoint_elapsed: float, log) -> float:
         """Collective (rank 0 reads, all agree): the elapsed time of an earlier attempt that ran on
@@ -180,16 +185,28 @@ class Heartbeat:
         self.path.unlink(missing_ok=True)
 
 
-def check_data_unchanged(run_dir: Path, fingerprint: str | None) -> None:
+def check_data_unchanged(run_dir: Path, fingerprint: str | None, restart: bool = False) -> None:
     """A run trains on one dataset: a resume whose data fingerprint differs from the one the run
-    started with is refused (its positions and checkpoints index into the old data)."""
-    if fingerprint is None:
+    started with is refused (its positions and checkpoints index into the old data), and so is one
+    whose record is unreadable or gone while checkpoints remain (the data could have changed
+    unseen). `--restart` starts over on whatever data it is given."""
+    if fingerprint is None or restart:
         return
     path = Path(run_dir) / DATA_RECORD
+    checkpoints = Path(run_dir) / "checkpoints"
+    trained = checkpoints.is_dir() and any(p.name.startswith(("meta_", "model_")) for p in checkpoints.iterdir())
+    if not path.exists():
+        if trained:
+            raise UsageError(f"--run-dir {run_dir} holds checkpoints but no {DATA_RECORD} (the fingerprint of the data "
+                             f"they were trained on): restore it, or start over with --restart")
+        return
     try:
-        saved = json.loads(path.read_text()).get("fingerprint") if path.exists() else None
-    except (OSError, ValueError, AttributeError):
-        saved = None
-    if saved is not None and saved != fingerprint:
+        saved = json.loads(path.read_text())["fingerprint"]
+        if not isinstance(saved, str):
+            raise TypeError(f"fingerprint is a {type(saved).__name__}")
+    except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is unreadable ({exc}); it records the data this run trained on: restore it, or "
+                         f"start over with --restart") from None
+    if saved != fingerprint:
         raise UsageError(f"--run-dir {run_dir} was trained on other data (fingerprint {saved[:12]}..., now "
                          f"{fingerprint[:12]}...); resume with the data it started with, or use a new --run-dir")

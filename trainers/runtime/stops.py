@@ -11,9 +11,12 @@ handler only sets a flag, the loop does the work.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
+
+import torch
 
 from trainers.runtime.budget import Budget, StopReason
 from trainers.runtime.dist import DistContext, all_reduce_max
@@ -25,7 +28,8 @@ EXIT_ALLOWANCE_S = 2.0  # results.json and leaving the process (torch takes a wh
 class StopAgreement:
     """Collects local reasons to stop; `agree()` turns them into one decision for all ranks."""
 
-    def __init__(self, ctx: DistContext, budget: Budget, elapsed_before_s: float = 0.0):
+    def __init__(self, ctx: DistContext, budget: Budget, elapsed_before_s: float = 0.0,
+                 counted_from: float | None = None):
         self.ctx = ctx
         self.budget = budget
         self.elapsed_before_s = elapsed_before_s  # spent by earlier attempts of the same run
@@ -35,6 +39,8 @@ class StopAgreement:
         self.exit_allowance_s = 0.0  # and for writing results and leaving the process, when that counts too
         self.signal_name: str | None = None
         self._previous_handlers: dict[int, object] = {}
+        if counted_from is not None:
+            self.count_from(counted_from)
 
     def count_from(self, wall_time: float) -> None:
         """Start this attempt's clock at `wall_time` (time.time()) instead of now, and keep
@@ -151,6 +157,32 @@ class EarlyStopping:
 
     def state_dict(self) -> dict:
         return {"best": self.best, "bad_evals": self.bad_evals}
+
+
+class FiniteWatch:
+    """Whether every loss and metric a run has seen was finite. Kept on the device: watching a loss
+    adds two tiny kernels and no host sync; the flag is read at the agreements (host syncs anyway),
+    and every save happens at one, so no checkpoint ever holds the state after a non-finite loss."""
+
+    def __init__(self) -> None:
+        self._finite: torch.Tensor | None = None
+        self._host_bad = False
+
+    def watch(self, value) -> None:
+        """A loss or metric: a tensor (any shape, stays on its device), a number, or a list of them."""
+        if value is None:
+            return
+        if isinstance(value, (list, tuple)):
+            for v in value:
+                self.watch(v)
+        elif isinstance(value, torch.Tensor):
+            ok = torch.isfinite(value.detach()).all()
+            self._finite = ok if self._finite is None else self._finite & ok
+        elif not math.isfinite(float(value)):
+            self._host_bad = True
+
+    def diverged(self) -> bool:
+        return self._host_bad or (self._finite is not None and not bool(self._finite))
 
 
 class ValidationRecord:

@@ -10,6 +10,7 @@ which is what the user pays for, and the breakdown that explains the difference.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -55,6 +56,17 @@ class ThroughputClock:
         self.phases[phase] = self.phases.get(phase, 0.0) + seconds
         self.slowest[phase] = max(self.slowest.get(phase, 0.0), seconds)
         self._excluded += seconds
+
+    @contextlib.contextmanager
+    def timing(self, phase: str, after=None):
+        """Time spent inside is `phase`'s, not step time; `after()` runs when it ends."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.exclude(phase, time.perf_counter() - t0)
+            if after is not None:
+                after()
 
     def close_window(self) -> dict:
         """End the window at this step: its rate, step time, peak memory and MFU (for the metrics)."""
