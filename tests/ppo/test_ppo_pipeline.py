@@ -84,3 +84,56 @@ def test_a_file_with_one_complete_stock_is_refused(tmp_path, capsys):
                  "--min-history-days", "100", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "portfolio needs >= 2" in err[0] and not run_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_resume_on_fewer_workers_keeps_the_schedule_and_trains_no_agent_twice(tmp_path):
+    """Resumed on 1 worker after 2, PPO once recomputed its updates per agent (8 -> 16) and mapped
+    the step counter to other agents: it trained a finished agent again (32 steps ran instead of 16)."""
+    run_dir = tmp_path / "run"
+    args = ["ppo", "train", *TINY, "--total-steps", "1024", "--run-dir", str(run_dir), "--ckpt-every", "1"]
+    run_torchrun(args, env={"TRAINERS_FAULT": "sigterm@rank1:step6"})  # 4 updates per agent, 4 agents: stops at 6
+    first = read_results(run_dir)["training"]
+    assert first["stop_reason"] == "signal" and first["steps"] == 6 and first["updates_per_agent"] == 4
+    run_cli(args, check=True)  # one process now
+    t = read_results(run_dir)["training"]
+    assert t["stop_reason"] == "completed" and t["steps"] == 16 and t["updates_per_agent"] == 4
+    assert t["env_steps_per_update"] == 8 * 16  # each remaining update: this one worker's environments
+    log = (run_dir / "training.log").read_text()
+    assert "started on 2 worker(s), now 1: it keeps its 4 updates per agent" in log
+    from trainers.runtime.rundir import load_checkpoint_states
+
+    _, states = load_checkpoint_states(run_dir, "latest")
+    assert [a["updates_done"] for a in states["agents"]["agents"]] == [4, 4, 4, 4]
+    assert [len(a["history"]) for a in states["agents"]["agents"]] == [2, 2, 2, 2]  # eval every 2: no update twice
+
+
+def test_evaluate_and_export_wait_for_the_run_folder_and_a_moved_folder_resumes(tmp_path, monkeypatch, capsys):
+    """`ppo evaluate` and `export` wrote into a folder training held; a folder named another way
+    (relative, moved) was refused as "a different config"."""
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    args = ["ppo", "train", *TINY, "--total-steps", "256", "--seeds", "1", "--no-baseline-mlp"]
+    assert main([*args, "--run-dir", str(run_dir)]) == 0
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom trainers.runtime.lock import FolderLock\n"
+                               f"FolderLock({str(run_dir)!r}).acquire(); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = (run_dir / "results.json").read_bytes()
+        for verb in ("evaluate", "export"):
+            assert main(["ppo", verb, "--run-dir", str(run_dir)]) == 2
+            assert "is in use by" in capsys.readouterr().err.strip().splitlines()[-1]
+        assert (run_dir / "results.json").read_bytes() == before and not (run_dir / "model.onnx").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    moved = tmp_path / "elsewhere"
+    run_dir.rename(moved)
+    monkeypatch.chdir(tmp_path)
+    assert main([*args, "--run-dir", "./elsewhere"]) == 0  # resumed (nothing left to train), not refused
+    assert "resumed from checkpoint" in (moved / "training.log").read_text()
+    assert os.path.exists(moved / "results.json")

@@ -63,8 +63,8 @@ class AgentSet:
 
     def validated(self, a: Agent, update: int, score: float) -> bool:
         a.history.append((update, score))
-        if a.best is not None and score <= a.best["val_score"]:
-            return False
+        if not math.isfinite(score) or (a.best is not None and score <= a.best["val_score"]):
+            return False  # a NaN score never becomes the snapshot the report and export use
         a.best = {"update": update, "val_score": score,
                   "policy": {k: v.detach().clone() for k, v in a.policy.state_dict().items()},
                   "norms": {k: v.clone() for k, v in a.norms.state_dict().items()} if a.norms else None}

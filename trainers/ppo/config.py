@@ -10,18 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainers.errors import UsageError
-from trainers.runtime.config import option
+from trainers.runtime.config import MAX_YEARS, SYNTHETIC_MAX_CELLS, SYNTHETIC_MAX_DAYS, check_product, option
 from trainers.runtime.options import PRECISIONS, RunOptions
 
 ACTIONS = ("trades", "weights")
 REWARDS = ("pnl", "log_return")
 ENCODERS = ("clstm", "mlp")
 HEADS = ("lstm", "mlp")
+MAX_ENVS = 1 << 16  # environments stepped together (per rank, and for the random baseline)
 
 
 @dataclass
 class PpoConfig(RunOptions):
-    run_dir: str = option("runs/ppo", "run folder: checkpoints, logs, results, equity curves (resumed if it holds a run)")
+    run_dir: str = option("runs/ppo", "run folder: checkpoints, logs, results, equity curves (resumed if it holds a run)",
+                          resume_safe=True)  # where the folder is now: it may have been moved
     # data
     source: str = option("synthetic", "market data: synthetic, yfinance (fetch missing into the cache), cache, "
                          "or file:PATH (long-format CSV/parquet)")
@@ -29,14 +31,15 @@ class PpoConfig(RunOptions):
     tickers: str | None = option(None, "comma-separated symbols, e.g. AAPL,MSFT,BRK-B")
     tickers_file: str | None = option(None, "file of symbols, one per line (or a CSV with a symbol column)")
     cache_dir: str = option("cache/sp500", "parquet price cache of the yfinance and cache sources", resume_safe=True)
-    years: float = option(25.0, "history to use when --start is not given", gt=0)
-    start: str | None = option(None, "first date (YYYY-MM-DD); fixed in config.json on the first run")
-    end: str | None = option(None, "end date, exclusive (default: today); fixed in config.json on the first run")
+    years: float = option(25.0, "history to use when --start is not given", gt=0, max=MAX_YEARS)
+    start: str | None = option(None, "first date (YYYY-MM-DD); fixed in config.json on the first run", date=True)
+    end: str | None = option(None, "end date, exclusive (default: today); fixed in config.json on the first run",
+                             after="start")
     min_history_days: int = option(252, "tickers with fewer valid bars are excluded", min=1)
     num_stocks: int = option(30, "stocks in the portfolio: those with a bar on every date and the highest dollar "
                              "volume (the paper trades 30)", min=2)
     synthetic_tickers: int = option(30, "tickers in the synthetic market", min=2)
-    synthetic_days: int = option(2520, "trading days in the synthetic market", min=2)
+    synthetic_days: int = option(2520, "trading days in the synthetic market", min=2, max=SYNTHETIC_MAX_DAYS)
     data_seed: int = option(0, "seed of the synthetic market", min=0)
     synthetic_momentum: float = option(0.03, "strength of the synthetic market's momentum effect (0: none; < 0: reversal)")
     window: int = option(30, "days of features the agent sees", min=2)
@@ -45,7 +48,9 @@ class PpoConfig(RunOptions):
                               gt=0, lt=1)
     min_split_dates: int = option(20, "fewest decision dates each split may have", min=1)
     # environment
-    num_envs: int = option(64, "environments per rank, stepped together as tensors", min=1)
+    # each environment's state is a handful of tensors allocated up front (zero-filled: the memory is
+    # touched at once, so too many would not fail cleanly but wake the kernel's OOM killer)
+    num_envs: int = option(64, "environments per rank, stepped together as tensors", min=1, max=MAX_ENVS)
     episode_days: int = option(252, "trading days per training episode (each starts at a random training date)",
                                min=1)
     action: str = option("trades", "trades: buy/sell up to --h-max shares per stock; weights: target portfolio weights",
@@ -91,7 +96,8 @@ class PpoConfig(RunOptions):
                             choices=("return", "sharpe"))
     eval_every: int = option(10, "validate every N updates (the agent kept is the best on validation)",
                              resume_safe=True, min=1)
-    random_runs: int = option(10, "random-policy runs the baseline row averages", resume_safe=True, min=1)
+    random_runs: int = option(10, "random-policy runs the baseline row averages (stepped together as environments)",
+                              resume_safe=True, min=1, max=MAX_ENVS)
     precision: str = option("auto", "auto: bf16 autocast on Ampere+, fp16 + grad scaler on older GPUs, fp32 on CPU",
                             choices=PRECISIONS)
     patience: int = option(0, "unused by PPO (agents are chosen on validation, not stopped early)", resume_safe=True,
@@ -106,6 +112,16 @@ class PpoConfig(RunOptions):
             raise UsageError(f"--val-frac {self.val_frac} and --test-frac {self.test_frac} must sum to less than 1")
         if self.source == "synthetic" and self.num_stocks > self.synthetic_tickers:
             raise UsageError(f"--num-stocks {self.num_stocks} is more than --synthetic-tickers {self.synthetic_tickers}")
+        if self.source == "synthetic":
+            check_product(self, ("synthetic_tickers", "synthetic_days"), SYNTHETIC_MAX_CELLS, "prices to generate")
+        rollout = self.num_envs * self.rollout_steps
+        if self.batch_size > rollout:  # the minibatch is cut from one rollout: a larger one was silently the rollout
+            raise UsageError(f"--batch-size {self.batch_size} is more than one rollout holds (--num-envs "
+                             f"{self.num_envs} x --rollout-steps {self.rollout_steps} = {rollout} samples per rank); "
+                             f"use --batch-size {rollout} or less, or more environments or steps")
+        if self.grad_accum > self.batch_size:  # micro-batches of no sample
+            raise UsageError(f"--grad-accum {self.grad_accum} splits a --batch-size {self.batch_size} minibatch into "
+                             f"more micro-batches than it has samples; use --grad-accum {self.batch_size} or less")
 
     def agents(self) -> list[tuple[str, int]]:
         """(encoder, seed) of every agent this run trains, in training order."""

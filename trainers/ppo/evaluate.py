@@ -32,7 +32,7 @@ from trainers.ppo.report import EQUITY_PNG, METRICS, markdown, plot_equity
 from trainers.runtime.dist import DistContext
 from trainers.runtime.files import atomic_write
 from trainers.runtime.results import merge_results
-from trainers.runtime.rundir import load_checkpoint_states, load_run_config, single_process_context
+from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config, single_process_context
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -248,12 +248,13 @@ def evaluate_run(run_dir: str, checkpoint: str = "latest", device: str = "cpu") 
     """Rebuild the run's data and agents from a checkpoint and write the report again."""
     run_path = Path(run_dir)
     cfg = load_run_config(run_path, PpoConfig)
-    step, states = load_checkpoint_states(run_path, checkpoint, device)
-    ctx = single_process_context(device)
-    data, _info = load_trading_data(cfg, log=lambda _m: None)
-    market = DeviceMarket(data.close, data.features, ctx.device)
-    agents = AgentSet(cfg, data.n_stocks, ctx.device)
-    agents.load_state_dict(states["agents"])
-    evaluation = evaluate_agents(agents, cfg, data, market, env_spec(cfg), run_path, ctx, step)
-    merge_results(run_path, {"evaluation": evaluation})
-    return evaluation
+    with exclusive(run_path):  # not while training (or another command) writes into the folder
+        step, states = load_checkpoint_states(run_path, checkpoint, device)
+        ctx = single_process_context(device)
+        data, _info = load_trading_data(cfg, log=lambda _m: None)
+        market = DeviceMarket(data.close, data.features, ctx.device)
+        agents = AgentSet(cfg, data.n_stocks, ctx.device)
+        agents.load_state_dict(states["agents"])
+        evaluation = evaluate_agents(agents, cfg, data, market, env_spec(cfg), run_path, ctx, step)
+        merge_results(run_path, {"evaluation": evaluation})
+        return evaluation

@@ -22,7 +22,7 @@ from trainers.ppo.features import FEATURES
 from trainers.ppo.model import NormalisedPolicy
 from trainers.runtime.files import atomic_write_json, sha256_file
 from trainers.runtime.results import merge_results, read_results
-from trainers.runtime.rundir import load_checkpoint_states, load_run_config
+from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
 
 EXPORT_BATCH = 2
 CHECK_BATCHES = (1, 5, 64)
@@ -46,33 +46,34 @@ def export_run(run_dir: Path, checkpoint: str = "latest", tolerance: float = 1e-
 
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, PpoConfig)
-    step, states = load_checkpoint_states(run_dir, checkpoint)
-    n_stocks = states["agents"]["agents"][0]["policy"]["net.log_std"].shape[0]
-    agents = AgentSet(cfg, n_stocks, torch.device("cpu"))
-    agents.load_state_dict(states["agents"])
-    agent = best_main_agent(agents, cfg)
-    policy, norms, update, val_score = chosen(agent)
-    norms = norms if norms is not None else torch.nn.ModuleList([torch.nn.Identity(), torch.nn.Identity()])
-    module = NormalisedPolicy(norms, policy).eval()
-    path = run_dir / "model.onnx"
-    batch = torch.export.Dim("batch", min=1, max=1 << 20)
-    t0 = time.perf_counter()
-    export_program(module, cases(cfg.window, n_stocks, (EXPORT_BATCH,), seed=7)[f"batch_{EXPORT_BATCH}"], path,
-                   input_names=INPUTS, output_names=["action"], dynamic_shapes={"inputs": ({0: batch}, {0: batch})})
-    export_s = time.perf_counter() - t0
-    parity = check_parity(module, path, cases(cfg.window, n_stocks, CHECK_BATCHES), INPUTS, tolerance)
-    parity["batch_sizes"] = list(CHECK_BATCHES)
-    latency = measure_latency(module, path, cases(cfg.window, n_stocks, (1, 256), seed=1), INPUTS, latency_iters)
-    data = read_results(run_dir).get("data", {})
-    info = {"path": path.name, "checkpoint_step": step, "agent": f"{agent.encoder}/seed{agent.seed}",
-            "selected_update": update, "val_score": val_score, "select_by": cfg.select_by, "export_batch": EXPORT_BATCH, "export_s": export_s,
-            "opset": opset(path), "bytes": path.stat().st_size, "sha256": sha256_file(path), "parity": parity,
-            "latency_cpu": latency,
-            "inputs": {"market": ["batch", cfg.window, n_stocks, len(FEATURES)], "portfolio": ["batch", n_stocks + 1]},
-            "output": {"name": "action", "shape": ["batch", n_stocks], "range": [-1, 1], "action": cfg.action,
-                       "h_max": cfg.h_max},
-            "preprocessing": {"features": list(FEATURES), "feature_mean": data.get("feature_mean"),
-                              "feature_std": data.get("feature_std"), "tickers": data.get("tickers")}}
-    atomic_write_json(run_dir / "export.json", info)
-    merge_results(run_dir, {"export": info})
-    return info
+    with exclusive(run_dir):  # not while training (or another command) writes into the folder
+        step, states = load_checkpoint_states(run_dir, checkpoint)
+        n_stocks = states["agents"]["agents"][0]["policy"]["net.log_std"].shape[0]
+        agents = AgentSet(cfg, n_stocks, torch.device("cpu"))
+        agents.load_state_dict(states["agents"])
+        agent = best_main_agent(agents, cfg)
+        policy, norms, update, val_score = chosen(agent)
+        norms = norms if norms is not None else torch.nn.ModuleList([torch.nn.Identity(), torch.nn.Identity()])
+        module = NormalisedPolicy(norms, policy).eval()
+        path = run_dir / "model.onnx"
+        batch = torch.export.Dim("batch", min=1, max=1 << 20)
+        t0 = time.perf_counter()
+        export_program(module, cases(cfg.window, n_stocks, (EXPORT_BATCH,), seed=7)[f"batch_{EXPORT_BATCH}"], path,
+                       input_names=INPUTS, output_names=["action"], dynamic_shapes={"inputs": ({0: batch}, {0: batch})})
+        export_s = time.perf_counter() - t0
+        parity = check_parity(module, path, cases(cfg.window, n_stocks, CHECK_BATCHES), INPUTS, tolerance)
+        parity["batch_sizes"] = list(CHECK_BATCHES)
+        latency = measure_latency(module, path, cases(cfg.window, n_stocks, (1, 256), seed=1), INPUTS, latency_iters)
+        data = read_results(run_dir).get("data", {})
+        info = {"path": path.name, "checkpoint_step": step, "agent": f"{agent.encoder}/seed{agent.seed}",
+                "selected_update": update, "val_score": val_score, "select_by": cfg.select_by, "export_batch": EXPORT_BATCH, "export_s": export_s,
+                "opset": opset(path), "bytes": path.stat().st_size, "sha256": sha256_file(path), "parity": parity,
+                "latency_cpu": latency,
+                "inputs": {"market": ["batch", cfg.window, n_stocks, len(FEATURES)], "portfolio": ["batch", n_stocks + 1]},
+                "output": {"name": "action", "shape": ["batch", n_stocks], "range": [-1, 1], "action": cfg.action,
+                           "h_max": cfg.h_max},
+                "preprocessing": {"features": list(FEATURES), "feature_mean": data.get("feature_mean"),
+                                  "feature_std": data.get("feature_std"), "tickers": data.get("tickers")}}
+        atomic_write_json(run_dir / "export.json", info)
+        merge_results(run_dir, {"export": info})
+        return info

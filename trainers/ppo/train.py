@@ -13,12 +13,14 @@ counters and sampling generator go in its own `position`, so a resume continues 
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
 
 import torch
 
+from trainers.errors import UsageError
 from trainers.ppo import ppo
 from trainers.ppo.build import Agent, AgentSet
 from trainers.ppo.config import PpoConfig
@@ -28,6 +30,7 @@ from trainers.ppo.evaluate import evaluate_agents, validation_score
 from trainers.ppo.features import FEATURES
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
+from trainers.runtime.files import atomic_write_json
 from trainers.runtime.precision import enable_tf32, make_grad_scaler, precision_for
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
@@ -75,6 +78,25 @@ class Phase:
                                     (ep["final_value"] * d).sum(), (ep["trades"] * d).sum(), (ep["cost"] * d).sum()])
 
 
+SCHEDULE = "schedule.json"
+
+
+def updates_per_agent(cfg: PpoConfig, run_dir: Path, per_update: int) -> tuple[int, int | None]:
+    """(updates per agent, the world size the run started with; None on a first start). The loop's
+    step counts updates agent after agent, so the number of updates per agent is fixed when the run
+    starts (schedule.json): recomputed on another number of workers, a resume would map its steps
+    to other agents and train finished ones again. `--restart` starts a new schedule."""
+    path = run_dir / SCHEDULE
+    if path.exists() and not cfg.restart:
+        try:
+            saved = json.loads(path.read_text())
+            return int(saved["updates_per_agent"]), int(saved["world_size"])
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise UsageError(f"{path} is unreadable ({exc}); it fixes how many updates each agent trains: restore it, "
+                             f"or start over with --restart") from None
+    return math.ceil(cfg.steps_per_agent() / per_update), None
+
+
 def train(cfg: PpoConfig) -> dict | None:
     started_at = time.time()
     cfg.validate()
@@ -96,7 +118,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     tf32 = enable_tf32(ctx.device)
     s = settings(cfg)
     per_update = cfg.num_envs * cfg.rollout_steps * ctx.world_size
-    updates = math.ceil(cfg.steps_per_agent() / per_update)
+    updates, saved_world = updates_per_agent(cfg, run_dir, per_update)
     agents = AgentSet(cfg, data.n_stocks, ctx.device)
     total_steps = updates * len(agents.agents)
     scaler = make_grad_scaler(ctx.device, precision)
@@ -109,6 +131,11 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     with Run(cfg, ctx, "ppo", {"agents": agents, "scaler": scaler}, total_steps, unit="env_steps",
              metric_name="pg_loss", started_at=started_at) as run:
         log = run.log
+        if ctx.is_main and (saved_world is None or cfg.restart):
+            atomic_write_json(run_dir / SCHEDULE, {"updates_per_agent": updates, "world_size": ctx.world_size})
+        elif saved_world is not None and saved_world != ctx.world_size:
+            log.warning("this run started on %d worker(s), now %d: it keeps its %d updates per agent, each now of "
+                        "%d environment steps", saved_world, ctx.world_size, updates, per_update)
         log.info("ppo: agents %s, %s parameters; %d rank(s) x %d environments on %s, precision %s%s",
                  ", ".join(f"{e}/seed{sd}" for e, sd in cfg.agents()), n_params, ctx.world_size, cfg.num_envs,
                  ctx.device.type, precision.name, ", TF32" if tf32 else "")
@@ -146,9 +173,11 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
             u += 1
             agent.updates_done = u
 
+            watched = [update_stats["pg_loss"], update_stats["v_loss"]]  # (explained variance may be NaN by design)
             if u % cfg.eval_every == 0 or u == updates:
                 with run.timing("evaluation"):
                     score = validation_score(market, spec, data.splits["val"], agent.policy, agent.norms, cfg.select_by)
+                    watched.append(score)
                     best = agents.validated(agent, u, score)
                     run.metrics.log(step, "val", {"agent": index, "update": u, f"val_{cfg.select_by}": score, "best": best})
                     log.info("agent %d (%s, seed %d) update %d: validation %s %.4f%s", index, agent.encoder,
@@ -163,7 +192,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                     values.update({f"episode_{k}": ep[k] / n for k in EPISODE_STATS[1:]})
                 run.log_train(step, values)
                 phase.window.zero_()
-            if run.step_done(step, phase.position(), per_update) != StopReason.NONE:
+            if run.step_done(step, phase.position(), per_update, loss=watched) != StopReason.NONE:
                 break
 
         def final_evaluation() -> dict | None:
