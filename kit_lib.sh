@@ -218,25 +218,39 @@ install_signal_traps() {
 }
 
 # ---- logging and phases --------------------------------------------------------------------------
-start_log() {  # everything to the terminal (foreground) and $LOG; tee ignores hang-ups so the log goes on
+start_log() {  # everything to the terminal (foreground) and $LOG
   if [[ "$MODE" == detached ]]; then
     exec >>"$LOG" 2>&1
   else
-    exec > >(trap '' HUP INT; exec tee -a "$LOG") 2> >(trap '' HUP INT; exec tee -a "$LOG" >&2)
+    # The console copy must never take the job down: tee ignores hang-ups and SIGPIPE, and with -p
+    # (warn-nopipe) writes on to the log when the terminal or the reader of a pipe goes away (an SSH
+    # session without a terminal, `| head`), so the deploy itself never writes into a closed pipe.
+    exec > >(trap '' HUP INT PIPE; exec tee -p -a "$LOG") 2> >(trap '' HUP INT PIPE; exec tee -p -a "$LOG" >&2)
   fi
   trap on_exit EXIT
+  # shellcheck disable=SC2064  # $sig is meant to expand now, once per trap
+  for sig in PIPE QUIT USR1 USR2 ALRM; do trap "on_fatal_signal $sig" "$sig"; done  # recorded, then the end
 }
 
-on_exit() {
-  local rc=$?
-  if [[ $rc -ne 0 ]]; then
+on_fatal_signal() {  # a signal the deploy does not handle as a stop: record it (on_exit runs next)
+  FATAL_SIGNAL="$1"
+  exit $((128 + $(kill -l "$1")))
+}
+
+on_exit() {  # the state says what really happened: finished only when the last phase completed
+  local rc=$? how=finished why=""
+  if [[ -n "$STOP_SIGNAL" ]]; then
+    echo "$(basename "$0") stopped by SIG$STOP_SIGNAL in phase '$PHASE' (exit $rc); rerun the same command to resume; the full log is $LOG" >&2
+  elif [[ $rc -ne 0 ]]; then
     echo "$(basename "$0") FAILED in phase '$PHASE' (exit $rc); the full log is $LOG" >&2
   fi
   if [[ "${STATE[state]:-}" == running ]]; then
-    local how=finished
-    [[ $rc -eq 0 ]] || how=failed
-    [[ -z "$STOP_SIGNAL" ]] || how=stopped
-    set_state state "$how" exit_code "$rc" ended "$(date +%s)"
+    if [[ -n "$STOP_SIGNAL" ]]; then how=stopped why="SIG$STOP_SIGNAL in phase $PHASE"
+    elif [[ -n "${FATAL_SIGNAL:-}" ]]; then how=failed why="killed by SIG$FATAL_SIGNAL in phase $PHASE"
+    elif [[ $rc -ne 0 ]]; then how=failed why="exit $rc in phase $PHASE"
+    elif [[ "$PHASE" != "done" ]]; then how=failed why="ended in phase $PHASE before finishing"; rc=1
+    fi
+    set_state state "$how" exit_code "$rc" ended "$(date +%s)" reason "$why"
   fi
 }
 
@@ -365,6 +379,7 @@ phase_train() {
   # In the background and waited for, so a signal to the deploy is handled at once (forwarded to the
   # workers as a graceful stop) instead of after training ends.
   set_state nproc "$NPROC"
+  TRAIN_STARTED=$(date +%s)
   "${cmd[@]}" &
   TRAIN_PID=$!
   local rc
@@ -373,8 +388,39 @@ phase_train() {
     wait "$TRAIN_PID" || rc=$?
     kill -0 "$TRAIN_PID" 2>/dev/null || break  # else a trapped signal interrupted the wait: wait again
   done
-  [[ -z "$STOP_SIGNAL" ]] || die "training stopped by SIG$STOP_SIGNAL with a checkpoint (rc $rc); rerun the same command to resume"
-  return "$rc"
+  if [[ -n "$STOP_SIGNAL" ]]; then  # a stop, not a failure: 128 + the signal, as a shell reports one
+    local saved="before its first checkpoint"
+    [[ -z "$(find "$RUN_DIR" -name 'meta_*.json' -print -quit 2>/dev/null)" ]] || saved="with a checkpoint"
+    echo "training stopped by SIG$STOP_SIGNAL $saved (rc $rc); rerun the same command to resume" >&2
+    exit $((128 + $(kill -l "$STOP_SIGNAL")))
+  fi
+  [[ "$rc" -eq 0 ]] || return "$rc"
+  training_ended_well
+}
+
+training_ended_well() {  # torchrun's 0 is not enough: a run that diverged or filled the disk ends with 0
+  on_node0 || return 0   # (so torchrun does not relaunch it); results.json says how it really ended
+  local ended
+  ended=$("$PY" - "$RUN_DIR" "$TRAIN_STARTED" <<'EOF_PY'
+import calendar, json, os, sys, time
+run_dir, started = sys.argv[1], float(sys.argv[2])
+try:
+    results = json.load(open(os.path.join(run_dir, "results.json")))
+    written = calendar.timegm(time.strptime(results["run"]["written_at"], "%Y-%m-%dT%H:%M:%SZ"))
+    training = results["training"]
+except (OSError, ValueError, KeyError, TypeError):
+    results, written, training = None, 0.0, {}
+if results is None or written < started - 5:
+    free = os.statvfs(run_dir)
+    if free.f_bavail * free.f_frsize < (64 << 20):
+        print(f"disk_full: training wrote no results: {run_dir} has {free.f_bavail * free.f_frsize >> 20} MiB free")
+    else:
+        print("no_results: training ended without recording its results (see the log above)")
+elif training.get("stop_reason") in ("diverged", "disk_full"):
+    print(f"{training['stop_reason']}: {results.get('evaluation', {}).get('skipped', '')}")
+EOF_PY
+)
+  [[ -z "$ended" ]] || { set_state training_end "${ended%%:*}"; die "training did not succeed: ${ended#*: }"; }
 }
 
 skip_if_no_package() {  # `stop --no-package` leaves a marker: the job ends after training
@@ -497,10 +543,17 @@ job_command() {  # job_command status|attach|stop ARGS...
       [[ "$want_json" -eq 0 ]] || args+=(--json)
       exec "$PY" -m trainers status "${args[@]}" ;;
     attach)
-      local log="$OUT/deploy-$TRAINER.log"
+      local log="$OUT/deploy-$TRAINER.log" pid
       [[ -f "$log" ]] || die "no log at $log"
+      pid=$(grep '^pid=' "$OUT/deploy-$TRAINER.state" 2>/dev/null | cut -d= -f2 || true)
+      if ! command -v flock >/dev/null 2>&1 || flock -n "$OUT/.deploy-$TRAINER.lock" true 2>/dev/null ||
+         ! kill -0 "${pid:-0}" 2>/dev/null; then  # the job has ended: its log's end, and how it ended
+        tail -n 40 "$log"
+        resolve_python
+        exec "$PY" -m trainers status --out "$OUT" --trainer "$TRAINER"
+      fi
       echo "following $log (Ctrl-C stops following; the job goes on)"
-      tail -n 40 -F "$log" &
+      tail -n 40 -F --pid="$pid" "$log" &  # ends with the job
       ATTACH_TAIL=$!
       trap 'kill "$ATTACH_TAIL" 2>/dev/null; echo; echo "stopped following the log; the job goes on"; exit 0' INT TERM
       wait "$ATTACH_TAIL" ;;

@@ -3,10 +3,12 @@ dispatch, build_and_push.sh, preflight, shellcheck and hadolint, multi-node rend
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -135,24 +137,6 @@ def test_download_line_from_runpod_variables_and_runpodctl(tmp_path):
     assert "scp -P <ssh-port> root@<this-machine's-public-ip>:" in proc.stdout and "runpodctl" not in proc.stdout
 
 
-@pytest.mark.slow
-def test_demo_end_to_end_to_a_verified_tarball(tmp_path):
-    """The README's main job (`deploy_8gpu.sh --demo`) on smaller data, to a tarball sha256sum accepts."""
-    proc, out = deploy(tmp_path, "--demo", "--", *TINY_DATA, "--epochs", "1", gpus=0)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "forecast.tar.gz: OK" in proc.stdout and "deploy finished" in proc.stdout
-    r = read_results(out / "forecast")
-    assert r["training"]["world_size"] == 2 and r["training"]["device"] == "cpu" and r["data"]["synthetic"]
-    assert r["export"]["parity"]["max_abs_error"] < 1e-4
-    with tarfile.open(out / "forecast.tar.gz") as tar:
-        tar.extractall(tmp_path / "x", filter="data")
-    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path / "x" / "forecast", capture_output=True)
-    assert check.returncode == 0
-    # idempotent: a second run resumes the finished training instead of starting over
-    proc, out = deploy(tmp_path, "--demo", "--", *TINY_DATA, "--epochs", "1", gpus=0)
-    assert proc.returncode == 0 and "resumed from checkpoint" in (out / "forecast" / "training.log").read_text()
-
-
 def verify_tarball(tmp_path: Path, out: Path, trainer: str) -> Path:
     """The tarball the deploy printed: its .sha256 and the SHA256SUMS inside both check out."""
     check = subprocess.run(["sha256sum", "-c", f"{trainer}.tar.gz.sha256"], cwd=out, capture_output=True, text=True)
@@ -165,19 +149,93 @@ def verify_tarball(tmp_path: Path, out: Path, trainer: str) -> Path:
     return inside
 
 
+DEMO_OPTIONS = {  # small enough for CI; each trainer's own demo settings otherwise
+    "forecast": ["--", *TINY_DATA, "--epochs", "1"],
+    "gnn": [], "ppo": [], "gpt": [],
+    "lstm": ["--", "--synthetic-tickers", "3", "--synthetic-days", "700", "--window", "16", "--hidden", "8",
+             "--batch-size", "64"],
+}
+
+
 @pytest.mark.slow
-def test_the_lstm_demo_deploys_to_a_verified_tarball(tmp_path):
-    """Every LSTM deploy once failed in phase 'train' (its check-only start recorded each symbol as
-    failed), and no test deployed the LSTM."""
-    proc, out = deploy(tmp_path, "--trainer", "lstm", "--demo", "--", "--synthetic-tickers", "3",
-                       "--synthetic-days", "700", "--window", "16", "--hidden", "8", "--batch-size", "64", gpus=0)
+@pytest.mark.parametrize("trainer", sorted(DEMO_OPTIONS))
+def test_every_trainer_deploys_with_demo_to_a_verified_tarball(tmp_path, trainer):
+    """What a user runs first, for each trainer (the LSTM's deploy once failed every time, untested),
+    to a tarball whose SHA256SUMS check out, the state saying finished."""
+    proc, out = deploy(tmp_path, "--trainer", trainer, "--demo", *DEMO_OPTIONS[trainer], gpus=0)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "symbols failed: 0" in proc.stdout and "deploy finished" in proc.stdout
-    r = read_results(out / "lstm")
-    assert r["training"]["symbols"]["ok"] == 3 and r["training"]["world_size"] == 2
-    inside = verify_tarball(tmp_path, out, "lstm")
-    assert sorted(p.name for p in (inside / "symbols").iterdir()) == ["SYN000", "SYN001", "SYN002"]
-    assert all((inside / "symbols" / s / "model.onnx").is_file() for s in ("SYN000", "SYN001", "SYN002"))
+    assert f"{trainer}.tar.gz: OK" in proc.stdout and "deploy finished" in proc.stdout
+    r = read_results(out / trainer)
+    assert r["training"]["world_size"] == 2 and r["training"]["device"] == "cpu"
+    assert r["training"]["stop_reason"] in ("completed", "early_stop", "time_budget", "money_budget")
+    inside = verify_tarball(tmp_path, out, trainer)
+    assert (inside / "results.json").is_file() and list(inside.rglob("model.onnx"))
+    state = dict(line.split("=", 1) for line in (out / f"deploy-{trainer}.state").read_text().splitlines())
+    assert state["state"] == "finished" and state["exit_code"] == "0"
+    if trainer == "forecast":  # idempotent: a second run resumes the finished training instead of starting over
+        assert r["export"]["parity"]["max_abs_error"] < 1e-4 and r["data"]["synthetic"]
+        proc, out = deploy(tmp_path, "--demo", *DEMO_OPTIONS[trainer], gpus=0)
+        assert proc.returncode == 0 and "resumed from checkpoint" in (out / "forecast" / "training.log").read_text()
+    if trainer == "lstm":
+        assert "symbols failed: 0" in proc.stdout and r["training"]["symbols"]["ok"] == 3
+        assert sorted(p.name for p in (inside / "symbols").iterdir()) == ["SYN000", "SYN001", "SYN002"]
+
+
+def state_of(out: Path, trainer: str) -> dict:
+    return dict(line.split("=", 1) for line in (out / f"deploy-{trainer}.state").read_text().splitlines())
+
+
+@pytest.mark.slow
+def test_a_deploy_whose_reader_goes_away_finishes_its_job(tmp_path):
+    """`deploy ... | head -c 200`, what an SSH session without a terminal does when the client goes
+    away: the deploy once died in preflight and recorded "finished" with no tarball."""
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TRAINERS_FAULT"))}
+    e.update(PATH=bin_dir(tmp_path), FAKE_GPUS="0", TRAINERS_PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    out = tmp_path / "out"
+    cmd = " ".join([f"bash {ROOT / 'deploy_8gpu.sh'} --trainer lstm --demo --out {out}", *DEMO_OPTIONS["lstm"],
+                    "| head -c 200"])
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=e, timeout=600)
+    assert len(proc.stdout) <= 200
+    state = state_of(out, "lstm")
+    assert state["state"] == "finished", state
+    verify_tarball(tmp_path, out, "lstm")
+    assert "deploy finished" in (out / "deploy-lstm.log").read_text()  # the log kept everything
+
+
+@pytest.mark.slow
+def test_a_deploy_killed_by_a_signal_it_does_not_stop_on_is_recorded_as_failed_not_finished(tmp_path):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TRAINERS_FAULT"))}
+    e.update(PATH=bin_dir(tmp_path), FAKE_GPUS="0", TRAINERS_PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["bash", str(ROOT / "deploy_8gpu.sh"), "--trainer", "gnn", "--demo", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=e)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait for the data phase
+        if (out / "deploy-gnn.state").exists() and state_of(out, "gnn").get("phase") in ("data", "train"):
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    proc.wait(timeout=120)
+    state = state_of(out, "gnn")
+    assert state["state"] == "failed" and "killed by SIGUSR1 in phase" in state["reason"], state
+    status = subprocess.run([sys.executable, "-m", "trainers", "status", "--out", str(out)], capture_output=True,
+                            text=True, env=e)
+    assert "FAILED" in status.stdout and "FINISHED" not in status.stdout
+
+
+@pytest.mark.slow
+def test_a_diverged_training_fails_the_deploy_with_the_reason(tmp_path):
+    """A run whose loss went NaN ended "completed", exit 0, and the deploy packed it; now training
+    stops every rank with "diverged" and the deploy fails its train phase saying so."""
+    proc, out = deploy(tmp_path, "--trainer", "gpt", "--demo", "--", "--lr", "1e30", gpus=0)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "training did not succeed: training diverged" in proc.stderr
+    r = read_results(out / "gpt")
+    assert r["training"]["stop_reason"] == "diverged" and "skipped" in r["evaluation"]
+    assert r["training"]["restarts"] == 0  # torchrun did not relaunch it
+    state = state_of(out, "gpt")
+    assert state["state"] == "failed" and state["training_end"] == "diverged"
+    assert not (out / "gpt.tar.gz").exists()
 
 
 def entrypoint(tmp_path, *args, kit=None):

@@ -138,6 +138,8 @@ def test_a_failed_job_says_where_it_failed_and_a_busy_folder_refuses_a_detached_
     st = json.loads(kit("status", "--out", str(out), "--json", env=env).stdout)
     assert st["state"] == "failed" and st["phase"] == "train" and st["exit_code"] == 2
     assert "FAILED in phase train (exit 2)" in kit("status", "--out", str(out), env=env).stdout
+    attach = kit("attach", "--out", str(out), env=env, timeout=20)  # an ended job: it once followed forever
+    assert attach.returncode == 0 and "FAILED in phase train" in attach.stdout and "--horizon" in attach.stdout
     holder = subprocess.Popen(["flock", str(out / ".deploy-forecast.lock"), "sleep", "30"])
     try:
         time.sleep(0.5)
