@@ -92,3 +92,29 @@ def test_a_file_source_keeps_its_whole_history_unless_asked(tmp_path):
     assert whole["date"].min() == pd.Timestamp("1985-01-02")
     cut, _ = load_source(DataRequest(source=f"file:{path}", years=10, end="2020-01-01", min_rows=100))
     assert cut["date"].min() >= pd.Timestamp("2009-12-01")
+
+
+def test_tickers_that_differ_only_by_case_are_refused_not_merged(tmp_path):
+    """PPO once merged 'aaa' and 'AAA' into one series and dropped one of them as duplicate dates."""
+    import pandas as pd
+
+    from trainers.errors import UsageError
+    from trainers.market.sources import read_user_file
+
+    dates = pd.bdate_range("2020-01-01", periods=5)
+    rows = [{"date": d, "ticker": t, "close": 10.0 + i} for t in ("aaa", "AAA", "BBB") for i, d in enumerate(dates)]
+    path = tmp_path / "prices.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    with pytest.raises(UsageError, match="tickers 'AAA' and 'aaa' are both AAA"):
+        read_user_file(str(path))
+
+
+@pytest.mark.parametrize("trainer", ["forecast", "ppo"])
+def test_an_empty_ticker_list_is_refused_not_read_as_every_ticker(tmp_path, trainer, capsys):
+    from trainers.cli import main
+
+    run_dir = tmp_path / "run"
+    assert main([trainer, "train", "--run-dir", str(run_dir), "--source", "cache", "--cache-dir", str(tmp_path),
+                 "--tickers", ""]) == 2
+    assert "--tickers '' names no symbol" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not run_dir.exists()

@@ -26,7 +26,7 @@ def test_symbol_spelling_is_normalised():
 
 
 @pytest.mark.parametrize("text,match", [("AAPL,AAPL", "duplicate symbol"), ("AAPL,$$X", "malformed symbol"),
-                                        ("WAYTOOLONGSYMBOLNAME", "malformed"), ("../../X", "malformed"), ("/TMP/X", "malformed"), (" , ", "no symbols")])
+                                        ("WAYTOOLONGSYMBOLNAME", "malformed"), ("../../X", "malformed"), ("/TMP/X", "malformed"), (" , ", "names no symbol")])
 def test_bad_ticker_lists_are_rejected(text, match):
     with pytest.raises(UsageError, match=match):
         parse_tickers(text)

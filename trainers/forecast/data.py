@@ -45,12 +45,12 @@ LABEL_TEXT = {"raw": "log(close[t+{h}] / close[t])",
 
 def data_request(cfg: ForecastConfig) -> DataRequest:
     tickers = None
-    if cfg.universe == "sp500-pit" and not (cfg.tickers or cfg.tickers_file) and cfg.source == "yfinance":
+    if cfg.universe == "sp500-pit" and (cfg.tickers is None and cfg.tickers_file is None) and cfg.source == "yfinance":
         from trainers.market.pit import load_history, members_between
 
         tickers = members_between(load_history(), cfg.start, cfg.end)  # who was in the index in these dates
         # (a file or the cache is read whole: load_market reports its symbols that were never members)
-    elif cfg.tickers or cfg.tickers_file or cfg.source == "yfinance":
+    elif cfg.tickers is not None or cfg.tickers_file is not None or cfg.source == "yfinance":
         # file and cache sources use every ticker they hold unless told otherwise
         tickers = resolve_tickers(cfg.tickers, cfg.tickers_file, cfg.universe)
     return DataRequest(source=cfg.source, tickers=tickers, cache_dir=cfg.cache_dir, start=cfg.start, end=cfg.end,
@@ -234,8 +234,8 @@ def universe_name(cfg: ForecastConfig) -> str:
         return "synthetic"
     if cfg.universe == "sp500-pit":
         return "sp500-pit"
-    if cfg.tickers or cfg.tickers_file:
-        return "--tickers" if cfg.tickers else "--tickers-file"
+    if cfg.tickers is not None or cfg.tickers_file is not None:
+        return "--tickers" if cfg.tickers is not None else "--tickers-file"
     return cfg.universe if cfg.source == "yfinance" else "every ticker of the source"
 
 

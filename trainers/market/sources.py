@@ -118,8 +118,17 @@ def read_user_file(path: str, keep_time: bool = False) -> pd.DataFrame:
         raise UsageError(f"--source file:{path} has unparseable values: {str(exc).splitlines()[0]}") from None
     # the same spelling as --tickers and the universes (BRK.B, brk/b -> BRK-B), so they match
     spelled = {raw: to_yfinance_symbol(raw) for raw in sorted(frame["ticker"].astype(str).unique())}
-    frame["ticker"] = frame["ticker"].astype(str).map(spelled)
     check_symbols(list(spelled.values()), f"--source file:{path}", list(spelled))  # named as the file has them
+    merged = {}
+    for raw, symbol in spelled.items():
+        merged.setdefault(symbol, []).append(raw)
+    clashes = {symbol: raws for symbol, raws in merged.items() if len(raws) > 1}
+    if clashes:  # 'aaa' and 'AAA' would become one series, one of them dropped as "duplicate dates"
+        symbol, raws = next(iter(clashes.items()))
+        raise UsageError(f"--source file:{path}: tickers {' and '.join(map(repr, raws))} are both {symbol} (symbols "
+                         f"are case-insensitive, '.' and '/' read as '-'){f' ({len(clashes)} such symbols)' if len(clashes) > 1 else ''}; "
+                         f"keep one spelling per company")
+    frame["ticker"] = frame["ticker"].astype(str).map(spelled)
     return frame
 
 

@@ -12,14 +12,13 @@ then uses each one only on the dates it was a member.
 
 from __future__ import annotations
 
-import re
 from importlib import resources
 from pathlib import Path
 
 import pandas as pd
 
 from trainers.errors import UsageError
-from trainers.market.symbols import check_symbols, to_yfinance_symbol
+from trainers.market.symbols import check_symbols, parse_symbols, read_symbols_file
 
 UNIVERSE_COLUMNS = ("symbol", "name", "gics_sector", "added", "snapshot_date")
 UNIVERSES = ("sp500", "sp500-pit")
@@ -67,30 +66,21 @@ def load_universe(name: str = "sp500", path: Path | None = None) -> pd.DataFrame
 
 
 def parse_tickers(text: str, where: str = "--tickers") -> list[str]:
-    symbols = [to_yfinance_symbol(s) for s in re.split(r"[,\s]+", text) if s.strip()]
-    return validate_symbols(symbols, where)
+    return parse_symbols(text, where)  # an empty list is refused: it must never quietly mean "all"
 
 
 def read_tickers_file(path: str) -> list[str]:
     """One symbol per line (or comma separated); '#' starts a comment. A CSV with a `symbol` column
     works too."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"--tickers-file {path}: no such file")
-    text = p.read_text()
-    first = text.splitlines()[0].strip().lower() if text.strip() else ""
-    if first.split(",")[0] == "symbol":
-        return validate_symbols([to_yfinance_symbol(s) for s in pd.read_csv(p, dtype=str)["symbol"]], str(p))
-    lines = [line.split("#", 1)[0] for line in text.splitlines()]
-    return parse_tickers(" ".join(lines), f"--tickers-file {path}")
+    return read_symbols_file(path)
 
 
 def resolve_tickers(tickers: str | None, tickers_file: str | None, universe: str) -> list[str]:
     """--tickers beats --tickers-file beats --universe."""
-    if tickers and tickers_file:
+    if tickers is not None and tickers_file is not None:
         raise UsageError("give --tickers or --tickers-file, not both")
-    if tickers:
+    if tickers is not None:
         return parse_tickers(tickers)
-    if tickers_file:
+    if tickers_file is not None:
         return read_tickers_file(tickers_file)
     return load_universe(universe)["symbol"].tolist()

@@ -12,7 +12,7 @@ from trainers.ppo.features import TradingData, build_trading_data
 
 def data_request(cfg: PpoConfig) -> DataRequest:
     tickers = None
-    if cfg.source == "yfinance" or cfg.tickers or cfg.tickers_file:
+    if cfg.source == "yfinance" or cfg.tickers is not None or cfg.tickers_file is not None:
         tickers = resolve_tickers(cfg.tickers, cfg.tickers_file, cfg.universe)
     return DataRequest(source=cfg.source, tickers=tickers, cache_dir=cfg.cache_dir, start=cfg.start, end=cfg.end,
                        years=cfg.years, min_rows=cfg.min_history_days, synthetic_tickers=cfg.synthetic_tickers,
