@@ -1,5 +1,7 @@
-"""One rule for every number: every numeric flag of every command refuses NaN, infinities and values
-below its lower bound with one line and exit code 2, before anything is written."""
+"""One rule for every number: every numeric flag of every command refuses NaN, infinities, values
+below its lower bound and values above its ceiling (its own, or the default INT_MAX / FLOAT_MAX that
+keeps every number within what the libraries it reaches accept) with one line and exit code 2,
+before anything is written."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 from trainers.cli import build_parser, main
 from trainers.registry import trainer_module
+from trainers.runtime.config import FLOAT_MAX, INT_MAX, with_ceiling
 
 # Numeric options that may be negative on purpose (every other one has a lower bound).
 NEGATIVE_ALLOWED = {"--synthetic-momentum"}
@@ -34,7 +37,8 @@ def numeric_flags() -> list[tuple[list[str], str, type, dict]]:
                 if hasattr(action.type, "bounds"):
                     out.append((words, flag, action.type.kind, action.type.bounds))
                 elif action.type in (int, float) and flag in fields:
-                    out.append((words, flag, action.type, fields[flag].metadata.get("bounds", {})))
+                    out.append((words, flag, action.type, with_ceiling(action.type,
+                                                                       fields[flag].metadata.get("bounds", {}))))
                 elif action.type in (int, float):
                     raise AssertionError(f"{' '.join(words)} {flag} is a number without bounds: use runtime.config.number")
     return out
@@ -84,9 +88,41 @@ def test_nan_inf_and_out_of_range_are_one_line_exit_2_and_write_nothing(words, f
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def too_large(kind: type, bounds: dict) -> list[str]:
+    """Values just above the flag's ceiling, and far above it (10**20: past int64 and C long)."""
+    if kind is int:
+        top = bounds["max"] + 1 if "max" in bounds else bounds["lt"]
+        return [str(top), str(10**20)]
+    top = bounds["max"] * 1.5 + 1 if "max" in bounds else bounds["lt"]
+    return [repr(float(top)), "1e308"]
+
+
+def test_every_numeric_flag_has_a_ceiling():
+    assert all({"max", "lt"} & set(b) for _, _, _, b in FLAGS)
+    ceilings = {(" ".join(w), f): b.get("max", b.get("lt")) for w, f, _, b in FLAGS}
+    assert ceilings[("forecast train", "--epochs")] == INT_MAX and ceilings[("forecast train", "--lr")] == FLOAT_MAX
+    assert ceilings[("gpt serve", "--port")] == 65535  # a field's own ceiling wins
+
+
+@pytest.mark.parametrize("words,flag,kind,bounds", FLAGS, ids=[f"{' '.join(w)} {f}" for w, f, _, _ in FLAGS])
+def test_too_large_is_one_line_exit_2_and_writes_nothing(words, flag, kind, bounds, tmp_path, capsys, monkeypatch):
+    """--epochs 10**20 trained; --seed 2**70, --workers 10**20 or --hidden 10**20 ended in an
+    OverflowError deep inside torch, NumPy or multiprocessing."""
+    monkeypatch.chdir(tmp_path)
+    for value in too_large(kind, bounds):
+        argv = [*words, *required_args(words, tmp_path), f"{flag}={value}"]
+        assert run(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and flag in err[0] and "<" in err[0], (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_messages_say_what_would_be_accepted(capsys):
     assert run(["forecast", "train", "--lr", "nan"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --lr nan is not allowed: need a finite number > 0"
+    assert capsys.readouterr().err.strip() == "error: --lr nan is not allowed: need a finite number > 0 and <= 3.40282e+38"
+    assert run(["forecast", "train", "--epochs", str(2**31)]) == 2
+    assert capsys.readouterr().err.strip() == ("error: --epochs 2147483648 is not allowed: need an integer >= 1 and <= "
+                                               "2147483647")
     assert run(["gnn", "train", "--dropout", "1.0"]) == 2
     assert "need a finite number >= 0 and < 1" in capsys.readouterr().err
     assert run(["forecast", "export", "--run-dir", "x", "--tolerance", "nan"]) == 2

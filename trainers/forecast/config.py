@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainers.errors import UsageError
-from trainers.runtime.config import option
+from trainers.runtime.config import MAX_YEARS, SYNTHETIC_MAX_CELLS, SYNTHETIC_MAX_DAYS, check_product, option
 from trainers.runtime.options import PRECISIONS, RunOptions
 
 TARGETS = ("raw", "demeaned", "rank")
@@ -45,12 +45,13 @@ class ForecastConfig(RunOptions):
     tickers_file: str | None = option(None, "file of symbols, one per line (or a CSV with a symbol column)")
     cache_dir: str = option("cache/sp500", "parquet price cache of the yfinance and cache sources", resume_safe=True)
     years: float | None = option(None, "history to use when --start is not given (default: 25 years from "
-                                 "yfinance or a cache; a file's whole history)", gt=0)
-    start: str | None = option(None, "first date (YYYY-MM-DD); fixed in config.json on the first run")
-    end: str | None = option(None, "end date, exclusive (default: today); fixed in config.json on the first run")
+                                 "yfinance or a cache; a file's whole history)", gt=0, max=MAX_YEARS)
+    start: str | None = option(None, "first date (YYYY-MM-DD); fixed in config.json on the first run", date=True)
+    end: str | None = option(None, "end date, exclusive (default: today); fixed in config.json on the first run",
+                             after="start")
     min_history_days: int = option(252, "tickers with fewer valid bars are excluded", min=1)
     synthetic_tickers: int = option(48, "tickers in the synthetic market", min=1)
-    synthetic_days: int = option(2520, "trading days in the synthetic market", min=1)
+    synthetic_days: int = option(2520, "trading days in the synthetic market", min=1, max=SYNTHETIC_MAX_DAYS)
     data_seed: int = option(0, "seed of the synthetic market", min=0)
     synthetic_momentum: float = option(0.08, "strength of the synthetic market's momentum effect (0: none, the "
                                        "control a model must show no skill on; < 0: reversal)")
@@ -108,6 +109,8 @@ class ForecastConfig(RunOptions):
         check_source(self.source)
         if self.val_frac + self.test_frac >= 1:
             raise UsageError(f"--val-frac {self.val_frac} and --test-frac {self.test_frac} must sum to less than 1")
+        if self.source == "synthetic":
+            check_product(self, ("synthetic_tickers", "synthetic_days"), SYNTHETIC_MAX_CELLS, "prices to generate")
         if self.universe == "sp500-pit" and self.source == "synthetic":
             raise UsageError("--universe sp500-pit needs real prices: --source yfinance, cache or file:PATH")
         if self.fold is not None and not self.fold < self.walk_forward:

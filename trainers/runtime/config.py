@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import json
 import math
+import re
 import tempfile
 import types
 import typing
@@ -20,16 +22,44 @@ from typing import Any, Callable
 
 from trainers.errors import UsageError
 
+# The default ceiling of every number an option takes, unless its field says otherwise (`max=`/`lt=`).
+# Integers: a C int, what every library a count or size reaches accepts (torch sizes, NumPy seeds
+# (< 2**32), thread and process counts, `struct` fields); a larger one failed deep inside with an
+# OverflowError. Floats: the largest float32, the type a learning rate or a scale becomes in a tensor.
+INT_MAX = 2**31 - 1
+FLOAT_MAX = 3.4028234663852886e38
+# Limits of the market-data options every market trainer and `fetch-sp500` share. Dates are pandas
+# Timestamps, which start in 1677 and end in 2262: --years counted back from today must stay after
+# the first (--years 100000 overflowed deep in the date arithmetic; no source holds 100 years), and a
+# synthetic market of business days from 2000-01-03 must end before the second (50,000 days: ~190 years).
+MAX_YEARS = 100
+SYNTHETIC_MAX_DAYS = 50_000
+# The synthetic market is a dozen float64 arrays of tickers x days built at once: 25M cells is about
+# 2.4 GB at its peak (10**15 tickers died in NumPy's allocator with a traceback).
+SYNTHETIC_MAX_CELLS = 25_000_000
+DATE_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")  # ASCII digits only (\d matches any script's digits)
+
 
 def option(default: Any, help: str, resume_safe: bool = False, choices: tuple | None = None, *,
            min: float | None = None, gt: float | None = None, max: float | None = None,
-           lt: float | None = None, aliases: tuple[str, ...] = ()) -> Any:
+           lt: float | None = None, aliases: tuple[str, ...] = (), date: bool = False,
+           after: str | None = None) -> Any:
     """A config field: its flag's help, whether it may change on resume, and the values it accepts.
     Numbers are checked in one place (`check_values`): floats must be finite, and within
-    [min, max] / (gt, lt) where given. `aliases`: other flags for the same field (a seed's name)."""
+    [min, max] / (gt, lt) where given, below INT_MAX / FLOAT_MAX where no ceiling is given.
+    `date`: a YYYY-MM-DD text naming a real day; `after`: another date field this one must come
+    after when both are given (an end after its start). `aliases`: other flags for the same field."""
     bounds = {k: v for k, v in (("min", min), ("gt", gt), ("max", max), ("lt", lt)) if v is not None}
     return dataclasses.field(default=default, metadata={"help": help, "resume_safe": resume_safe,
-                                                        "choices": choices, "bounds": bounds, "aliases": aliases})
+                                                        "choices": choices, "bounds": bounds, "aliases": aliases,
+                                                        "date": date or after is not None, "after": after})
+
+
+def with_ceiling(tp: type, bounds: dict) -> dict:
+    """`bounds` with the default ceiling of its type added when it has none (see INT_MAX)."""
+    if tp not in (int, float) or "max" in bounds or "lt" in bounds:
+        return bounds
+    return {**bounds, "max": INT_MAX if tp is int else FLOAT_MAX}
 
 
 _BOUND_TEXT = {"min": ">= {}", "gt": "> {}", "max": "<= {}", "lt": "< {}"}
@@ -37,7 +67,7 @@ _BOUND_TEXT = {"min": ">= {}", "gt": "> {}", "max": "<= {}", "lt": "< {}"}
 
 def describe_bounds(tp: type, bounds: dict) -> str:
     kind = "an integer" if tp is int else "a finite number"
-    parts = [_BOUND_TEXT[k].format(v) for k, v in bounds.items()]
+    parts = [_BOUND_TEXT[k].format(f"{v:g}" if isinstance(v, float) else v) for k, v in bounds.items()]
     return kind + (" " + " and ".join(parts) if parts else "")
 
 
@@ -54,8 +84,30 @@ def number_problem(value: Any, tp: type, bounds: dict) -> str | None:
     return None if all(tests.values()) else "is out of range"
 
 
+def date_problem(text: Any) -> str | None:
+    """Why `text` is not a YYYY-MM-DD date of the calendar (None: it is)."""
+    if not isinstance(text, str) or not DATE_RE.match(text):
+        return "is not a date like 2020-01-31 (YYYY-MM-DD)"
+    try:
+        dt.date.fromisoformat(text)
+    except ValueError as exc:  # 2020-13-45, 2021-02-29
+        return f"is not a day of the calendar ({exc})"
+    return None
+
+
+def date_text(text: str) -> str:
+    """An argparse `type=` for plain date flags (`--start`, `--end`): the same rule as `date` fields."""
+    problem = date_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}")
+    return text
+
+
 def number(tp: type = float, **bounds) -> Callable[[str], Any]:
-    """An argparse `type=` for plain (non-dataclass) flags: parses, then applies the same rules."""
+    """An argparse `type=` for plain (non-dataclass) flags: parses, then applies the same rules
+    (the default ceiling included)."""
+    bounds = with_ceiling(tp, bounds)
+
     def parse(text: str):
         try:
             value = tp(text)
@@ -86,9 +138,26 @@ def check_values(cfg: Any) -> None:
         if choices and value not in choices:
             raise UsageError(f"{flag_of(f.name)} {value!r} is not one of: {', '.join(map(str, choices))}")
         if tp in (int, float):
-            bounds = f.metadata.get("bounds", {})
+            bounds = with_ceiling(tp, f.metadata.get("bounds", {}))
             if number_problem(value, tp, bounds):
                 raise UsageError(f"{flag_of(f.name)} {value} is not allowed: need {describe_bounds(tp, bounds)}")
+        if f.metadata.get("date"):
+            problem = date_problem(value)
+            if problem:
+                raise UsageError(f"{flag_of(f.name)} {value!r} {problem}")
+            first = f.metadata.get("after")
+            if first is not None and getattr(cfg, first) is not None and not value > getattr(cfg, first):
+                raise UsageError(f"{flag_of(f.name)} {value} is not after {flag_of(first)} {getattr(cfg, first)}: "
+                                 f"give an end later than the start (the end is exclusive)")
+
+
+def check_product(cfg: Any, names: tuple[str, ...], limit: int, what: str) -> None:
+    """Options whose product sizes one allocation (tickers x days of a generated market): each is
+    within its own bounds, but together they may ask for more memory than any machine has."""
+    values = [getattr(cfg, n) for n in names]
+    if math.prod(values) > limit:
+        flags = " x ".join(f"{flag_of(n)} {v}" for n, v in zip(names, values))
+        raise UsageError(f"{flags} = {math.prod(values):,} {what}: more than the {limit:,} allowed; use smaller values")
 
 
 class OneLineParser(argparse.ArgumentParser):
