@@ -30,6 +30,7 @@ LEARN = ["--depth", "1", "--head-dim", "16", "--seq-len", "64", "--batch-tokens"
          "--eval-tokens", "16384", "--synthetic-chars", "300000", "--log-every", "50", "--sample-chars", "40",
          "--parallel", "fsdp"]
 FLOOR_MARGIN_NATS = 0.06  # the stated margin: validation loss within 0.06 nats/char of the exact floor
+FLOOR_NOISE_NATS = 0.02  # how far below the floor a finite evaluation sample may still land
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +48,12 @@ def test_fsdp_learns_to_the_entropy_floor_through_a_resume(fsdp_run):
     t, e = r["training"], r["evaluation"]
     assert t["stop_reason"] == "completed" and t["steps"] == 400 and t["parallel"] == "fsdp" and t["world_size"] == 2
     assert t["restarts"] == 1 and "resumed from checkpoint step 200" in (fsdp_run / "training.log").read_text()
-    floor = r["data"]["entropy_floor"]["window_floor_nats"]
-    assert floor == pytest.approx(1.5713, abs=1e-4)  # the Markov source's exact value (8 symbols, order 2, seed 0)
+    floor = r["data"]["entropy_floor"]["window_floor_nats"]  # proven in test_gpt_units.py (true chain, perfect model)
     assert e["checkpoint_step"] == 400 and e["entropy_floor_nats"] == floor
-    assert 0 < e["gap_to_floor_nats"] < FLOOR_MARGIN_NATS, e  # learned: close to the physical limit
+    assert e["gap_to_floor_nats"] == pytest.approx(e["val_loss"] - floor)
+    # learned: close to the physical limit. The lower bound is the sampling noise of these 234 windows
+    # (a perfect model lands within about 3 x 0.006 nats of the floor on either side), not 0
+    assert -FLOOR_NOISE_NATS < e["gap_to_floor_nats"] < FLOOR_MARGIN_NATS, e
     assert e["val_loss"] < e["baselines_nats"]["bigram"] - 0.3 and all(e["beats"].values())
     assert r["training"]["initial_val"] > 2.0 and t["tokens_seen"] == 400 * 2048
     assert t["tokens_per_parameter"] == pytest.approx(400 * 2048 / r["model"]["parameters"])

@@ -139,5 +139,8 @@ def summarise(result: dict, base: dict, floor: dict | None, step: int | None) ->
     if floor:
         out["entropy_floor_nats"] = floor["window_floor_nats"]
         out["entropy_rate_nats"] = floor["entropy_rate_nats"]
+        # the floor is an expectation (markov.window_floor, over the contexts these windows give each
+        # prediction) and the windows a sample of the text: a model at the floor lands a little above
+        # or below it, by about the sample's standard error (tests/gpt/test_gpt_units.py)
         out["gap_to_floor_nats"] = result["loss"] - floor["window_floor_nats"]
     return out
