@@ -25,3 +25,25 @@ def test_a_member_counts_from_the_day_it_joins_to_the_day_before_it_leaves():
     assert member(2) == ["06", "07", "08", "09", "10", "13", "14"]  # still a member: no end
     assert not mask[:, 3].any()  # never a member
     assert mask.dtype == np.bool_ and mask.shape == (len(dates), 4)
+
+
+def test_the_ridge_baseline_never_reads_a_test_label():
+    """Ridge is fitted on the training rows and its penalty chosen on validation: rewriting every test
+    label changes neither its validation grid nor any prediction. (test_forecast_metrics.py plants a
+    label that is the same linear function in every split, so a ridge fitted on test rows too, or
+    tuned on them, passed it.)"""
+    import torch
+
+    from trainers.forecast.baselines import fit_ridge
+    from trainers.forecast.config import ForecastConfig
+    from trainers.forecast.data import load_store
+
+    store, _ = load_store(ForecastConfig(synthetic_tickers=6, synthetic_days=500, window=10, horizon=5),
+                          log=lambda _m: None)
+    info, preds = fit_ridge(store)
+    ids = store.sample_ids["test"]
+    store.target[store.date_index(ids), ids % store.n_tickers] = torch.randn(len(ids)) * 5.0
+    again, again_preds = fit_ridge(store)
+    assert again["grid"] == info["grid"] and again["alpha"] == info["alpha"]
+    for split in ("val", "test"):
+        assert np.array_equal(again_preds[split], preds[split]), split
