@@ -7,11 +7,12 @@ import argparse
 import json
 import os
 
-from trainers.gnn.config import GnnConfig
+from trainers.gnn.config import MAX_GENERATED_NODES, GnnConfig
 from trainers.runtime import config as cfgmod
 from trainers.runtime.config import number
 
 CONFIG = GnnConfig
+CPUS = os.cpu_count() or 1
 HELP = "the graph-coloring GNN (seed 002): Potts loss, repair, tabu search, ONNX; colors DIMACS graphs"
 
 
@@ -62,11 +63,15 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="data/graphs", help="dataset folder (default: data/graphs)")
     p.add_argument("--train", type=number(int, min=1), default=2000, help="training graphs (default: 2000)")
     p.add_argument("--val", type=number(int, min=1), default=200, help="validation graphs (default: 200)")
-    p.add_argument("--min-nodes", type=number(int, min=2), default=20, help="smallest graph (default: 20)")
-    p.add_argument("--max-nodes", type=number(int, min=2), default=300, help="largest graph (default: 300)")
+    p.add_argument("--min-nodes", type=number(int, min=2, max=MAX_GENERATED_NODES), default=20,
+                   help="smallest graph (default: 20)")
+    p.add_argument("--max-nodes", type=number(int, min=2, max=MAX_GENERATED_NODES), default=300,
+                   help=f"largest graph (default: 300; at most {MAX_GENERATED_NODES:,}: the generators draw from "
+                        f"all n^2/2 node pairs)")
     p.add_argument("--seed", type=number(int, min=0), default=0)
-    p.add_argument("--workers", type=number(int, min=1), default=max(1, (os.cpu_count() or 2) - 1),
-                   help="generator processes")
+    # the pool starts every process at once: a count beyond the CPUs only costs memory (10**20 crashed)
+    p.add_argument("--workers", type=number(int, min=1, max=CPUS), default=max(1, CPUS - 1),
+                   help=f"generator processes (at most this machine's {CPUS} CPUs)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a dataset already in --out (runs that trained on it will refuse to resume)")

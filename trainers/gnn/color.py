@@ -12,9 +12,41 @@ from pathlib import Path
 import numpy as np
 
 from trainers.errors import UsageError
+from trainers.gnn.config import N_DEGREE_FEATURES
 from trainers.gnn.decode import color_with_model
 from trainers.gnn.features import color_mask, node_features
 from trainers.gnn.graphs import conflicts, read_graph
+from trainers.runtime.files import sha256_file
+
+
+def read_export(model_path: Path) -> dict:
+    """export.json beside model.onnx, checked to be a GNN export of exactly this file: a garbled or
+    truncated model.onnx, another trainer's ONNX (its export records no colour mask) or an edited
+    export.json is one line, not an onnxruntime or KeyError traceback."""
+    info_path = model_path.with_name("export.json")
+    again = "export it again with `trainers gnn export --run-dir RUN`"
+    if not model_path.is_file() or not info_path.is_file():
+        raise UsageError(f"--model {model_path}: need model.onnx with its export.json beside it (from `trainers gnn export`)")
+    try:
+        info = json.loads(info_path.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not JSON, or not UTF-8
+        raise UsageError(f"--model {model_path}: {info_path} is unreadable ({exc}); {again}") from None
+    inputs = info.get("inputs") if isinstance(info, dict) else None
+    mask = inputs.get("color_mask") if isinstance(inputs, dict) else None
+    k = mask[1] if isinstance(mask, list) and len(mask) == 2 else None
+    features = info.get("random_features") if isinstance(info, dict) else None
+    if not (_count(k) and k >= 2 and _count(features) and _count(info.get("checkpoint_step"))):
+        raise UsageError(f"--model {model_path}: {info_path} is not the record of a colouring GNN's export (it lacks "
+                         f"the colour-mask width, random features or checkpoint step: another trainer's model?); "
+                         f"give the model.onnx of `trainers gnn export`")
+    if info.get("sha256") != sha256_file(model_path):
+        raise UsageError(f"--model {model_path} is not the file its export checked (its SHA-256 differs from "
+                         f"{info_path.name}'s: truncated, replaced or corrupted); {again}")
+    return info
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def color_file(model_path: str, graph_path: str, output: str | None = None, seed: int = 0,
@@ -24,10 +56,7 @@ def color_file(model_path: str, graph_path: str, output: str | None = None, seed
 
     t0 = time.perf_counter()
     model_path = Path(model_path)
-    info_path = model_path.with_name("export.json")
-    if not model_path.is_file() or not info_path.is_file():
-        raise UsageError(f"--model {model_path}: need model.onnx with its export.json beside it (from `trainers gnn export`)")
-    info = json.loads(info_path.read_text())
+    info = read_export(model_path)
     if finetune_steps:
         try:
             import torch  # noqa: F401
@@ -42,6 +71,14 @@ def color_file(model_path: str, graph_path: str, output: str | None = None, seed
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1  # the model pass is a small share of the time; one thread, like the search
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    # the file is the one its export checked; its record must also describe it (an edited export.json
+    # would feed it inputs of the wrong width)
+    shapes = {i.name: i.shape for i in session.get_inputs()}
+    expected = {"x": ["nodes", N_DEGREE_FEATURES + info["random_features"]], "edge_index": [2, "edges"],
+                "color_mask": ["nodes", max_colors]}
+    if shapes != expected:
+        raise UsageError(f"--model {model_path} takes inputs {shapes}, not the {expected} its export.json describes; "
+                         f"export it again with `trainers gnn export --run-dir RUN`")
     x = node_features(g, info["random_features"], seed)
     edge_index = np.concatenate([g.edges, g.edges[:, ::-1]]).T.astype(np.int64).copy()
 

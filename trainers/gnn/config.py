@@ -8,6 +8,9 @@ from trainers.runtime.config import option
 from trainers.runtime.options import RunOptions
 
 N_DEGREE_FEATURES = 2  # log degree and relative degree (trainers.gnn.features)
+# `trainers gnn data`: the generators draw from all n(n-1)/2 node pairs at once (several arrays of that
+# length): 20,000 nodes is about 200M pairs, a few GB; --max-nodes 10**20 failed inside NumPy.
+MAX_GENERATED_NODES = 20_000
 
 
 @dataclass

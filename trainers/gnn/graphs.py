@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,31 +155,46 @@ MAX_NODES_PER_BYTE = 64  # a header may not claim far more nodes than its file c
 MAX_GRAPH_BYTES = 1 << 30
 
 
-def _check_size(p: Path, n: int, file_bytes: int, what: str) -> None:
+def _check_size(p: Path | str, n: int, file_bytes: int, what: str) -> None:
     limit = min(MAX_NODES, MAX_NODES_PER_BYTE * max(file_bytes, 16))
     if n > limit:
         raise UsageError(f"{p}: {what} {n:,} nodes, more than this reader accepts for a {file_bytes:,}-byte file "
                          f"(at most {limit:,}: {MAX_NODES:,} in all, {MAX_NODES_PER_BYTE} per byte of file)")
 
 
+NUMBER_RE = re.compile(r"^[0-9]+$")  # ASCII digits: str.isdigit() also takes '²' and '٣', which int() refuses or reads
+
+
 def read_graph(path: str | Path) -> Graph:
     """DIMACS `.col` (`p edge N E`, `e u v`, 1-based) or a plain edge list (`u v` per line, 0-based).
     What a file may claim is bounded (MAX_NODES, and nodes per byte of file), so a two-line file
-    cannot make us allocate gigabytes."""
+    cannot make us allocate gigabytes. A self-loop is refused: a node adjacent to itself has no
+    proper colour, so the file cannot be what the user meant to colour."""
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"graph file {path} is a folder; give a DIMACS .col or edge-list file")
-    if not p.is_file():
+    if not p.exists():
         raise UsageError(f"graph file {path}: no such file")
+    if not p.is_file():
+        raise UsageError(f"graph file {path} is not a regular file (a device or a pipe); give a DIMACS .col or "
+                         f"edge-list file")
     size = p.stat().st_size
     if size > MAX_GRAPH_BYTES:
         raise UsageError(f"{p}: {size:,} bytes is more than this reader accepts ({MAX_GRAPH_BYTES:,})")
     try:
-        lines = p.read_text().splitlines()
+        lines = p.read_bytes().decode("utf-8-sig").splitlines()  # -sig: a byte-order mark is not a line type
     except UnicodeDecodeError as exc:
         raise UsageError(f"{p}: not a text file ({exc.reason} at byte {exc.start})") from None
     is_dimacs = p.suffix == ".col" or any(line.startswith("p ") for line in lines)
-    return _read_dimacs(p, lines) if is_dimacs else _read_edge_list(p, lines)
+    g = _read_dimacs(p, lines) if is_dimacs else _read_edge_list(p, lines)
+    if g.n == 0:
+        raise UsageError(f"{p}: the graph has no nodes; nothing to colour")
+    return g
+
+
+def _self_loop(p: Path, i: int, line: str, node: int) -> UsageError:
+    return UsageError(f"{p}:{i}: {line.strip()!r} joins node {node} to itself; a self-loop has no proper colouring "
+                      f"(remove that line)")
 
 
 def _read_dimacs(p: Path, lines: list[str]) -> Graph:
@@ -188,18 +204,22 @@ def _read_dimacs(p: Path, lines: list[str]) -> Graph:
         if not parts or parts[0] == "c":
             continue
         if parts[0] == "p":
-            if len(parts) != 4 or parts[1] not in ("edge", "col") or not parts[2].isdigit() or not parts[3].isdigit():
+            if n is not None:
+                raise UsageError(f"{p}:{i}: a second problem line {line!r}; a DIMACS file has one 'p edge NODES EDGES'")
+            if len(parts) != 4 or parts[1] not in ("edge", "col") or not all(map(NUMBER_RE.match, parts[2:])):
                 raise UsageError(f"{p}:{i}: bad problem line {line!r}; expected 'p edge NODES EDGES'")
             n, declared = int(parts[2]), int(parts[3])
             _check_size(p, n, p.stat().st_size, "the header declares")
         elif parts[0] == "e":
             if n is None:
                 raise UsageError(f"{p}:{i}: edge before the 'p edge NODES EDGES' line")
-            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            if len(parts) != 3 or not all(map(NUMBER_RE.match, parts[1:])):
                 raise UsageError(f"{p}:{i}: bad edge line {line!r}; expected 'e U V' with 1-based node numbers")
             u, v = int(parts[1]), int(parts[2])
             if not (1 <= u <= n and 1 <= v <= n):
                 raise UsageError(f"{p}:{i}: node {max(u, v) if max(u, v) > n else min(u, v)} outside 1..{n}")
+            if u == v:
+                raise _self_loop(p, i, line, u)
             edges.append((u - 1, v - 1))
         else:
             raise UsageError(f"{p}:{i}: unknown line type {parts[0]!r}; DIMACS lines start with c, p or e")
@@ -213,18 +233,23 @@ def _read_dimacs(p: Path, lines: list[str]) -> Graph:
 
 def _read_edge_list(p: Path, lines: list[str]) -> Graph:
     edges = []
+    limit = min(MAX_NODES, MAX_NODES_PER_BYTE * max(p.stat().st_size, 16))
     for i, line in enumerate(lines, 1):
         parts = line.split("#", 1)[0].split()
         if not parts:
             continue
-        if len(parts) != 2 or not parts[0].isdigit() or not parts[1].isdigit():
+        if len(parts) != 2 or not all(map(NUMBER_RE.match, parts)):
             raise UsageError(f"{p}:{i}: bad edge {line!r}; expected two 0-based node numbers 'U V'")
-        edges.append((int(parts[0]), int(parts[1])))
+        u, v = int(parts[0]), int(parts[1])
+        if max(u, v) >= limit:  # before NumPy sees it: 10**20 does not fit an int64
+            _check_size(f"{p}:{i}", max(u, v) + 1, p.stat().st_size, "the largest node number implies")
+        if u == v:
+            raise _self_loop(p, i, line, u)
+        edges.append((u, v))
     if not edges:
         raise UsageError(f"{p}: no edges")
     arr = np.array(edges, dtype=np.int64)
     n = int(arr.max()) + 1
-    _check_size(p, n, p.stat().st_size, "the largest node number implies")
     return Graph(p.stem, n, _canonical(n, arr))
 
 
