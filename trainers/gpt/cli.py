@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
+from trainers.errors import UsageError
 from trainers.gpt.config import GptConfig
 from trainers.runtime import config as cfgmod
 from trainers.runtime.config import number
 
 CONFIG = GptConfig
+CPUS = os.cpu_count() or 1  # torch makes every thread asked for: more than the CPUs only costs (10**20 crashed)
 HELP = "the char-level GPT (seed 004): depth-scaled, DDP or FSDP2, a wall-clock and money budget, sample/serve"
 
 
@@ -83,9 +86,21 @@ def _sample(args) -> int:
     return 0
 
 
-def _serve(args) -> int:
-    from trainers.gpt.serve import serve
+SERVE_MODULES = ("fastapi", "uvicorn", "starlette", "pydantic")  # what the `serve` extra installs
 
+
+def _serve(args) -> int:
+    import importlib
+
+    try:
+        for name in ("fastapi", "uvicorn"):  # serve imports uvicorn only when it starts: ask now
+            importlib.import_module(name)
+        from trainers.gpt.serve import serve
+    except ModuleNotFoundError as exc:
+        if exc.name not in SERVE_MODULES:
+            raise
+        raise UsageError(f"`trainers gpt serve` needs the serve extra ({exc.name} is not installed): "
+                         f"pip install -e '.[serve]' in the kit's checkout, or pip install 'trainers[serve]'") from None
     serve(args.run_dir, args.checkpoint, args.host, args.port, args.device, max_new_tokens=args.max_new_tokens_limit,
           max_prompt_chars=args.max_prompt_chars, timeout_s=args.request_timeout_s, max_queue=args.max_queue,
           threads=args.threads)
@@ -114,7 +129,6 @@ def _size(args) -> int:
                       "world_size": args.world_size, "gpu_memory_gib": args.gpu_memory_gib,
                       "device_batch_size": cfg.device_batch_size, "layouts": rows}, indent=1))
     if args.require_fit and not any(r["fits"] for r in rows):
-        from trainers.errors import UsageError
         from trainers.gpt.size import describe
 
         raise UsageError(f"--depth {cfg.depth} does not fit {args.gpu_memory_gib:g} GiB per GPU on {args.world_size} "
@@ -166,8 +180,9 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
                    help="a request (queueing included) ends after this many seconds (default: 60)")
     p.add_argument("--max-queue", type=number(int, min=1), default=64,
                    help="requests waiting at once; more are refused with 503 (default: 64)")
-    p.add_argument("--threads", type=number(int, min=0), default=0,
-                   help="torch CPU threads (0: torch's default; 1 is fastest for tiny models on busy CPUs)")
+    p.add_argument("--threads", type=number(int, min=0, max=CPUS), default=0,
+                   help=f"torch CPU threads (0: torch's default; 1 is fastest for tiny models on busy CPUs; at most "
+                        f"this machine's {CPUS} CPUs)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("export", help="ONNX tokens -> logits with a dynamic length, checked by onnxruntime")

@@ -79,6 +79,16 @@ class GptConfig(RunOptions):
         """Cheap checks that need no data; run before anything touches the disk (and by preflight,
         which sizes the model from the training options without the budget flags)."""
         self.validate_run_options()
+        if self.positions == "rotary" and self.head_dim % 2:  # rotary turns pairs of a head's dimensions
+            raise UsageError(f"--head-dim {self.head_dim} is odd, and --positions rotary rotates pairs of a head's "
+                             f"dimensions; use an even --head-dim or --positions learned")
+        if self.data == "synthetic":
+            from trainers.gpt.markov import MAX_CONTEXTS  # NumPy only
+
+            if self.markov_alphabet ** self.markov_order > MAX_CONTEXTS:
+                raise UsageError(f"--markov-alphabet {self.markov_alphabet} ** --markov-order {self.markov_order} = "
+                                 f"{self.markov_alphabet ** self.markov_order:,} contexts, more than the {MAX_CONTEXTS:,} "
+                                 f"whose entropy floor can be computed exactly; use a smaller alphabet or order")
         if self.device_batch_size * self.seq_len > self.batch_tokens:
             raise UsageError(f"--batch-tokens {self.batch_tokens} is smaller than one micro-batch "
                              f"(--device-batch-size {self.device_batch_size} x --seq-len {self.seq_len})")

@@ -27,21 +27,39 @@ from pathlib import Path
 
 import torch
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from trainers.gpt.infer import Loaded, encode, load_for_inference
 from trainers.gpt.model import generate
+from trainers.runtime.config import INT_MAX
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "stream": "yes", "top_k": 2.5 or "max_new_tokens": "5" are errors to name, not guesses
+    model_config = ConfigDict(extra="forbid", strict=True)
     prompt: str
     max_new_tokens: int = Field(100, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False)
-    top_k: int | None = Field(None, ge=1)
-    seed: int = Field(0, ge=0, lt=1 << 63)
+    top_k: int | None = Field(None, ge=1, le=INT_MAX)
+    seed: int = Field(0, ge=0, le=INT_MAX)
     stream: bool = False
+
+
+def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 naming each bad field, what it got and what it takes. FastAPI's own answer echoes the
+    input, and a non-finite one (`1e999`, `NaN`, `Infinity` in the body) cannot be written as JSON:
+    every such request became a 500."""
+    problems = []
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":  # its location is a character offset, not a field
+            problems.append(f"body: not JSON ({(error.get('ctx') or {}).get('error', 'decode error')})")
+            continue
+        field = ".".join(str(part) for part in error.get("loc", ()) if part != "body") or "body"
+        got = "" if error.get("type") == "missing" else f" {repr(error.get('input'))[:40]}"
+        problems.append(f"{field}{got}: {error.get('msg', 'invalid')}")
+    return JSONResponse({"detail": "; ".join(problems)}, status_code=422)
 
 
 class Worker:
@@ -95,6 +113,7 @@ class Worker:
 
 def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeout_s: float, max_queue: int) -> FastAPI:
     app = FastAPI(title="trainers gpt", description=__doc__.split("\n\n")[0])
+    app.add_exception_handler(RequestValidationError, invalid_request)
     worker = Worker(loaded, max_queue)
     params = sum(p.numel() for p in loaded.model.parameters())
 
