@@ -19,6 +19,8 @@ from trainers.runtime.rundir import resolve_checkpoint, single_process_context
 REQUIRED = ("config.json", "results.json", "model.onnx")
 PICTURES = "*.png"  # a report's pictures (the forecaster's loss, IC, equity and decile plots; PPO's equity)
 OPTIONAL = ("model.onnx.data", "export.json", "results.md", "report.md", "training.log", "metrics.jsonl", "vocab.json")
+# What a tarball may go without: reports and logs, none of which the model, its check or its use needs.
+REPORTS = ("results.md", "report.md", "training.log", "metrics.jsonl")
 
 
 def read_results_quietly(run_dir: Path) -> dict:
@@ -108,6 +110,39 @@ def step_mismatch(results: dict) -> str | None:
             f"run `export --checkpoint {evaluated}` (or `evaluate --checkpoint {exported}`) for a matching pair")
 
 
+def linked_part(run_dir: Path, relative: Path) -> Path | None:
+    """The first part of run_dir/relative that is a symbolic link (the file itself, or a folder on
+    its way, such as a linked checkpoints/), or None."""
+    path = run_dir
+    for part in relative.parts:
+        path = path / part
+        if path.is_symlink():
+            return path
+    return None
+
+
+def without_links(run_dir: Path, files: list[Path]) -> tuple[list[Path], list[str]]:
+    """The tarball holds the run's own files, never what a symbolic link points at: the link may lead
+    anywhere on this machine (/etc/passwd was packed, its checksum listed), and unpacked it would
+    point elsewhere on the downloader's. A linked report, log, picture or TensorBoard file is left
+    out with a warning; a linked file the tarball vouches for (config, results, the model, its
+    export record and vocabulary, the checkpoint) is refused: the package would not be the run."""
+    kept, warnings = [], []
+    for f in files:
+        link = linked_part(run_dir, f)
+        if link is None:
+            kept.append(f)
+            continue
+        where = f"{link.relative_to(run_dir)} -> {os.readlink(link)}"
+        if f.name in REPORTS or f.match(PICTURES) or "tensorboard" in f.parts:
+            warnings.append(f"left out {f.as_posix()}: it is reached through a symbolic link ({where}); the "
+                            f"tarball holds only the run's own files")
+            continue
+        raise UsageError(f"will not pack {f.as_posix()}: it is reached through a symbolic link ({where}), and the "
+                         f"tarball holds only the run's own files; copy the file into {run_dir} in place of the link")
+    return kept, warnings
+
+
 def package_run(run_dir: Path, output: Path | None = None) -> dict:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
@@ -122,7 +157,7 @@ def package_run(run_dir: Path, output: Path | None = None) -> dict:
     if holder:
         raise UsageError(f"--run-dir {run_dir} is still being written by {describe_holder(holder)}; package it "
                          f"when that job has ended")
-    files = package_files(run_dir)
+    files, warnings = without_links(run_dir, package_files(run_dir))
     sums = "".join(f"{sha256_file(run_dir / f)}  {f.as_posix()}\n" for f in files)
     root = run_dir.name
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -149,6 +184,7 @@ def package_run(run_dir: Path, output: Path | None = None) -> dict:
     out = {"path": str(output), "bytes": output.stat().st_size, "sha256": digest, "files": len(files) + 1,
            "root": root}
     warning = step_mismatch(read_results_quietly(run_dir))
-    if warning:
-        out["warnings"] = [warning]
+    warnings += [warning] if warning else []
+    if warnings:
+        out["warnings"] = warnings
     return out

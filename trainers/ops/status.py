@@ -7,27 +7,65 @@ writes — no connection to the job needed, so it works after the SSH session th
     <run>/heartbeat.json             elapsed time across restarts, step, total steps, world size
     <run>/results.json               the end: stop reason, evaluation, cost
     nvidia-smi                       GPU utilisation and memory, when present
+
+Every one of these files can meet garbage (a disk filled mid-write, a hand edit, binary junk): each
+value is read for what it can be (a finite number, a printable text) and shown, or left out; a bad
+value never stops the rest from being shown.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 from trainers.errors import UsageError
+from trainers.registry import TRAINERS
 from trainers.runtime.lock import is_locked
 
 
 def read_state(path: Path) -> dict:
+    """The deploy's key=value lines; bytes that are not UTF-8 become U+FFFD (shown, not fatal)."""
     state = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode(errors="replace").splitlines():
         key, sep, value = line.partition("=")
         if sep:
             state[key.strip()] = value.strip()
     return state
+
+
+def _number(value) -> float | None:
+    """A finite number from a JSON value or a state file's text ("12", "3.5"); None for anything
+    else (a list, a bool, "abc", NaN, 1e999)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value
+
+
+def _int(value) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None and number == int(number) else None
+
+
+def _text(value) -> str | None:
+    """Printable text, or None: a garbled file must not send escape sequences to the terminal."""
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    return "".join(c if c.isprintable() else "?" for c in str(value))
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def last_rows(metrics: Path, kinds=("train", "val"), tail_bytes: int = 1 << 16) -> dict:
@@ -41,7 +79,7 @@ def last_rows(metrics: Path, kinds=("train", "val"), tail_bytes: int = 1 << 16) 
     for line in reversed(lines):
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a torn or garbled row: the rows before it still count
             continue
         if isinstance(row, dict) and row.get("kind") in kinds and row["kind"] not in out:
             out[row["kind"]] = row
@@ -73,7 +111,7 @@ def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: "[[[[..." nested beyond the parser's depth
         return {}
 
 
@@ -82,59 +120,60 @@ def job_status(out: Path, trainer: str) -> dict:
     if not state_path.exists():
         raise UsageError(f"no deploy of {trainer} in {out} (no {state_path.name}); start one with "
                          f"`bash deploy_8gpu.sh --trainer {trainer} --out {out}`")
-    state = read_state(state_path)
+    state = {k: _text(v) for k, v in read_state(state_path).items()}
     alive = is_locked(out / f".deploy-{trainer}.lock")
     run_dir = Path(state.get("run_dir") or out / trainer)
     rows = last_rows(run_dir / "metrics.jsonl")
     beat = _read_json(run_dir / "heartbeat.json")
     results = _read_json(run_dir / "results.json")
+    recorded = state.get("state") or "unknown"  # a state file without its state line still shows the rest
     st = {"trainer": trainer, "out": str(out), "alive": alive, "phase": state.get("phase"),
-          "state": state.get("state") if not (state.get("state") == "running" and not alive) else "lost",
-          "exit_code": int(state["exit_code"]) if state.get("exit_code", "").lstrip("-").isdigit() else None,
-          "pid": int(state["pid"]) if state.get("pid", "").isdigit() else None, "host": state.get("host"), "detached": state.get("detached") == "1",
-          "log": state.get("log"), "run_dir": str(run_dir), "tarball": state.get("tarball"),
-          "download": state.get("download") or None}
-    started = float(state.get("started", 0) or 0)
-    st["wall_s"] = (float(state.get("ended", 0) or 0) or time.time()) - started if started else None
+          "state": recorded if not (recorded == "running" and not alive) else "lost",
+          "exit_code": _int(state.get("exit_code")), "pid": _int(state.get("pid")), "host": state.get("host"),
+          "detached": state.get("detached") == "1", "log": state.get("log"), "run_dir": str(run_dir),
+          "tarball": state.get("tarball"), "download": state.get("download") or None}
+    started, ended = _number(state.get("started")), _number(state.get("ended"))
+    st["wall_s"] = (ended or time.time()) - started if started else None
     train, val = rows.get("train", {}), rows.get("val", {})
-    step = max(int(train.get("step", 0)), int(beat.get("step", 0) or 0))
-    total = beat.get("total_steps") or (results.get("training") or {}).get("total_steps")
+    step = max(_int(train.get("step")) or 0, _int(beat.get("step")) or 0)
+    training_results = _dict(results.get("training"))
+    total = _int(beat.get("total_steps")) or _int(training_results.get("total_steps"))
     st.update(step=step or None, total_steps=total, last_train=_metric_values(train), last_val=_metric_values(val))
-    throughput = next((v for k, v in train.items() if k.endswith("_per_s")), None)
-    st["throughput"] = {"unit": next((k[:-6] for k in train if k.endswith("_per_s")), None), "per_s": throughput}
-    elapsed = beat.get("elapsed_s")
+    rate = next(((k, _number(v)) for k, v in train.items() if k.endswith("_per_s") and _number(v) is not None),
+                (None, None))
+    st["throughput"] = {"unit": rate[0][:-6] if rate[0] else None, "per_s": rate[1]}
+    elapsed = _number(beat.get("elapsed_s"))
     st["elapsed_s"] = elapsed
-    step_time = train.get("step_time_s")
+    step_time = _number(train.get("step_time_s"))
     training = st["state"] == "running" and st["phase"] == "train"
     st["eta_s"] = (total - step) * step_time if (total and step and step_time and training) else None
-    price = _float(state.get("usd_per_gpu_hour"))
-    devices = int(beat.get("world_size") or state.get("nproc") or 1)
+    price = _number(state.get("usd_per_gpu_hour"))
+    devices = max(1, _int(beat.get("world_size")) or _int(state.get("nproc")) or 1)
     st["spent_usd"] = elapsed / 3600.0 * price * devices if (price is not None and elapsed is not None) else None
-    budget = _float(state.get("budget_usd"))
+    budget = _number(state.get("budget_usd"))
     st["budget_left_usd"] = budget - st["spent_usd"] if (budget is not None and st["spent_usd"] is not None) else None
-    max_hours = _float(state.get("max_hours"))
+    max_hours = _number(state.get("max_hours"))
     st["time_left_s"] = max_hours * 3600.0 - elapsed if (max_hours is not None and elapsed is not None) else None
-    if results.get("training"):
-        st["stop_reason"] = results["training"].get("stop_reason")
-        st["real"] = {"hours": (results["training"].get("elapsed_s_all_attempts") or 0) / 3600,
-                      "usd": results["training"].get("cost_usd")}
+    if training_results:
+        st["stop_reason"] = _text(training_results.get("stop_reason"))
+        st["real"] = {"hours": (_number(training_results.get("elapsed_s_all_attempts")) or 0) / 3600,
+                      "usd": _number(training_results.get("cost_usd"))}
     plan = _read_json(out / f"plan-{trainer}.json")
-    if plan.get("time", {}).get("hours") is not None:
-        st["plan"] = {"hours": plan["time"]["hours"], "usd": plan.get("money", {}).get("usd"),
-                      "mfu": plan.get("mfu", {}).get("value"), "mfu_source": plan.get("mfu", {}).get("source")}
+    hours = _number(_dict(plan.get("time")).get("hours"))
+    if hours is not None:
+        mfu = _dict(plan.get("mfu"))
+        st["plan"] = {"hours": hours, "usd": _number(_dict(plan.get("money")).get("usd")),
+                      "mfu": _number(mfu.get("value")), "mfu_source": _text(mfu.get("source"))}
+    for key in ("wall_s", "eta_s", "spent_usd", "budget_left_usd", "time_left_s"):
+        st[key] = _number(st[key])  # finite inputs can still overflow to inf (1e308 hours x 3600)
     st["gpus"] = gpu_usage()
     return st
 
 
-def _float(text) -> float | None:
-    try:
-        return float(text) if text not in (None, "") else None
-    except ValueError:
-        return None
-
-
 def _metric_values(row: dict) -> dict:
-    return {k: v for k, v in row.items() if k not in ("kind", "time") and isinstance(v, (int, float))}
+    """The row's flags and finite numbers (a garbled row's other strings, lists and NaN are left out)."""
+    values = {_text(k): v if isinstance(v, bool) else _number(v) for k, v in row.items() if k not in ("kind", "time")}
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def _hms(seconds) -> str:
@@ -200,6 +239,8 @@ def _short(values: dict) -> str:
 
 def main(args) -> int:
     out = Path(args.out)
+    if args.trainer is not None and args.trainer not in TRAINERS:  # it becomes part of a file name
+        raise UsageError(f"--trainer {args.trainer!r} is not one of: {', '.join(TRAINERS)}")
     trainers = [args.trainer] if args.trainer else sorted(
         p.name[len("deploy-"):-len(".state")] for p in out.glob("deploy-*.state"))
     if not trainers:
