@@ -109,6 +109,9 @@ IMPOSSIBLE = [
     # the exact entropy floor solves alphabet ** order contexts: ValueError from the Markov source
     (["gpt", "train", *GPT_TINY, "--batch-tokens", "256", "--max-steps", "1", "--markov-alphabet", "27",
       "--markov-order", "8"], ("--markov-alphabet 27", "--markov-order 8")),
+    # refused only once a process group existed (a run without one was told to start torchrun first)
+    (["gpt", "train", *GPT_TINY, "--batch-tokens", "256", "--max-steps", "1", "--tie-embeddings", "--parallel",
+      "fsdp"], ("--tie-embeddings", "--parallel ddp")),
     # a minibatch larger than the rollout it is cut from was silently the whole rollout
     (["ppo", "train", *PPO_TINY, "--batch-size", "129"], ("--batch-size 129", "--num-envs 8", "--rollout-steps 16")),
     # more micro-batches than samples: most of them empty

@@ -82,6 +82,9 @@ class GptConfig(RunOptions):
         if self.positions == "rotary" and self.head_dim % 2:  # rotary turns pairs of a head's dimensions
             raise UsageError(f"--head-dim {self.head_dim} is odd, and --positions rotary rotates pairs of a head's "
                              f"dimensions; use an even --head-dim or --positions learned")
+        if self.tie_embeddings and self.parallel == "fsdp":  # with the other options, not first at the layout
+            raise UsageError("--tie-embeddings works with --parallel ddp only (a tied matrix across FSDP units is not "
+                             "supported here); leave it out or use --parallel ddp or auto")
         if self.data == "synthetic":
             from trainers.gpt.markov import MAX_CONTEXTS  # NumPy only
 
