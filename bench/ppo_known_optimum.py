@@ -100,10 +100,20 @@ def one_run(market: str, config: dict, encoder: str, seed: int, blind: bool = Fa
             "val_optimum_log_growth": v_oracle, "references": refs, "curve": curve}
 
 
-def summary(runs: list[dict]) -> dict:
-    x = np.array([r["test_share_of_optimum_pct"] for r in runs])
+def stats(values) -> dict:
+    x = np.asarray(values, dtype=float)
     return {"n": len(x), "mean": round(float(x.mean()), 2), "std": round(float(x.std(ddof=1)), 2) if len(x) > 1 else 0.0,
             "min": float(x.min()), "max": float(x.max()), "values": x.tolist()}
+
+
+def summary(runs: list[dict]) -> dict:
+    """The test share over seeds, and the learning curve's validation share at each validation point."""
+    updates = runs[0]["curve"].keys()
+    return {"test_share_of_optimum_pct": stats([r["test_share_of_optimum_pct"] for r in runs]),
+            "wall_s": stats([r["wall_s"] for r in runs]),
+            "curve": {u: {"env_steps": runs[0]["curve"][u]["env_steps"],
+                          "val_share_of_optimum_pct": stats([r["curve"][u]["val_share_of_optimum_pct"] for r in runs])}
+                      for u in updates}}
 
 
 def main() -> int:
