@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -252,3 +253,61 @@ def test_checkpoints_written_behind_the_loop_keep_the_contract(workdir):
     assert any(f"resumed from checkpoint step {s}" in log for s in (c.resumed_from, c.resumed_from - c.ckpt_every))
     assert r["training"]["throughput"]["checkpoint_writes_behind_s"] > 0
     assert_equal_to_reference(c, r, ref)
+
+
+# ---- the same contract under what a GPU deploy turns on, rehearsed on the CPU (--gpu-defaults) ----------
+# torch.compile (forecast, gpt), bf16 autocast (forecast, gpt, ppo), fused AdamW, checkpoints written behind
+# the loop, adaptive stop agreement, reused host buffers; the GPT in both its layouts. A SIGKILLed worker's
+# run must end equal to an uninterrupted rehearsal: bitwise here (rel 1e-5, as above), because every kernel
+# of the rehearsal is deterministic on a CPU; on a GPU bf16 reductions may not be, which is why the plain
+# contract above stays the exactness test and this one the "it runs and resumes" test of the GPU config.
+REHEARSAL = {name: ["--gpu-defaults"] for name in CONTRACTS}
+REHEARSAL["gpt-fsdp"] = ["--gpu-defaults", "--parallel", "fsdp", "--activation-checkpointing", "on"]
+# A write behind the loop completes at the next agreement, which adaptive agreement makes rare (about a
+# second of steps): a kill soon after the first save finds no complete checkpoint and rightly starts over.
+# The kill comes late, after evaluations (always agreements) have completed earlier saves.
+LATE_KILL = {"forecast": 80, "gnn": 10, "lstm": 8, "ppo": 14, "gpt": 10}
+
+
+@pytest.mark.parametrize("variant", REHEARSAL)
+def test_the_gpu_configuration_rehearsed_on_a_cpu_keeps_the_contract(variant, workdir):
+    name = variant.split("-")[0]
+    c = CONTRACTS[name]
+    flags = REHEARSAL[variant]
+    ref_dir = workdir / f"{variant}-rehearsal-reference"
+    run_torchrun([name, "train", *c.args, *flags, *c.prepare(workdir), "--run-dir", str(ref_dir)])
+    ref = read_results(ref_dir)
+    assert ref["training"]["stop_reason"] == "completed" and ref["training"]["steps"] == c.steps
+    one = read_results(c.run_of(ref_dir, {"training": {"stopped_by": {"symbol": "SYN000"}}}))["training"]
+    assert one["throughput"]["checkpoint_writes_behind_s"] > 0 or "fsdp" in variant  # FSDP2 shards: written in the loop
+    if name in ("forecast", "gpt"):
+        assert one.get("compiled") and one.get("precision") == "bf16"
+
+    killed = workdir / f"{variant}-rehearsal-killed"  # SIGKILL: resumes from a complete checkpoint, ends equal
+    run_torchrun([name, "train", *c.args, *flags, *c.prepare(workdir), "--run-dir", str(killed), "--ckpt-every",
+                  str(c.ckpt_every)], extra=["--max-restarts=1"], env={"TRAINERS_FAULT": f"sigkill@rank1:step{LATE_KILL[name]}"})
+    r = read_results(killed)
+    assert r["training"]["restarts"] == 1 and r["training"]["steps"] == c.steps
+    log = "\n".join(p.read_text() for p in killed.rglob("training.log"))
+    resumed = [int(s) for s in re.findall(r"resumed from checkpoint step (\d+)", log)]
+    assert resumed and all(0 < s < LATE_KILL[name] for s in resumed)  # a complete checkpoint, written behind the loop
+    assert_equal_to_reference(c, r, ref)
+
+    termed = workdir / f"{variant}-rehearsal-term"  # SIGTERM on one rank: every rank stops, with a checkpoint
+    run_torchrun([name, "train", *c.args, *flags, *c.prepare(workdir), "--run-dir", str(termed)],
+                 env={"TRAINERS_FAULT": f"sigterm@rank1:step{c.term_step}"})
+    r = read_results(termed)
+    stopped = c.run_of(termed, r)
+    steps = read_results(stopped)["training"]["steps"]  # adaptive agreement: the stop lands at the next agreement
+    assert r["training"]["stop_reason"] == "signal" and c.term_step <= steps < c.steps
+    assert (stopped / "checkpoints" / f"meta_{steps:08d}.json").exists() and "skipped" in r["evaluation"]
+
+    budget = workdir / f"{variant}-rehearsal-budget"  # a budget stop: a checkpoint and results, evaluated
+    run_torchrun([name, "train", *c.long_args, *flags, *c.prepare(workdir), "--max-hours", "0.0005", "--run-dir",
+                  str(budget)])
+    r = read_results(budget)
+    assert r["training"]["stop_reason"] == "time_budget"
+    stopped = c.run_of(budget, r)
+    one = read_results(stopped)
+    assert (stopped / "checkpoints" / f"meta_{one['training']['steps']:08d}.json").exists()
+    assert "skipped" not in one["evaluation"] and one["evaluation"]["checkpoint_step"] is not None

@@ -266,3 +266,33 @@ def test_the_runtime_reads_no_config_field_by_name_with_a_default():
 def test_files_stay_small_enough_to_read(path, most):
     lines = len((PACKAGE / path).read_text().splitlines())
     assert lines <= most, f"trainers/{path} has {lines} lines (at most {most})"
+
+
+def cuda_uses(source: str) -> list[int]:
+    """Lines that reach torch.cuda (or torch.backends.cuda): `torch.cuda.x`, an alias of torch,
+    `import torch.cuda`, `from torch import cuda`, `from torch.cuda import x`."""
+    tree = ast.parse(source)
+    torch_names = {"torch"} | {a.asname for n in ast.walk(tree) if isinstance(n, ast.Import)
+                               for a in n.names if a.name == "torch" and a.asname}
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "cuda" and root_name(node.value) in torch_names and \
+                not (isinstance(node.value, ast.Attribute) and node.value.attr == "version"):  # (a build's version string)
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Import) and any(a.name.startswith("torch.cuda") for a in node.names):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module and (
+                node.module.startswith("torch.cuda") or (node.module in ("torch", "torch.backends") and
+                                                         any(a.name == "cuda" for a in node.names))):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_cuda_is_reached_through_one_seam():
+    """Every CUDA-only call has its CPU answer in runtime/device.py, so a missing guard fails a CPU
+    test here instead of crashing on the pod."""
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in PACKAGE.rglob("*.py") if p != PACKAGE / "runtime" / "device.py"
+                 for n in cuda_uses(p.read_text())]
+    assert not offenders, offenders
+    assert cuda_uses("import torch as t\nt.cuda.synchronize()\nfrom torch import cuda\nimport torch.cuda\n"
+                     "x = torch.backends.cuda.matmul\ny.cuda()\nv = torch.version.cuda\n") == [2, 3, 4, 5]

@@ -4,7 +4,9 @@ import torch
 from trainers.errors import UsageError
 from trainers.runtime.dist import pick_device
 from trainers.runtime.precision import (
+    autocast,
     build_adamw,
+    compile_default,
     make_grad_scaler,
     maybe_compile,
     precision_for,
@@ -30,10 +32,40 @@ def test_auto_precision_by_compute_capability(cap, name, dtype, scaler):
 def test_impossible_precisions_are_usage_errors():
     with pytest.raises(UsageError, match="bf16 needs compute capability"):
         resolve_precision("bf16", "cuda", (7, 0))
-    with pytest.raises(UsageError, match="needs a CUDA GPU"):
-        resolve_precision("fp16", "cpu", None)
     with pytest.raises(UsageError, match="'fp8'"):
         resolve_precision("fp8", "cpu", None)
+
+
+@pytest.mark.parametrize("requested,dtype,scaler", [("bf16", torch.bfloat16, False), ("fp16", torch.float16, True)])
+def test_bf16_and_fp16_run_on_a_cpu_for_rehearsal(requested, dtype, scaler):
+    """--precision bf16 was refused on a CPU ("needs a CUDA GPU") although CPU autocast has it: the
+    GPU's numerics could not be tried before renting one. fp16 comes with its gradient scaler."""
+    p = resolve_precision(requested, "cpu", None)
+    assert (p.autocast_dtype, p.needs_grad_scaler) == (dtype, scaler)
+    device = torch.device("cpu")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = build_adamw(model, 1e-2, 0.0, (0.9, 0.95), device, rehearse=True)
+    scaler_ = make_grad_scaler(device, p)
+    assert scaler_.is_enabled() == scaler
+    before = model.weight.detach().clone()
+    for _ in range(20):  # fp16: the scaler skips steps whose scaled gradients overflow, and backs off
+        with autocast(device, p):
+            out = model(torch.randn(16, 8))
+        assert out.dtype == dtype
+        scaler_.scale(out.float().pow(2).mean()).backward()
+        scaler_.step(opt)
+        scaler_.update()
+        opt.zero_grad()
+    assert not torch.equal(before, model.weight) and torch.isfinite(model.weight).all()
+
+
+def test_a_rehearsal_takes_the_gpu_defaults_on_a_cpu():
+    cpu = torch.device("cpu")
+    assert resolve_precision("auto", "cpu", None, rehearse=True).name == "bf16"
+    assert use_fused_adamw(cpu, rehearse=True) and compile_default(None, cpu, rehearse=True)
+    assert not compile_default(None, cpu) and compile_default(False, cpu, rehearse=True) is False
+    assert build_adamw(torch.nn.Linear(2, 2), 1e-3, 0.1, (0.9, 0.95), cpu, rehearse=True).defaults["fused"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CUDA-absent path")

@@ -31,6 +31,7 @@ from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap
 from trainers.runtime.precision import (
     autocast,
     build_adamw,
+    compile_default,
     enable_tf32,
     make_grad_scaler,
     maybe_compile,
@@ -102,13 +103,13 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
 
-    precision = precision_for(ctx.device, cfg.precision)
+    precision = precision_for(ctx.device, cfg.precision, cfg.gpu_defaults)
     tf32 = enable_tf32(ctx.device)
-    compiled = cfg.compile if cfg.compile is not None else ctx.device.type == "cuda"
+    compiled = compile_default(cfg.compile, ctx.device, cfg.gpu_defaults)
     torch.manual_seed(cfg.seed)  # identical init on every rank (DDP also broadcasts rank 0's weights)
     model = build_model(cfg, store).to(ctx.device)
     store.to(ctx.device)
-    optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.95), ctx.device)
+    optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.95), ctx.device, cfg.gpu_defaults)
     scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
     scaler = make_grad_scaler(ctx.device, precision)
     shape = PRESETS[cfg.preset]

@@ -55,7 +55,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     model = build_model(cfg).to(ctx.device)
     n_params = sum(p.numel() for p in model.parameters())
     # fused on CUDA; no decay on biases and norms (weight decay is 0 by default: plain AdamW)
-    optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.999), ctx.device)
+    optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.999), ctx.device, cfg.gpu_defaults)
 
     with Run(cfg, ctx, "gnn", {"model": model, "optimizer": optimizer}, total_steps, unit="graphs",
              metric_name="conflict_fraction", started_at=started_at, data_fingerprint=train_split.fingerprint) as run:

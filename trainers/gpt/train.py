@@ -36,6 +36,7 @@ from trainers.gpt.data import (
 from trainers.gpt.evaluate import baselines, sample_text, summarise, validation_loss
 from trainers.gpt.model import GPT, count_parameters, flops_per_token
 from trainers.runtime import config as cfgmod
+from trainers.runtime.device import gpu_like, total_memory
 from trainers.runtime.dist import DistContext, all_reduce_max, all_reduce_sum, barrier, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.precision import autocast, build_adamw, enable_tf32, make_grad_scaler, precision_for
@@ -107,7 +108,7 @@ def plan_layout(cfg: GptConfig, shape: size.Shape, ctx: DistContext, act_bytes: 
     if cfg.parallel == "fsdp" and cfg.tie_embeddings:
         raise UsageError("--tie-embeddings works with --parallel ddp only (a tied matrix across FSDP units is not "
                          "supported here); leave it out or use ddp")
-    gpu_bytes = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.device.type == "cuda" else None
+    gpu_bytes = total_memory(ctx.device)
     rows = size.table(shape, ctx.world_size, cfg.device_batch_size, gpu_bytes, act_bytes)
     if cfg.parallel == "auto":
         shardable = ctx.distributed and ctx.world_size > 1 and not cfg.tie_embeddings
@@ -177,7 +178,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
     run_dir = Path(cfg.run_dir)
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     accum = cfg.grad_accum(ctx.world_size)
-    precision = precision_for(ctx.device, cfg.precision)
+    precision = precision_for(ctx.device, cfg.precision, cfg.gpu_defaults)
     if precision.needs_grad_scaler and cfg.parallel == "fsdp":
         raise UsageError("--parallel fsdp needs bf16 (an Ampere or newer GPU); fp16 with a grad scaler is DDP only")
     saved_vocab = json.loads((run_dir / VOCAB_FILE).read_text())["chars"] if (run_dir / VOCAB_FILE).exists() else None
@@ -192,7 +193,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
     shape = shape_of(cfg, len(corpus.vocab))
     act_bytes = 2 if precision.autocast_dtype is not None else 4
     parallel, checkpointing, memory = plan_layout(cfg, shape, ctx, act_bytes)
-    compile_blocks = cfg.compile == "on" or (cfg.compile == "auto" and ctx.device.type == "cuda")
+    compile_blocks = cfg.compile == "on" or (cfg.compile == "auto" and gpu_like(ctx.device, cfg.gpu_defaults))
     tf32 = enable_tf32(ctx.device)
     total_steps = total_steps_of(cfg)
     states: dict = {}  # filled once the run folder is ours (a check-only start never builds the model)
@@ -209,7 +210,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
         wrap(model, parallel, checkpointing, compile_blocks, ctx, precision)
         materialise(model, parallel, cfg.seed, ctx)
         n_params = count_parameters(model)  # DTensors count their global size
-        optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, cfg.beta2), ctx.device)
+        optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, cfg.beta2), ctx.device, cfg.gpu_defaults)
         scaler = make_grad_scaler(ctx.device, precision)
         schedule = Schedule(cfg.schedule, cfg.warmup_steps, total_steps, cfg.cooldown_frac, cfg.min_lr_ratio)
         states.update(schedule=schedule, vocab=VocabState(corpus.vocab, run_dir), scaler=scaler)

@@ -38,6 +38,7 @@ from trainers.lstm.summary import write_job_summary
 from trainers.runtime import config as cfgmod
 from trainers.runtime import faults
 from trainers.runtime.budget import Budget, StopReason
+from trainers.runtime.device import cuda_available, device_count, set_device
 from trainers.runtime.dist import DistContext, broadcast_object, pick_device
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.results import read_results
@@ -192,19 +193,19 @@ def _marker(worker: Worker, symbol: str, status: str, tries: int, started: float
 
 def worker_device(cfg: LstmConfig, local_rank: int) -> torch.device:
     """Worker r of a node uses GPU r // jobs_per_gpu; on CPU every worker shares the CPU."""
-    if cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available()):
+    if cfg.device == "cpu" or (cfg.device == "auto" and not cuda_available()):
         if cfg.jobs_per_gpu > 1:
             raise UsageError(f"--jobs-per-gpu {cfg.jobs_per_gpu} packs workers onto GPUs; on CPU every worker "
                              f"shares the CPU: set their number with torchrun --nproc_per_node")
         return torch.device("cpu")
     index = local_rank // cfg.jobs_per_gpu
-    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = device_count()
     if visible and index >= visible:
         raise UsageError(f"worker {local_rank} of this node would use GPU {index}, but {visible} are visible: start "
                          f"at most --jobs-per-gpu {cfg.jobs_per_gpu} x {visible} = {cfg.jobs_per_gpu * visible} "
                          f"workers per node")
     device = pick_device(index, cfg.device)
-    torch.cuda.set_device(device)
+    set_device(device)
     return device
 
 

@@ -12,6 +12,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from trainers.runtime.device import synchronize
 from trainers.runtime.dist import distributed
 
 
@@ -32,13 +33,11 @@ def main() -> int:
             x = torch.ones(mb * (1 << 20) // 4, dtype=torch.float32, device=ctx.device)
             for _ in range(2):  # warm up the communicator
                 dist.all_reduce(x)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(ctx.device)
             t0 = time.perf_counter()
             for _ in range(args.iters):
                 dist.all_reduce(x)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(ctx.device)
             dt = (time.perf_counter() - t0) / args.iters
             results.append({"mb": mb, "seconds": dt, "busbw_gbps": bus_bandwidth_gbps(x.numel() * 4, dt, ctx.world_size)})
         if ctx.is_main:

@@ -103,23 +103,24 @@ def check_gpus(expect: int | None) -> tuple[list[Check], list[GpuInfo]]:
 def check_torch(n_smi_gpus: int) -> list[Check]:
     import torch
 
+    from trainers.runtime.device import facts as device_facts
+
     info = {"torch": torch.__version__, "cuda_build": torch.version.cuda}
-    if not torch.cuda.is_available():
+    gpus = device_facts()
+    if not gpus["count"]:
         status = FAIL if n_smi_gpus else WARN
         fix = ("this torch is a CPU build or does not match the driver: install a CUDA build of torch"
                if n_smi_gpus else "")
         return [Check("torch", status, f"torch {torch.__version__} sees no CUDA device (build CUDA "
                                        f"{torch.version.cuda})", fix, info)]
-    n = torch.cuda.device_count()
-    caps = sorted({torch.cuda.get_device_capability(i) for i in range(n)})
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "n/a"
+    n, caps, nccl = gpus["count"], gpus["capabilities"], gpus["nccl"]
     path = "bf16" if min(caps) >= (8, 0) else "fp16 + grad scaler"
     info.update(devices=n, capabilities=[list(c) for c in caps], nccl=nccl, precision=path)
     status = PASS if n == n_smi_gpus else WARN
     checks = [Check("torch", status, f"torch {torch.__version__} (CUDA {torch.version.cuda}, NCCL {nccl}) "
                                      f"sees {n} GPU(s), capability {caps}, precision {path}", data=info)]
     if n > 1:
-        missing = [(i, j) for i in range(n) for j in range(n) if i != j and not torch.cuda.can_device_access_peer(i, j)]
+        missing = gpus["no_peer_access"]
         checks.append(Check("p2p", PASS if not missing else WARN,
                             "peer access between all GPU pairs" if not missing else
                             f"no peer access for {len(missing)} pair(s), e.g. {missing[:3]}",

@@ -194,8 +194,8 @@ def update(train_policy: torch.nn.Module, policy: torch.nn.Module, norms, inputs
                 kl = kl / ctx.world_size
             if float(kl) > s.target_kl:
                 break
-    var_y = returns.var()
-    explained = 1.0 - (returns - old_values).var() / var_y if float(var_y) > 0 else torch.tensor(float("nan"))
+    var_y = returns.var()  # explained variance, on the device (a `float(var_y) > 0` test was a host sync per update)
+    explained = torch.where(var_y > 0, 1.0 - (returns - old_values).var() / var_y, torch.full_like(var_y, float("nan")))
     mean = totals[:5] / totals[5]
     return {"pg_loss": mean[0], "v_loss": mean[1], "entropy": mean[2], "approx_kl": mean[3], "clipfrac": mean[4],
             "explained_variance": explained, "epochs": epochs_run}

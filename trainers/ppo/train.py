@@ -114,7 +114,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     train_range = data.splits["train"]
     market = DeviceMarket(data.close, data.features, ctx.device)
     VecPortfolioEnv(market, spec, 1, train_range, seed=0)  # rejects an episode longer than the training period
-    precision = precision_for(ctx.device, cfg.precision)
+    precision = precision_for(ctx.device, cfg.precision, cfg.gpu_defaults)
     tf32 = enable_tf32(ctx.device)
     s = settings(cfg)
     per_update = cfg.num_envs * cfg.rollout_steps * ctx.world_size

@@ -15,21 +15,22 @@ from typing import Any, Callable
 
 import torch
 
+from trainers.runtime.device import host_buffer, is_cuda, synchronize
+
 
 class HostSnapshot:
-    """Copies of nested states (dicts, lists, tuples, tensors, plain values) in host memory. On CUDA
-    the buffers are pinned and reused when the next save has the same shapes (one write is in flight
-    at a time, so a buffer is never read while it is refilled)."""
+    """Copies of nested states (dicts, lists, tuples, tensors, plain values) in host memory, in
+    buffers reused when the next save has the same shapes (one write is in flight at a time, so a
+    buffer is never read while it is refilled). On CUDA they are pinned and the copies non-blocking;
+    `reuse=False` clones instead (a CPU run: its tensors are host memory already)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reuse: bool = True) -> None:
+        self.reuse = reuse
         self._buffers: dict[str, torch.Tensor] = {}
-        self._cuda = False
 
     def take(self, obj: Any) -> Any:
-        self._cuda = False
         out = self._copy(obj, "")
-        if self._cuda:
-            torch.cuda.synchronize()  # the non-blocking device-to-host copies are done before the thread reads
+        synchronize()  # the non-blocking device-to-host copies are done before the thread reads
         return out
 
     def _copy(self, obj: Any, path: str) -> Any:
@@ -43,14 +44,13 @@ class HostSnapshot:
 
     def _tensor(self, t: torch.Tensor, path: str) -> torch.Tensor:
         t = t.detach()
-        if t.device.type != "cuda":
+        if not (self.reuse or is_cuda(t.device)):
             return t.clone()  # training goes on mutating the original in place
-        self._cuda = True
         buf = self._buffers.get(path)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            buf = host_buffer(t)
             self._buffers[path] = buf
-        buf.copy_(t, non_blocking=True)
+        buf.copy_(t, non_blocking=is_cuda(t.device))
         return buf
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from trainers.errors import RunFailed
@@ -34,6 +35,7 @@ from trainers.runtime.async_save import BackgroundWrite, HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.dist import DistContext, all_reduce_max, barrier
 from trainers.runtime.files import is_disk_full
+from trainers.runtime.options import RunOptions
 
 
 class Stateful(Protocol):
@@ -54,7 +56,7 @@ class Start:
 
 class Checkpointer:
     def __init__(self, manager: CheckpointManager, ctx: DistContext, every_steps: int, every_min: float | None,
-                 write_behind: bool | None):
+                 write_behind: bool | None = None):
         self.manager = manager
         self.ctx = ctx
         self.every_steps = every_steps
@@ -67,6 +69,13 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         self._pending: BackgroundWrite | None = None
         self._snapshot = HostSnapshot()
+
+    @classmethod
+    def for_run(cls, run_dir: Path, ctx: DistContext, cfg: RunOptions, log, gpu_like: bool) -> "Checkpointer":
+        """A run's: its folder's checkpoints, the run's options, and (unless --ckpt-async says) a
+        write behind the loop where a GPU deploy makes one."""
+        manager = CheckpointManager(Path(run_dir) / "checkpoints", ctx, cfg.keep_last, log)
+        return cls(manager, ctx, cfg.ckpt_every, cfg.ckpt_every_min, gpu_like if cfg.ckpt_async is None else cfg.ckpt_async)
 
     # ---- cadence -------------------------------------------------------------------------------
     def due_by_steps(self, step: int) -> bool:

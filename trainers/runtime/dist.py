@@ -12,6 +12,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from trainers.runtime import device as device_mod
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -49,8 +51,8 @@ def pick_device(local_rank: int, requested: str = "auto") -> torch.device:
         from trainers.errors import UsageError
 
         raise UsageError(f"--device {requested!r} is not one of: auto, cpu, cuda")
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if device_mod.cuda_available():
+        return torch.device("cuda", local_rank % device_mod.device_count())
     if requested == "cuda":
         from trainers.errors import UsageError
 
@@ -112,7 +114,7 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
     if world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
         backend = "nccl" if dev.type == "cuda" else "gloo"
         if dev.type == "cuda":
-            torch.cuda.set_device(dev)
+            device_mod.set_device(dev)
             # Surface NCCL failures as exceptions at the timeout instead of a silent hang.
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         timeout = datetime.timedelta(seconds=timeout_s)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import platform
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_gather_object
 
 
@@ -32,15 +32,11 @@ def versions() -> dict[str, str | None]:
 
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak allocated GPU memory on CUDA; peak resident set size of this process on CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    return device_mod.peak_memory(device)
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"
+    return device_mod.name(device)
 
 
 def run_facts(ctx: DistContext, elapsed_s: float, cost_usd: float | None) -> dict:

@@ -42,6 +42,10 @@ class RunOptions:
     agree_every: int | None = option(None, "agree on stops every N steps (0: adaptive, about once a second); "
                                      "default: every step on CPU, adaptive on CUDA, where each agreement is a "
                                      "host sync", resume_safe=True, min=0)
+    gpu_defaults: bool = option(False, "rehearse on the CPU what a CUDA deploy turns on by default: torch.compile "
+                                "(inductor), bf16 autocast, fused AdamW, checkpoints written behind the loop, "
+                                "adaptive stop agreement (slow on a CPU: for trying a run's configuration before "
+                                "renting a GPU; no effect on CUDA, where these are the defaults already)")
     restart: bool = option(False, "start this run folder over from step 0: its checkpoints are moved aside (kept), "
                            "not resumed", resume_safe=True)
 

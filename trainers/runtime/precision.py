@@ -1,4 +1,5 @@
-"""Device-dependent numerics: autocast dtype, gradient scaler, TF32, compile, fused AdamW."""
+"""Device-dependent numerics: autocast dtype, gradient scaler, TF32, compile, fused AdamW, each
+decided for the device a run is on — or, with `--gpu-defaults`, for the GPU it is rehearsing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from trainers.errors import UsageError
+from trainers.runtime.device import capability, gpu_like, tf32
 from trainers.runtime.options import PRECISIONS
 
 
@@ -22,18 +24,21 @@ class Precision:
         return self.name == "fp16"
 
 
-def resolve_precision(requested: str, device_type: str, cuda_capability: tuple[int, int] | None) -> Precision:
+def resolve_precision(requested: str, device_type: str, cuda_capability: tuple[int, int] | None,
+                      rehearse: bool = False) -> Precision:
     """Pick the numeric format.
 
     auto: bf16 autocast on GPUs with native bf16 (compute capability >= 8.0: A100, H100, L40S...),
-    fp16 autocast + grad scaler on older GPUs (V100 7.0, T4 7.5), fp32 on CPU.
+    fp16 autocast + grad scaler on older GPUs (V100 7.0, T4 7.5), fp32 on CPU — bf16 there too when
+    rehearsing a GPU deploy (`rehearse`). bf16 and fp16 may be asked for on a CPU: CPU autocast has
+    both (slow: for rehearsing what a GPU will run, not for speed).
     """
     if requested not in PRECISIONS:
         raise UsageError(f"--precision {requested!r} is not one of: {', '.join(PRECISIONS)}")
     if device_type != "cuda":
-        if requested in ("bf16", "fp16"):
-            raise UsageError(f"--precision {requested} needs a CUDA GPU; on CPU use fp32 or auto")
-        return Precision("fp32", None)
+        if requested == "auto":
+            requested = "bf16" if rehearse else "fp32"
+        return Precision(requested, {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[requested])
     bf16_ok = cuda_capability is not None and cuda_capability >= (8, 0)
     if requested == "auto":
         requested = "bf16" if bf16_ok else "fp16"
@@ -43,9 +48,8 @@ def resolve_precision(requested: str, device_type: str, cuda_capability: tuple[i
     return Precision(requested, dtype)
 
 
-def precision_for(device: torch.device, requested: str = "auto") -> Precision:
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
-    return resolve_precision(requested, device.type, capability)
+def precision_for(device: torch.device, requested: str = "auto", rehearse: bool = False) -> Precision:
+    return resolve_precision(requested, device.type, capability(device), rehearse)
 
 
 def autocast(device: torch.device, precision: Precision):
@@ -55,33 +59,35 @@ def autocast(device: torch.device, precision: Precision):
 
 
 def make_grad_scaler(device: torch.device, precision: Precision) -> torch.amp.GradScaler:
-    """A scaler that is active only for fp16 (disabled scalers pass values through)."""
+    """A scaler that is active only for fp16 (disabled scalers pass values through); on a CPU too."""
     return torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
 
 
 def enable_tf32(device: torch.device) -> bool:
     """TF32 matmuls and convolutions on Ampere and newer; returns whether it was enabled."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 0):
-        return False
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    return True
+    return tf32(device)
 
 
-def use_fused_adamw(device: torch.device) -> bool:
-    """Fused AdamW runs the whole update in one kernel; it exists for CUDA tensors only here."""
-    return device.type == "cuda"
+def use_fused_adamw(device: torch.device, rehearse: bool = False) -> bool:
+    """Fused AdamW runs the whole update in one kernel: on CUDA, and on a CPU rehearsing a GPU
+    deploy (torch 2.13 has a CPU kernel too; a plain CPU run keeps the default implementation)."""
+    return gpu_like(device, rehearse)
 
 
 def build_adamw(model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
-                device: torch.device) -> torch.optim.AdamW:
+                device: torch.device, rehearse: bool = False) -> torch.optim.AdamW:
     """AdamW with decay on matrices only (not biases, norms or embeddings-as-vectors)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.dim() >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=use_fused_adamw(device))
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=use_fused_adamw(device, rehearse))
+
+
+def compile_default(setting: bool | None, device: torch.device, rehearse: bool = False) -> bool:
+    """`--compile` when given; else on where a GPU deploy turns it on (CUDA, or rehearsing it)."""
+    return gpu_like(device, rehearse) if setting is None else setting
 
 
 def maybe_compile(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:

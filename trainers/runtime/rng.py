@@ -12,6 +12,8 @@ import random
 import numpy as np
 import torch
 
+from trainers.runtime import device as device_mod
+
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -32,8 +34,9 @@ def capture(device: torch.device) -> dict:
              "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
                        "has_gauss": int(has_gauss), "gauss": float(gauss)},
              "python": {"version": version, "state": list(py_state), "gauss": py_gauss}}
-    if device.type == "cuda":
-        state["torch_cuda"] = torch.cuda.get_rng_state(device)
+    cuda = device_mod.rng_state(device)
+    if cuda is not None:
+        state["torch_cuda"] = cuda
     return state
 
 
@@ -43,5 +46,4 @@ def restore(state: dict, device: torch.device) -> None:
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
-    if device.type == "cuda" and "torch_cuda" in state:
-        torch.cuda.set_rng_state(state["torch_cuda"], device)
+    device_mod.set_rng_state(state.get("torch_cuda"), device)

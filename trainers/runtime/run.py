@@ -29,8 +29,8 @@ from typing import Callable
 
 from trainers.errors import RunEnded
 from trainers.runtime import config as cfgmod
-from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.checkpointer import Checkpointer, Start, Stateful, WriteFailed
+from trainers.runtime.device import gpu_like
 from trainers.runtime.dist import DistContext, barrier
 from trainers.runtime.faults import maybe_inject
 from trainers.runtime.info import run_facts
@@ -65,11 +65,11 @@ class Run:
         self._exit.callback(lambda: lock is not None and lock.release())
         self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx, self.data_fingerprint, self.cfg.restart)
         self._exit.callback(self.metrics.close)
-        manager = CheckpointManager(self.run_dir / "checkpoints", self.ctx, self.cfg.keep_last, self.log)
-        self.ckpt = Checkpointer(manager, self.ctx, self.cfg.ckpt_every, self.cfg.ckpt_every_min, self.cfg.ckpt_async)
+        gpu = gpu_like(self.ctx.device, self.cfg.gpu_defaults)  # what a GPU deploy turns on, or its rehearsal
+        self.ckpt = Checkpointer.for_run(self.run_dir, self.ctx, self.cfg, self.log, gpu)
         self.heartbeat = Heartbeat(self.run_dir, self.ctx, self.trainer, self.total_steps)
         self.val, self.finite = ValidationRecord(self.cfg.patience, self.cfg.min_delta), FiniteWatch()
-        self.cadence = AgreementCadence(self.cfg.agree_every, self.ctx.device.type)
+        self.cadence = AgreementCadence(self.cfg.agree_every, gpu)
         self.stopper = StopAgreement(self.ctx, self.cfg.budget(self.ctx.world_size), counted_from=self.budget_from)
         self.stopper.install_signal_handlers()
         self._exit.callback(self.stopper.restore_signal_handlers)

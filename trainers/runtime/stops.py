@@ -111,8 +111,9 @@ class AgreementCadence:
     steady steps, capped at AGREE_MAX_STEPS). Decided identically on every rank: the adaptive N in
     force is the max of every rank's proposal, agreed at the previous agreement."""
 
-    def __init__(self, setting: int | None, device_type: str):
-        self.setting = (0 if device_type == "cuda" else 1) if setting is None else setting
+    def __init__(self, setting: int | None, gpu_like: bool):
+        # default: adaptive where each agreement is a host sync (a GPU, or its rehearsal), else every step
+        self.setting = (0 if gpu_like else 1) if setting is None else setting
         self._since = 0
         self._every = 1
 

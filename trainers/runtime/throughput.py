@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from trainers.runtime.device import synchronize
 from trainers.runtime.flops import peak_tflops
 from trainers.runtime.info import device_name, peak_memory_bytes
 
@@ -70,8 +71,7 @@ class ThroughputClock:
 
     def close_window(self) -> dict:
         """End the window at this step: its rate, step time, peak memory and MFU (for the metrics)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the window's kernels are done: honest time
+        synchronize(self.device)  # the window's kernels are done: honest time
         now = time.perf_counter()
         seconds = max(now - self._window_start - self._excluded, 1e-9)
         if self.windows_closed == 0:

@@ -1,0 +1,108 @@
+"""The device seam: every CUDA-only call the kit makes, each with its answer on a CPU.
+
+No other module of `trainers` touches `torch.cuda` (a test walks the code for it), so a call that
+would crash a CPU run — or a GPU run on a path only a GPU takes — is answered here, once, and is
+exercised by every CPU test: the CUDA branch by a GPU, the other by the CPU.
+
+It also decides what a run turns on because it will meet a GPU (`gpu_like`): on CUDA, or on the CPU
+with `--gpu-defaults`, the rehearsal of a GPU deploy's configuration (compile, bf16 autocast,
+checkpoints written behind the loop, adaptive stop agreement, fused AdamW, reused host buffers).
+"""
+
+from __future__ import annotations
+
+import platform
+import resource
+
+import torch
+
+
+def is_cuda(device: torch.device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def gpu_like(device: torch.device, rehearse: bool = False) -> bool:
+    """Whether a run takes the defaults of a GPU deploy: on CUDA, or rehearsing them on the CPU."""
+    return is_cuda(device) or rehearse
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def device_count() -> int:
+    """Visible CUDA devices (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def set_device(device: torch.device) -> None:
+    if is_cuda(device):
+        torch.cuda.set_device(device)
+
+
+def synchronize(device: torch.device | None = None) -> None:
+    """Wait for the device's queued work (on a CPU the work is already done)."""
+    if device is None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    elif is_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+def capability(device: torch.device) -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability(device) if is_cuda(device) else None
+
+
+def name(device: torch.device) -> str:
+    if is_cuda(device):
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def total_memory(device: torch.device) -> int | None:
+    """Bytes of device memory (None on a CPU: nothing to fit a model into)."""
+    return torch.cuda.get_device_properties(device).total_memory if is_cuda(device) else None
+
+
+def peak_memory(device: torch.device) -> int:
+    """Peak allocated memory on CUDA; peak resident set size of this process on a CPU."""
+    if is_cuda(device):
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def rng_state(device: torch.device) -> torch.Tensor | None:
+    return torch.cuda.get_rng_state(device) if is_cuda(device) else None
+
+
+def set_rng_state(state: torch.Tensor | None, device: torch.device) -> None:
+    if state is not None and is_cuda(device):
+        torch.cuda.set_rng_state(state, device)
+
+
+def host_buffer(like: torch.Tensor) -> torch.Tensor:
+    """A host tensor to copy `like` into: pinned for a CUDA tensor (the copy then runs at PCIe speed
+    and may be non-blocking), plain otherwise."""
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=is_cuda(like.device))
+
+
+def tf32(device: torch.device) -> bool:
+    """TF32 matmuls and convolutions on Ampere and newer; returns whether they are on."""
+    if not is_cuda(device) or torch.cuda.get_device_capability(device) < (8, 0):
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return True
+
+
+def facts(indices: range | None = None) -> dict:
+    """What preflight reports of the visible GPUs: count, compute capabilities, NCCL, peer access."""
+    if not torch.cuda.is_available():
+        return {"count": 0}
+    n = torch.cuda.device_count()
+    return {"count": n,
+            "capabilities": sorted({torch.cuda.get_device_capability(i) for i in range(n)}),
+            "names": [torch.cuda.get_device_name(i) for i in range(n)],
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "n/a",
+            "no_peer_access": [(i, j) for i in range(n) for j in range(n)
+                               if i != j and not torch.cuda.can_device_access_peer(i, j)]}
