@@ -141,13 +141,17 @@ DATES = [
 ]
 
 
-@pytest.mark.parametrize("trainer", ["forecast", "ppo"])
+LSTM_TINY = ["--synthetic-tickers", "2", "--synthetic-days", "700", "--window", "16", "--hidden", "8", "--epochs", "1",
+             "--device", "cpu"]
+
+
+@pytest.mark.parametrize("trainer", ["forecast", "ppo", "lstm"])
 @pytest.mark.parametrize("dates,needles", DATES, ids=[" ".join(d) for d, _ in DATES])
 def test_a_malformed_or_reversed_date_is_one_line_even_on_synthetic_data(trainer, dates, needles, tmp_path, capsys,
                                                                            monkeypatch):
     """The synthetic source ignored them (a reversed range trained); a real source met them deep in
     pandas."""
-    tiny = [*TINY_DATA, "--max-steps", "1"] if trainer == "forecast" else PPO_TINY
+    tiny = {"forecast": [*TINY_DATA, "--max-steps", "1"], "ppo": PPO_TINY, "lstm": LSTM_TINY}[trainer]
     refused([trainer, "train", *tiny, "--source", "synthetic", *dates], needles, tmp_path, capsys, monkeypatch)
 
 
@@ -530,3 +534,21 @@ def test_a_linked_file_the_tarball_vouches_for_is_refused(linked, packable, tmp_
     line = refused(["package", "--run-dir", str(packable), "--output", str(tmp_path / "run.tar.gz")],
                    ("will not pack", linked, "symbolic link"), tmp_path, capsys, monkeypatch)
     assert str(outside) in line
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--start", "2020-13-45"], ("--start", "2020-13-45")),
+    (["--end", "yesterday"], ("--end", "yesterday")),
+    (["--years", "100000"], ("--years", "100000")),
+    (["--source", "synthetic", "--synthetic-days", "100000"], ("--synthetic-days", "100000")),
+    (["--source", "synthetic", "--synthetic-tickers", "100000", "--synthetic-days", "50000"],
+     ("--synthetic-tickers 100000 x --synthetic-days 50000",)),
+])
+def test_fetch_sp500_takes_the_same_rules_for_dates_and_sizes(args, needles, tmp_path, capsys, monkeypatch):
+    """--start 2020-13-45 went to the network and came back "no ticker could be fetched"; --years
+    100000 overflowed; a synthetic market of any size was generated."""
+    refused(["fetch-sp500", "--cache-dir", str(tmp_path / "cache"), *args], needles, tmp_path, capsys, monkeypatch)
+
+
+def test_lstm_years_too_large_is_one_line(tmp_path, capsys, monkeypatch):
+    refused(["lstm", "train", *LSTM_TINY, "--years", "100000"], ("--years", "100000"), tmp_path, capsys, monkeypatch)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from trainers.errors import UsageError
 from trainers.market.symbols import parse_symbols
-from trainers.runtime.config import option
+from trainers.runtime.config import MAX_YEARS, option
 from trainers.runtime.options import RunOptions
 
 # Timeframes: N minutes/hours, 1 day, 1 week (Monday to Sunday), 1 calendar month.
@@ -122,9 +122,10 @@ class LstmConfig(RunOptions):
                          "(CSV/parquet with date[+time], ticker, close and, when it has them, open, high, low, "
                          "volume: features that need a missing one are left out; minute, hour or daily bars)")
     cache_dir: str = option("cache/sp500", "parquet price cache of the yfinance and cache sources", resume_safe=True)
-    years: float = option(10.0, "history for yfinance/cache when --start is not given", gt=0)
-    start: str | None = option(None, "first date (YYYY-MM-DD); fixed in config.json on the first run")
-    end: str | None = option(None, "end date, exclusive (default: today); fixed in config.json on the first run")
+    years: float = option(10.0, "history for yfinance/cache when --start is not given", gt=0, max=MAX_YEARS)
+    start: str | None = option(None, "first date (YYYY-MM-DD); fixed in config.json on the first run", date=True)
+    end: str | None = option(None, "end date, exclusive (default: today); fixed in config.json on the first run",
+                             after="start")
     synthetic_tickers: int = option(8, "symbols in the synthetic market (SYN000...)", min=1)
     synthetic_days: int = option(2520, "trading days in the synthetic market", min=1)
     data_seed: int = option(0, "seed of the synthetic market", min=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from trainers.runtime.config import number
+from trainers.runtime.config import MAX_YEARS, SYNTHETIC_MAX_DAYS, date_text, number
 
 WIKIPEDIA_SP500 = "https://en.wikipedia.org/wiki/List_of_S%26P_500_companies"
 
@@ -30,9 +30,10 @@ def add_fetch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--universe", default="sp500", help="ticker universe when no --tickers are given (default: sp500)")
     p.add_argument("--tickers", default=None, help="comma-separated symbols, e.g. AAPL,MSFT,BRK-B")
     p.add_argument("--tickers-file", default=None, help="file of symbols, one per line")
-    p.add_argument("--years", type=number(float, gt=0), default=25.0, help="history when --start is not given (default: 25)")
-    p.add_argument("--start", default=None, help="first date YYYY-MM-DD")
-    p.add_argument("--end", default=None, help="end date YYYY-MM-DD, exclusive (default: today)")
+    p.add_argument("--years", type=number(float, gt=0, max=MAX_YEARS), default=25.0,
+                   help="history when --start is not given (default: 25)")
+    p.add_argument("--start", type=date_text, default=None, help="first date YYYY-MM-DD")
+    p.add_argument("--end", type=date_text, default=None, help="end date YYYY-MM-DD, exclusive (default: today)")
     p.add_argument("--cache-dir", default="cache/sp500", help="parquet cache folder (default: cache/sp500)")
     p.add_argument("--refresh", action="store_true", help="download every ticker again, even when cached")
     p.add_argument("--mix-sources", action="store_true",
@@ -42,7 +43,7 @@ def add_fetch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retries", type=number(int, min=0), default=4, help="retries per batch with exponential backoff (default: 4)")
     p.add_argument("--min-history-days", type=number(int, min=1), default=252, help="exclude tickers with fewer valid bars")
     p.add_argument("--synthetic-tickers", type=number(int, min=1), default=500, help="synthetic stand-in: tickers (default: 500)")
-    p.add_argument("--synthetic-days", type=number(int, min=1), default=6300, help="synthetic stand-in: days (default: 6300, 25 y)")
+    p.add_argument("--synthetic-days", type=number(int, min=1, max=SYNTHETIC_MAX_DAYS), default=6300, help="synthetic stand-in: days (default: 6300, 25 y)")
     p.add_argument("--data-seed", type=number(int, min=0), default=0, help="synthetic stand-in: seed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 

@@ -22,7 +22,7 @@ from trainers.market.sources import DataRequest, check_source, read_user_file
 from trainers.market.symbols import to_yfinance_symbol
 from trainers.market.synthetic import synthetic_market
 from trainers.market.universe import UNIVERSE_COLUMNS, resolve_tickers, shipped_universe_path, validate_universe
-from trainers.runtime.config import check_folder_writable
+from trainers.runtime.config import SYNTHETIC_MAX_CELLS, check_folder_writable, check_product
 from trainers.runtime.files import atomic_write
 
 
@@ -41,6 +41,7 @@ def run_fetch(args: argparse.Namespace, downloader=yfinance_downloader) -> dict:
                               mix_sources=args.mix_sources)
     else:
         if args.source == "synthetic":
+            check_product(args, ("synthetic_tickers", "synthetic_days"), SYNTHETIC_MAX_CELLS, "prices to generate")
             frame = synthetic_market(args.synthetic_tickers, args.synthetic_days, seed=args.data_seed)
             label = frame.attrs["source"]
         else:
