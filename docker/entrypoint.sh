@@ -179,7 +179,7 @@ job_names() {  # job_names ARGS...: JOB_TRAINER and JOB_OUT as deploy_8gpu.sh wi
 
 # The job's record as `deploy_8gpu.sh status --json` reads it (the state file, its lock, results).
 # Fields separated by \x1f, not a tab: read splits on runs of whitespace and would lose empty fields.
-FIELD_NAMES=(trainer state phase exit_code download log alive pid host)
+FIELD_NAMES=(trainer state phase exit_code download log alive pid host reason)
 status_fields() {  # status_fields [--trainer NAME]: one line of FIELD_NAMES per job in $JOB_OUT
   local json
   json=$(bash "$KIT_DIR/deploy_8gpu.sh" status --json --out "$JOB_OUT" "$@" 2>&1) || { echo "$json" >&2; return 1; }
@@ -213,7 +213,7 @@ report_end() {  # report_end RC: what the job left, as the last lines of the con
     say "the deploy of $JOB_TRAINER was stopped by a signal in phase $phase (exit $rc); log $log"
     say "the container stays up; resume with: deploy_8gpu.sh --trainer $JOB_TRAINER [options]"
   else
-    say "the deploy of $JOB_TRAINER FAILED in phase $phase (exit $rc); log $log"
+    say "the deploy of $JOB_TRAINER FAILED in phase $phase (exit $rc${FIELDS[9]:+: ${FIELDS[9]}}); log $log"
     say "the container stays up and does not rerun it (it would fail again while the pod bills): look with the web terminal or SSH, then rerun with: deploy_8gpu.sh --trainer $JOB_TRAINER [options]"
   fi
   [[ -z "$download" ]] || say "download: $download"
@@ -231,10 +231,11 @@ wait_for() {  # wait_for PID: its exit code; a trapped signal interrupts `wait`,
 }
 
 stop_other_deploys() {  # a deploy started from a terminal in this container is not our child: stop it too
-  local rows trainer state phase code download log alive pid host me waited
+  local rows trainer state phase code download log alive pid host reason me waited
   me="$HOSTNAME"  # what kit_lib.sh records (hostname), without needing the command
   rows=$(status_fields 2>/dev/null) || return 0
-  while IFS=$'\x1f' read -r trainer state phase code download log alive pid host; do
+  # shellcheck disable=SC2034  # reason: read to keep the fields in place, not used here
+  while IFS=$'\x1f' read -r trainer state phase code download log alive pid host reason; do
     [[ "$alive" == True && "$host" == "$me" && "$pid" =~ ^[0-9]+$ ]] || continue
     say "stopping the deploy of $trainer started from a terminal (pid $pid, phase $phase): it checkpoints first"
     kill -TERM "$pid" 2>/dev/null || continue

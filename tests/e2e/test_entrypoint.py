@@ -154,10 +154,14 @@ def kit(tmp_path):
             return [e for e in self.events() if e.startswith(prefix)]
 
         def write_state(self, trainer="forecast", **fields):
-            """A state file as a deploy that is no longer running left it."""
+            """A state file as a deploy that is no longer running left it (a finished one, its tarball:
+            status checks the file a "finished" names)."""
             self.out.mkdir(exist_ok=True)
+            tarball = self.out / f"{trainer}.tar.gz"
+            if fields.get("state") == "finished":
+                tarball.write_bytes(b"tarball")
             fields = {"trainer": trainer, "pid": "999999", "host": socket.gethostname(), "phase": "train",
-                      "log": str(self.out / f"deploy-{trainer}.log"), **fields}
+                      "log": str(self.out / f"deploy-{trainer}.log"), "tarball": str(tarball), **fields}
             (self.out / f"deploy-{trainer}.state").write_text("".join(f"{k}={v}\n" for k, v in fields.items()))
 
     yield Kit()
@@ -392,3 +396,14 @@ def test_the_state_of_the_trainer_asked_for_decides(kit):
     entry = kit.start("deploy")  # the forecaster has no state yet: it runs
     entry.wait_for("the container stays up")
     assert kit.calls("deploy forecast") and entry.stop() == 0
+
+
+def test_a_finished_job_whose_tarball_is_gone_is_run_again_and_a_failure_says_why(kit):
+    """status checks a "finished" against its tarball ("incomplete" when it is gone): the container
+    reruns it (training resumes at its end; export and package make the tarball again)."""
+    kit.write_state(state="finished", exit_code="0")
+    (kit.out / "forecast.tar.gz").unlink()
+    entry = kit.start("deploy")
+    entry.wait_for("the container stays up")
+    assert "is in state 'incomplete'" in entry.log() and len(kit.calls("deploy forecast")) == 1
+    assert entry.stop() == 0

@@ -552,3 +552,20 @@ def test_fetch_sp500_takes_the_same_rules_for_dates_and_sizes(args, needles, tmp
 
 def test_lstm_years_too_large_is_one_line(tmp_path, capsys, monkeypatch):
     refused(["lstm", "train", *LSTM_TINY, "--years", "100000"], ("--years", "100000"), tmp_path, capsys, monkeypatch)
+
+
+def test_status_checks_a_finished_deploy_against_its_tarball_and_names_why_one_failed(tmp_path, capsys):
+    """A deploy that died at export once recorded "finished"; status then printed FINISHED with a
+    tarball that did not exist. It now checks the file, and shows how a failed deploy ended."""
+    out = deploy_out(tmp_path)
+    state = out / "deploy-gnn.state"
+    state.write_text(state.read_text() + f"tarball={out}/gnn.tar.gz\n")
+    text = status(out, capsys)
+    assert "INCOMPLETE" in text and "is not there" in text and "FINISHED" not in text
+    (out / "gnn.tar.gz").write_bytes(b"tarball")
+    assert "FINISHED" in status(out, capsys)
+    state.write_text(state.read_text().replace("state=finished", "state=failed").replace("exit_code=0", "exit_code=138")
+                     + "reason=killed by SIGUSR1 in phase train\n")
+    text = status(out, capsys)
+    assert "FAILED in phase" in text and "killed by SIGUSR1 in phase train" in text
+    assert json.loads(status(out, capsys, "--json"))["reason"] == "killed by SIGUSR1 in phase train"

@@ -131,7 +131,13 @@ def job_status(out: Path, trainer: str) -> dict:
           "state": recorded if not (recorded == "running" and not alive) else "lost",
           "exit_code": _int(state.get("exit_code")), "pid": _int(state.get("pid")), "host": state.get("host"),
           "detached": state.get("detached") == "1", "log": state.get("log"), "run_dir": str(run_dir),
-          "tarball": state.get("tarball"), "download": state.get("download") or None}
+          "tarball": state.get("tarball"), "download": state.get("download") or None,
+          "reason": state.get("reason") or None, "training_end": state.get("training_end") or None}
+    # the state file is checked against the files it names: "finished" promises a tarball
+    tarball = Path(st["tarball"]) if st["tarball"] else None
+    st["tarball_exists"] = bool(tarball and tarball.is_file())
+    if st["state"] == "finished" and not st["tarball_exists"]:
+        st["state"] = "incomplete"
     started, ended = _number(state.get("started")), _number(state.get("ended"))
     st["wall_s"] = (ended or time.time()) - started if started else None
     train, val = rows.get("train", {}), rows.get("val", {})
@@ -193,6 +199,11 @@ def format_status(st: dict) -> str:
     if state == "lost":
         lines.append("  the deploy is not running any more and did not record how it ended (killed?); rerun the "
                      "same command to resume from the last checkpoint")
+    if state == "incomplete":
+        lines.append(f"  the deploy recorded 'finished', but its tarball {st['tarball']} is not there (deleted or "
+                     f"moved?); rerun the same command to export and package again")
+    if st.get("reason"):
+        lines.append(f"  {state}: {st['reason']}")
     if st.get("step"):
         total = f"/{st['total_steps']}" if st.get("total_steps") else ""
         pct = f" ({100 * st['step'] / st['total_steps']:.1f}%)" if st.get("total_steps") else ""
