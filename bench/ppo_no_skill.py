@@ -36,6 +36,10 @@ def rows(table: dict) -> dict:
         summary = row["summary"]
         out[name] = {"n": summary["n"], **{k: {"mean": summary[k]["mean"], "std": summary[k]["std"],
                                                "values": summary[k]["values"]} for k in METRICS if k in summary}}
+        # as the README prints them: percent to 0.01 (returns) and Sharpe to 0.01
+        out[name]["printed"] = {"cumulative_return_pct": {s: round(100 * summary["cumulative_return"][s], 2)
+                                                          for s in ("mean", "std")},
+                                "sharpe": {s: round(summary["sharpe"][s], 2) for s in ("mean", "std")}}
         if "per_seed" in row and row["per_seed"] and "selected_update" in row["per_seed"][0]:
             out[name]["selected_update"] = [r["selected_update"] for r in row["per_seed"]]
     return out
