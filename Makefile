@@ -19,6 +19,10 @@ bench-cpu:
 	OMP_NUM_THREADS=1 $(PYTHON) bench/checkpoint_save.py --presets small,base --out bench/results/checkpoint_cpu.json
 	$(PYTHON) bench/forecast_signal.py --out bench/results/forecast_signal_cpu.json
 	$(PYTHON) bench/forecast_readout.py --epochs 4 --out bench/results/forecast_readout_cpu.json
+	$(PYTHON) bench/gpt_size.py --out bench/results/gpt_size.json
+	$(PYTHON) bench/deploy_demo.py --out bench/results/deploy_demo_forecast_cpu.json
+	$(PYTHON) bench/deploy_demo.py --trainer gpt --out bench/results/deploy_demo_gpt_cpu.json
+	$(PYTHON) bench/pytest_wall.py --out bench/results/tests_leaks_cpu.json -- -q tests/leaks
 
 # One command for the whole GPU set (each line writes its JSON with device, driver, versions, commit).
 bench-gpu:
