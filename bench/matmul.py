@@ -54,9 +54,11 @@ def main() -> int:
     p.add_argument("--dtype", default="bf16", choices=tuple(DTYPES))
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--copy-mib", type=int, default=1024, help="device-to-device copy size")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto: the GPU when there is one (cpu: the dry run of make bench-gpu, even on a GPU machine)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     n, dtype = args.size, DTYPES[args.dtype]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

@@ -236,6 +236,8 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers of the plain, Lightning and naive peers")
     p.add_argument("--tickers", type=int, default=100)
     p.add_argument("--days", type=int, default=2520)
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto: the GPU when there is one (cpu: the dry run of make bench-gpu, even on a GPU machine)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     peers = [name for name in args.peers.split(",") if name]
@@ -243,19 +245,30 @@ def main() -> int:
     if unknown:
         p.error(f"--peers: unknown {unknown}; choose from {', '.join(PEERS)}")
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
     precision = precision_for(device)
     tf32 = enable_tf32(device)
     store = build_store(to_panel(synthetic_market(args.tickers, args.days, seed=0)), 120, 20).to(device)
     name = device_name(device)
-    results = []
+    # "trainer": `trainers plan` reads every train_gpu*.json for a measured MFU; a record without the key
+    # would lend the forecaster's MFU to every trainer's plan
+    record = {"benchmark": "train_throughput", "trainer": "forecast", "device": name, "device_type": device.type,
+              "peak_tflops": peak_tflops(name), "precision": precision.name, "tf32": tf32, "compile": args.compile,
+              "threads": torch.get_num_threads(), "complete": False, "results": []}
+    results = record["results"]
     for preset in args.presets.split(","):
         shape = PRESETS[preset]
         flops = flops_per_sample(120, len(FEATURES), shape.d_model, shape.n_layers, shape.d_ff)
         row = {"preset": preset, "batch": args.batch, "train_flops_per_sample": flops}
         for peer in peers:
-            r = PEERS[peer](store, preset, args.batch, device, precision, compile_=args.compile, steps=args.steps,
-                            warmup=args.warmup, workers=args.workers)
+            try:
+                r = PEERS[peer](store, preset, args.batch, device, precision, compile_=args.compile, steps=args.steps,
+                                warmup=args.warmup, workers=args.workers)
+            except Exception as exc:  # noqa: BLE001 - one peer failing (a framework's version, memory) leaves the rest
+                r = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+                print(f"{preset} {peer}: {r['error']}", file=sys.stderr, flush=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
             if "samples_per_s" in r:
                 r["mfu"] = mfu(r["samples_per_s"], flops, name)
                 r["effective_mfu"] = mfu(r["effective_samples_per_s"], flops, name)
@@ -265,9 +278,8 @@ def main() -> int:
                                for peer in peers if peer != "kit" and "samples_per_s" in row[peer]}
         results.append(row)
         print(json.dumps(row), flush=True)
-    record = {"benchmark": "train_throughput", "device": name, "device_type": device.type,
-              "peak_tflops": peak_tflops(name), "precision": precision.name, "tf32": tf32, "compile": args.compile,
-              "threads": torch.get_num_threads(), "results": results}
+        write_record(record, args.out)  # after every preset: a run stopped by its timeout keeps what it measured
+    record["complete"] = True
     write_record(record, args.out)
     return 0
 
