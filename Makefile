@@ -2,7 +2,7 @@
 # device, versions and git commit. Commit the JSON and quote it in the README.
 PYTHON ?= python
 
-.PHONY: test bench-cpu bench-gpu
+.PHONY: test bench-cpu bench-gpu bench-gpu-dry
 
 test:
 	$(PYTHON) -m pytest -q
@@ -24,12 +24,17 @@ bench-cpu:
 	$(PYTHON) bench/deploy_demo.py --trainer gpt --out bench/results/deploy_demo_gpt_cpu.json
 	$(PYTHON) bench/pytest_wall.py --out bench/results/tests_leaks_cpu.json -- -q tests/leaks
 
-# One command for the whole GPU set (each line writes its JSON with device, driver, versions, commit).
+# One command for the whole GPU set, on the machine it meets: processes = the visible GPUs, each step under
+# its own timeout (a step that fails or hangs is recorded so and the rest go on), the whole set within
+# --total-min (28 by default); JSON under bench/results/*_gpu.json and the one page gpu_summary.md.
+# python3, not $(PYTHON): a GPU image's Python is python3 and nothing is installed there (PYTHONPATH=repo).
+# Where one command may run at most 10 minutes: BENCH_GPU_ARGS="--resume --total-min 9", repeated.
+# bench-gpu-dry: every step at tiny sizes on the CPU into a temporary folder (what CI runs).
+BENCH_PYTHON ?= python3
+BENCH_GPU_ARGS ?=
+
 bench-gpu:
-	$(PYTHON) bench/matmul.py --out bench/results/matmul_gpu.json
-	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --out bench/results/train_gpu_eager.json
-	$(PYTHON) bench/train_throughput.py --presets small,base,151m --steps 50 --compile --out bench/results/train_gpu_compiled.json
-	$(PYTHON) bench/profile_step.py --preset 151m
-	$(PYTHON) bench/checkpoint_save.py --presets base,151m --out bench/results/checkpoint_gpu.json
-	$(PYTHON) bench/gnn_coloring.py --nproc 1 --out bench/results/gnn_gpu.json
-	$(PYTHON) bench/gpt_throughput.py --nproc 8 --depths 12,20,26 --seq-len 2048 --device-batch-size 8 --compile off,on --parallel ddp,fsdp --steps 40 --out bench/results/gpt_throughput_gpu.json
+	$(BENCH_PYTHON) bench/gpu.py $(BENCH_GPU_ARGS)
+
+bench-gpu-dry:
+	$(BENCH_PYTHON) bench/gpu.py --dry-run $(BENCH_GPU_ARGS)
