@@ -18,6 +18,20 @@ and myciel3..6; within one colour of gcol's TabuCol at an equal time on the rand
     pip install gcol   # benchmark-only dependency, never needed by the kit or its tests
     OMP_NUM_THREADS=1 python bench/gnn_coloring.py --nproc 2 --train 4000 --val 100 --max-nodes 150 \\
         --epochs 15 --budget 5 --out bench/results/gnn_cpu.json
+
+`--hard` (issue 27) colours the hard graphs instead -- dense random G(n, 0.5) like DSJC250.5 and
+DSJC500.5, a planted flat graph like flat300_28, a large sparse G(1000, 0.02), G(250, 0.9) and
+G(500, 0.1) -- each method with the same wall time per graph (--budget, 60 s): DSATUR; gcol's
+TabuCol and gcol's own hybrid evolutionary algorithm (opt_alg 2 and 4, it_limit calibrated to the
+budget: gcol counts iterations, not seconds); our NumPy TabuCol from DSATUR; `gnn color` as it was
+(the GNN, repair and that TabuCol); and the population search (trainers.gnn.population) twice, its
+first population sampled from the GNN or made by randomised DSATUR: the ablation of the GNN's
+start. Each row records the time at which each colour count was first reached, and the load
+average around it (the box is shared). The model is trained with dense graphs in its data and up to
+--max-colors colours, offered fewer than the greedy bound (--fewer-colors):
+
+    OMP_NUM_THREADS=1 python bench/gnn_coloring.py --hard --nproc 2 --train 3000 --val 100 --max-nodes 300 \\
+        --dense 0.5 --max-colors 96 --fewer-colors 0.35 --epochs 10 --budget 60 --out bench/results/gnn_hard_cpu.json
 """
 
 from __future__ import annotations
@@ -40,7 +54,15 @@ from record import write_record  # noqa: E402
 
 from trainers.gnn.color import color_file  # noqa: E402
 from trainers.gnn.decode import classical  # noqa: E402
-from trainers.gnn.graphs import Graph, benchmark_set, erdos_renyi, mycielski, read_graph, write_dimacs  # noqa: E402
+from trainers.gnn.graphs import (  # noqa: E402
+    Graph,
+    benchmark_set,
+    erdos_renyi,
+    flat,
+    mycielski,
+    read_graph,
+    write_dimacs,
+)
 from trainers.gnn.search import reduce_colors  # noqa: E402
 
 RANDOM = [(125, 0.1), (125, 0.5), (125, 0.9), (250, 0.1), (250, 0.5), (500, 0.1)]  # DSJC-like G(n, p)
@@ -96,10 +118,11 @@ def train(args, work: Path) -> Path:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     commands = [
         [sys.executable, "-m", "trainers", "gnn", "data", "--out", str(data), "--train", str(args.train), "--val",
-         str(args.val), "--max-nodes", str(args.max_nodes), "--no-progress"],
+         str(args.val), "--max-nodes", str(args.max_nodes), "--no-progress", "--dense", str(args.dense)],
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}", "-m",
          "trainers", "gnn", "train", "--data-dir", str(data), "--run-dir", str(run), "--epochs", str(args.epochs),
-         "--nodes-per-batch", str(args.nodes_per_batch), "--search-iters", "20000", "--search-seconds", "1"],
+         "--nodes-per-batch", str(args.nodes_per_batch), "--search-iters", "20000", "--search-seconds", "1",
+         "--max-colors", str(args.max_colors), "--fewer-colors", str(args.fewer_colors)],
         [sys.executable, "-m", "trainers", "gnn", "export", "--run-dir", str(run)],
     ]
     for cmd in commands:
@@ -188,6 +211,192 @@ def markdown(rows: list[dict], budget: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---- issue 27: the hard graphs -------------------------------------------------------------------
+
+HARD_SEED = 2027  # other graphs than the ones the issue's figures were measured on
+# name (no dots: the README's claims address figures by dotted key paths), what it is like, best known
+HARD = [("gnp_n250_p50", "G(250, 0.5)", "DSJC250.5: 28"), ("gnp_n500_p50", "G(500, 0.5)", "DSJC500.5: 47-48"),
+        ("flat_n300_k28", "flat, 28 planted classes, p = 0.5 between them", "flat300_28_0: 28 (planted)"),
+        ("gnp_n1000_p02", "G(1000, 0.02)", None), ("gnp_n250_p90", "G(250, 0.9)", "DSJC250.9: 72"),
+        ("gnp_n500_p10", "G(500, 0.1)", "DSJC500.1: 12")]
+
+
+def hard_instances() -> list[Graph]:
+    """The hard set, each graph drawn from its own seed (adding one never changes another)."""
+    out = []
+    for i, (name, _, _) in enumerate(HARD):
+        rng = np.random.default_rng([HARD_SEED, i])
+        if name.startswith("flat"):
+            out.append(flat(300, 28, 0.5, rng, name))
+        else:
+            n, p = (int(x[1:]) for x in name.split("_")[1:])
+            out.append(erdos_renyi(n, p / 100, rng, name))
+    return out
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def times_to_k(levels: list[dict], start: int, start_seconds: float, cumulative: bool) -> dict:
+    """{k: seconds from the row's start until k colours were first reached}."""
+    out, elapsed = {str(start): round(start_seconds, 3)}, start_seconds
+    for lv in levels:
+        if cumulative:  # NumPy TabuCol: per-level seconds
+            elapsed += lv["seconds"]
+            if not lv["solved"]:
+                continue
+            out[str(lv["k"])] = round(elapsed, 3)
+        else:
+            out[str(lv["k"])] = round(lv["seconds"], 3)
+    return out
+
+
+def gcol_calibrated(g: Graph, seconds: float, seed: int, opt_alg: int) -> dict:
+    """gcol (opt_alg 2: TabuCol; 4: its hybrid evolutionary algorithm) once, with the it_limit that
+    two short runs (1000 and 4000 iterations) say fits `seconds`: gcol counts iterations only."""
+    import gcol
+
+    G = to_nx(g)
+    timing = {}
+    for it_limit in (1000, 4000):
+        random.seed(seed)
+        t0 = time.perf_counter()
+        gcol.node_coloring(G, strategy="dsatur", opt_alg=opt_alg, it_limit=it_limit)
+        timing[it_limit] = time.perf_counter() - t0
+    per_it = max((timing[4000] - timing[1000]) / 3000, 1e-7)
+    it_limit = max(1000, int((seconds - max(timing[1000] - 1000 * per_it, 0.0)) / per_it))
+    random.seed(seed)
+    t0 = time.perf_counter()
+    coloring = gcol.node_coloring(G, strategy="dsatur", opt_alg=opt_alg, it_limit=it_limit)
+    return {"colors": max(coloring.values()) + 1, "seconds": round(time.perf_counter() - t0, 3), "it_limit": it_limit,
+            "calibration_s": {str(k): round(v, 3) for k, v in timing.items()}}
+
+
+def hard_row(g: Graph, model: Path, work: Path, args) -> dict:
+    from trainers.gnn.dsatur import dsatur
+    from trainers.gnn.population import heuristic_starts, model_starts, population_search
+    from trainers.gnn.search import clique_lower_bound
+
+    S = args.budget
+    row = {"graph": g.name, "nodes": g.n, "edges": g.n_edges, "planted_k": g.upper_k,
+           "clique_bound": clique_lower_bound(g), "load_before": load()}
+    c = classical(g)
+    row["dsatur"] = {"colors": c["dsatur"]["colors"], "seconds": round(c["dsatur"]["seconds"], 3)}
+    t0 = time.perf_counter()
+    start = dsatur(g)  # our DSATUR: the same colours as networkx's (tested), in milliseconds
+    ds_seconds = time.perf_counter() - t0
+    k0 = int(start.max()) + 1
+    found = reduce_colors(g, start, iters=10**12, seconds=S - ds_seconds, seed=args.seed)
+    row["tabucol_from_dsatur"] = {"colors": found.colors, "seconds": round(ds_seconds + found.seconds, 3),
+                                  "iterations": found.iterations,
+                                  "time_to_k": times_to_k(found.levels, k0, ds_seconds, cumulative=True)}
+    path = work / f"{g.name}.col"
+    write_dimacs(g, path)
+    plain = color_file(str(model), str(path), seed=args.seed, search_seconds=S)  # today's `gnn color`
+    row["gnn_tabucol"] = {"colors": plain["colors"], "seconds": plain["seconds"]["total"],
+                          "scheduled": plain["scheduled"]["colors"], "raw_colors": plain["raw"]["colors"],
+                          "raw_conflicts": plain["raw"]["conflicts"]}
+    info = json.loads((model.parent / "export.json").read_text())
+    onnx = _onnx_logits(model, g, info)
+    for name, starts in (("population_dsatur", heuristic_starts(g, args.seed)),
+                         ("population_gnn", model_starts(onnx, info["inputs"]["color_mask"][1], args.temperature,
+                                                         seed=args.seed))):
+        t0 = time.perf_counter()
+        start = dsatur(g)
+        lead = time.perf_counter() - t0
+        r = population_search(g, start, starts, args.population, tabu_iters=args.tabu_depth, seconds=S - lead,
+                              device=args.device, seed=args.seed)
+        row[name] = {"colors": r.colors, "seconds": round(lead + r.seconds, 3), "iterations": r.iterations,
+                     "generations": r.generations, "first_population_s": round(r.start_seconds, 3),
+                     "stopped": r.stopped, "time_to_k": times_to_k(r.levels, k0, lead, cumulative=False)}
+        if r.levels:
+            row[name]["time_to_k"] = {k: round(v + lead, 3) if k != str(k0) else v
+                                      for k, v in row[name]["time_to_k"].items()}
+    for name, alg in (("gcol_tabucol", 2), ("gcol_hea", 4)):
+        row[name] = gcol_calibrated(g, S, args.seed, alg)
+    row["load_after"] = load()
+    ours = [row[m]["colors"] for m in ("population_dsatur", "population_gnn")]
+    row["goals"] = {"population_never_above_tabucol": max(ours) <= min(row["tabucol_from_dsatur"]["colors"],
+                                                                       row["gcol_tabucol"]["colors"])}
+    if g.upper_k:
+        row["goals"]["planted_k"] = min(ours) <= g.upper_k
+    return row
+
+
+def _onnx_logits(model: Path, g: Graph, info: dict):
+    """(k, feature seed) -> the exported model's logits on g, as `gnn color` runs it (one thread)."""
+    import onnxruntime as ort
+
+    from trainers.gnn.features import color_mask, node_features
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    edge_index = np.concatenate([g.edges, g.edges[:, ::-1]]).T.astype(np.int64).copy()
+    width = info["inputs"]["color_mask"][1]
+
+    def logits(k: int, seed: int) -> np.ndarray:
+        return session.run(None, {"x": node_features(g, info["random_features"], seed), "edge_index": edge_index,
+                                  "color_mask": color_mask(g.n, k, width)})[0]
+
+    return logits
+
+
+def hard_markdown(rows: dict, budget: float) -> str:
+    head = ["graph", "n", "m", "best known", "DSATUR", "gcol TabuCol", "gcol HEA", "our TabuCol from DSATUR",
+            "`gnn color` (GNN + TabuCol)", "population, DSATUR start", "population, GNN start"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, r in rows.items():
+        best = next(b for n_, _, b in HARD if n_ == name) or "?"
+        cells = [name, str(r["nodes"]), str(r["edges"]), best]
+        for m in ("dsatur", "gcol_tabucol", "gcol_hea", "tabucol_from_dsatur", "gnn_tabucol", "population_dsatur",
+                  "population_gnn"):
+            cells.append(f"{r[m]['colors']} ({r[m]['seconds']:.1f} s)")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main_hard(args) -> int:
+    import torch
+
+    torch.set_num_threads(1)  # one core per process, as the other rows
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        t0 = time.perf_counter()
+        run = Path(args.run_dir) if args.run_dir else train(args, work)
+        train_wall = time.perf_counter() - t0
+        results = json.loads((run / "results.json").read_text())
+        rows = {}
+        for g in hard_instances():
+            if args.only and g.name not in args.only.split(","):
+                continue
+            rows[g.name] = hard_row(g, run / "model.onnx", work, args)
+            print(json.dumps({k: rows[g.name][k] for k in ("graph", "load_before", "load_after")} | {
+                m: rows[g.name][m]["colors"] for m in ("dsatur", "gcol_tabucol", "gcol_hea", "tabucol_from_dsatur",
+                                                     "gnn_tabucol", "population_dsatur", "population_gnn")}),
+                  flush=True)
+    t = results["training"]
+    record = {"benchmark": "gnn_coloring_hard", "budget_s": args.budget, "cpu_count": os.cpu_count(),
+              "device": args.device, "population": args.population, "tabu_depth": args.tabu_depth,
+              "temperature": args.temperature, "seed": args.seed,
+              "threads": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "torch": 1, "onnxruntime_intra_op": 1},
+              "instances": {n: {"like": like, "best_known": best} for n, like, best in HARD},
+              "model": results["model"] | {"fewer_colors": results["config"].get("fewer_colors")},
+              "train": {"graphs": results["data"]["train_graphs"], "nodes": results["data"].get("train_nodes"),
+                        "dense": args.dense, "epochs": results["config"]["epochs"], "steps": t["steps"],
+                        "wall_s": train_wall if not args.run_dir else None,
+                        "best_val_conflict_fraction": t["best_val"]["value"]},
+              "graphs": rows,
+              "goals_missed": [f"{n}: {k}" for n, r in rows.items() for k, v in r["goals"].items() if not v]}
+    write_record(record, args.out)
+    table = hard_markdown(rows, args.budget)
+    if args.markdown:
+        Path(args.markdown).write_text(table)
+    print(table)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", type=int, default=2)
@@ -205,11 +414,21 @@ def main() -> int:
     p.add_argument("--only", default=None, help="comma-separated graph names (a quick look)")
     p.add_argument("--out", default=None)
     p.add_argument("--markdown", default=None, help="also write the table here")
+    p.add_argument("--hard", action="store_true", help="the hard graphs at --budget seconds per method (issue 27)")
+    p.add_argument("--dense", type=float, default=0.0, help="share of dense graphs in the training data")
+    p.add_argument("--max-colors", type=int, default=16, help="colours the trained model offers at most")
+    p.add_argument("--fewer-colors", type=float, default=0.0, help="training offers down to (1 - this) x the bound")
+    p.add_argument("--population", type=int, default=32, help="--hard: colourings in the population search")
+    p.add_argument("--tabu-depth", type=int, default=2000, help="--hard: TabuCol iterations per generation")
+    p.add_argument("--temperature", type=float, default=1.0, help="--hard: sampling temperature of the GNN start")
+    p.add_argument("--device", default="cpu", help="--hard: the population search's device")
     args = p.parse_args()
     try:
         import gcol  # noqa: F401
     except ImportError:
         raise SystemExit("this benchmark compares with gcol's TabuCol: pip install gcol (benchmark-only)") from None
+    if args.hard:
+        return main_hard(args)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()

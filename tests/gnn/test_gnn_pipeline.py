@@ -71,5 +71,21 @@ def test_two_rank_training_to_onnx_table_and_color_cli(tmp_path, capsys):
     assert len(ft["restarts"]) == 2 and ft["target"] == out["searched"]["colors"] - 1
     assert out["colors"] == ft["colors"] <= out["searched"]["colors"] and out["colors"] >= 6  # chi(myciel5) = 6
 
+    # the population search: torch on the CPU, seeded by the model's samples (queen8_8's start of about
+    # 12 colours is within the 16 it offers); without torch, one line and exit 2
+    write_dimacs(queen(8), tmp_path / "q8.col")
+    args = ["--model", str(run / "model.onnx"), "--graph", str(tmp_path / "q8.col"), "--search", "population",
+            "--population", "6", "--search-iters", "6000", "--output", str(tmp_path / "q8.txt")]
+    proc = color_without_torch(args)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "--search population needs PyTorch" in proc.stderr
+    assert main(["gnn", "color", *args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pop = out["searched"]
+    assert pop["method"] == "population" and pop["seeded_by"] == "gnn" and pop["population"] == 6
+    assert pop["iterations"] <= 6000 and out["conflicts"] == 0 and out["colors"] == pop["colors"] >= 9  # chi(queen8_8) = 9
+    assert out["colors"] <= pop["start_colors"] <= out["scheduled"]["colors"]
+    colors = np.loadtxt(tmp_path / "q8.txt", dtype=int)[:, 1]
+    assert conflicts(queen(8).edges, colors) == 0 and len(np.unique(colors)) == out["colors"]
+
     proc = run_cli(["package", "--run-dir", str(run)], check=True)
     assert json.loads(proc.stdout)["files"] > 5

@@ -63,11 +63,15 @@ class DeviceGraphs:
     Random node features are drawn on the device from a generator the caller seeds (training: fresh
     per step, a pure function of the data position, so a resume redraws the same ones), or fixed
     per graph (`fixed_random_seed`: graph i gets the features `node_features` gives with seed
-    fixed_random_seed + i, as evaluation uses)."""
+    fixed_random_seed + i, as evaluation uses). With `fewer_colors` f > 0 and a generator, each
+    graph is offered its bound minus a uniform share in [0, f) of it (at least 2): the model then
+    learns to colour with fewer colours than greedy needs, which is what a search seeded near the
+    chromatic number asks of it."""
 
     def __init__(self, split: GraphSplit, max_colors: int, random_dims: int, device: torch.device,
-                 fixed_random_seed: int | None = None):
+                 fixed_random_seed: int | None = None, fewer_colors: float = 0.0):
         self.device, self.max_colors, self.random_dims = device, max_colors, random_dims
+        self.fewer_colors = fewer_colors  # training: offer up to this share fewer colours than the bound
         self.nodes = np.asarray(split.nodes, dtype=np.int64)
         self.directed = 2 * np.diff(np.asarray(split.offsets, dtype=np.int64))
         as_t = lambda a, dtype: torch.from_numpy(np.array(a)).to(device=device, dtype=dtype)  # noqa: E731 (a copy of the mmap)
@@ -105,7 +109,12 @@ class DeviceGraphs:
         else:
             rnd = torch.randn(n_total, self.random_dims, device=self.device, generator=generator)
         x = torch.cat([self.degree[source_node], rnd], dim=1)
-        mask = (self.colors[None, :] < self.offered[idx][node_graph][:, None]).float()
+        offered = self.offered[idx]
+        if self.fewer_colors > 0 and generator is not None:
+            # drawn after the features, so a run without it draws the very same features as before
+            cut = torch.rand(len(graphs), device=self.device, generator=generator) * self.fewer_colors
+            offered = (offered - (cut * offered).long()).clamp(min=2)
+        mask = (self.colors[None, :] < offered[node_graph][:, None]).float()
         return GraphBatch(x, edge_index, mask, edge_graph, e.float() / 2.0, len(graphs))
 
 

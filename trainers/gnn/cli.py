@@ -20,7 +20,7 @@ def _data(args) -> int:
     from trainers.gnn.graphs import write_dataset
 
     meta = write_dataset(args.out, args.train, args.val, args.seed, args.min_nodes, args.max_nodes, args.workers,
-                         progress=not args.no_progress, overwrite=args.overwrite)
+                         progress=not args.no_progress, overwrite=args.overwrite, dense=args.dense)
     print(json.dumps({s: {k: v for k, v in m.items() if k in ("graphs", "nodes", "edges")}
                       for s, m in meta["splits"].items()}))
     return 0
@@ -54,7 +54,8 @@ def _color(args) -> int:
     from trainers.gnn.color import color_file
 
     print(json.dumps(color_file(args.model, args.graph, args.output, args.seed, args.search_iters, args.search_seconds,
-                                args.finetune_steps, args.finetune_restarts)))
+                                args.finetune_steps, args.finetune_restarts, args.search, args.population,
+                                args.device, args.seed_from)))
     return 0
 
 
@@ -68,6 +69,9 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-nodes", type=number(int, min=2, max=MAX_GENERATED_NODES), default=300,
                    help=f"largest graph (default: 300; at most {MAX_GENERATED_NODES:,}: the generators draw from "
                         f"all n^2/2 node pairs)")
+    p.add_argument("--dense", type=number(float, min=0, max=1), default=0.0,
+                   help="share of graphs from the dense families (G(n, p) with p in 0.1..0.9, planted flat graphs "
+                        "with up to 40 classes): what a model needs to seed the search on hard graphs (default: 0)")
     p.add_argument("--seed", type=number(int, min=0), default=0)
     # the pool starts every process at once: a count beyond the CPUs only costs memory (10**20 crashed)
     p.add_argument("--workers", type=number(int, min=1, max=CPUS), default=max(1, CPUS - 1),
@@ -101,10 +105,21 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=number(int, min=0), default=0,
                    help="seed of the random node features and of the search (the same seed, the same colouring "
                         "when --search-iters rather than --search-seconds ends the search)")
-    p.add_argument("--search-iters", type=number(int, min=0), default=2_000_000,
-                   help="tabu-search iterations in all (0: no search; default: 2000000)")
+    p.add_argument("--search", choices=("tabu", "population"), default="tabu",
+                   help="tabu: TabuCol from the model's colouring (NumPy; default); population: the population "
+                        "search (GPX + batched TabuCol, torch on --device), seeded by colourings sampled from the model")
+    p.add_argument("--search-iters", type=number(int, min=0), default=None,
+                   help="search iterations in all, moves summed over the population for --search population (0: no "
+                        "search; default: 2000000 for tabu, no limit for population)")
     p.add_argument("--search-seconds", type=number(float, gt=0), default=10.0,
-                   help="tabu-search seconds at most (default: 10; it stops sooner at the clique lower bound)")
+                   help="search seconds at most (default: 10; it stops sooner at the clique lower bound)")
+    p.add_argument("--population", type=number(int, min=2, max=4096), default=32,
+                   help="--search population: colourings improved at once (default: 32)")
+    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="--search population: where its tensors live (default: cpu)")
+    p.add_argument("--seed-from", choices=("gnn", "dsatur"), default="gnn",
+                   help="--search population: the first colourings sampled from the model (gnn; default) or "
+                        "randomised DSATUR")
     p.add_argument("--finetune-steps", type=number(int, min=0), default=0,
                    help="fine-tune the model on this graph for this many steps per restart, then repair + search "
                         "again (needs torch and the run's checkpoints beside --model; default: 0, off)")

@@ -1,7 +1,10 @@
 """Colour a graph file with the exported GNN: onnxruntime for the model (no torch needed), then
 repair, the colour schedule and the tabu search (trainers.gnn.decode). With `finetune_steps`, the
 PyTorch checkpoint the ONNX file was exported from is fine-tuned on this graph first (that needs
-torch, and the run folder's checkpoints beside model.onnx)."""
+torch, and the run folder's checkpoints beside model.onnx). With `search="population"` the search
+is the population search (trainers.gnn.population, torch on `device`), seeded by colourings
+sampled from the model (or by randomised DSATUR: `seed_from="dsatur"`, or when the model offers
+too few colours for the graph)."""
 
 from __future__ import annotations
 
@@ -45,18 +48,60 @@ def read_export(model_path: Path) -> dict:
     return info
 
 
+def _torch_device(device: str) -> str:
+    try:
+        import torch
+    except ImportError:
+        raise UsageError("--search population needs PyTorch (pip install torch); without it, --search tabu (the "
+                         "default) runs on NumPy alone") from None
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: PyTorch sees no CUDA device here; use --device cpu")
+    return device
+
+
+def _population(g, color: np.ndarray, lower: int, sampled, max_colors: int, iters: int, seconds: float, seed: int,
+                population: int, device: str, seed_from: str) -> tuple[np.ndarray, dict]:
+    """The population search from the better of the model's repaired colouring and DSATUR's, its
+    first members sampled from the model when it offers enough colours (else randomised DSATUR)."""
+    from trainers.gnn.dsatur import dsatur
+    from trainers.gnn.population import heuristic_starts, model_starts, population_search
+
+    greedy = dsatur(g)
+    start = color if color.max() <= greedy.max() else greedy
+    k = int(start.max()) + 1
+    source = "gnn" if seed_from == "gnn" and k - 1 <= max_colors else "dsatur"
+    starts = model_starts(sampled, max_colors, seed=seed) if source == "gnn" else heuristic_starts(g, seed)
+    found = population_search(g, start, starts, population, iters=iters, seconds=seconds, device=device, seed=seed,
+                              lower=lower)
+    why = None
+    if source != seed_from:
+        why = f"the model offers at most {max_colors} colours; the search starts at {k - 1}"
+    return found.coloring, {"method": "population", "colors": found.colors, "start_colors": found.start_colors,
+                            "start_from": "gnn_repaired" if start is color else "dsatur", "seeded_by": source,
+                            "seeded_by_why": why, "iterations": found.iterations, "generations": found.generations,
+                            "population": found.population, "device": found.device, "stopped": found.stopped,
+                            "levels": found.levels, "seconds": round(found.seconds, 4)}
+
+
 def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def color_file(model_path: str, graph_path: str, output: str | None = None, seed: int = 0,
-               search_iters: int = 2_000_000, search_seconds: float = 10.0, finetune_steps: int = 0,
-               finetune_restarts: int = 3) -> dict:
+               search_iters: int | None = None, search_seconds: float = 10.0, finetune_steps: int = 0,
+               finetune_restarts: int = 3, search: str = "tabu", population: int = 32, device: str = "cpu",
+               seed_from: str = "gnn") -> dict:
     import onnxruntime as ort
 
     t0 = time.perf_counter()
     model_path = Path(model_path)
     info = read_export(model_path)
+    if search == "population":
+        device = _torch_device(device)
+    if search_iters is None:  # tabu: 2M moves (the clock usually ends it first); population: the clock alone
+        search_iters = 2_000_000 if search == "tabu" else 10**15
     if finetune_steps:
         try:
             import torch  # noqa: F401
@@ -82,10 +127,18 @@ def color_file(model_path: str, graph_path: str, output: str | None = None, seed
     x = node_features(g, info["random_features"], seed)
     edge_index = np.concatenate([g.edges, g.edges[:, ::-1]]).T.astype(np.int64).copy()
 
-    def logits_for(k: int) -> np.ndarray:
-        return session.run(None, {"x": x, "edge_index": edge_index, "color_mask": color_mask(g.n, k, max_colors)})[0]
+    def logits_for(k: int, features: np.ndarray = x) -> np.ndarray:
+        return session.run(None, {"x": features, "edge_index": edge_index,
+                                  "color_mask": color_mask(g.n, k, max_colors)})[0]
 
-    color, report = color_with_model(g, logits_for, max_colors, search_iters, search_seconds, seed)
+    tabu = search == "tabu"
+    color, report = color_with_model(g, logits_for, max_colors, search_iters if tabu else 0, search_seconds, seed)
+    if not tabu:
+        sampled = lambda k, s: logits_for(k, node_features(g, info["random_features"], s))  # noqa: E731
+        color, report["searched"] = _population(g, color, report["lower_bound"], sampled, max_colors, search_iters,
+                                                search_seconds, seed, population, device, seed_from)
+        report["colors"] = report["searched"]["colors"]
+        report["seconds"]["search"] = report["searched"]["seconds"]
     if finetune_steps:
         from trainers.gnn.finetune import finetune_stage, load_trained
 

@@ -21,6 +21,8 @@ class GnnConfig(RunOptions):
     layers: int = option(4, "message-passing layers", min=1)
     max_colors: int = option(16, "most colors the model can offer (per graph: the greedy bound, capped)", min=2)
     random_features: int = option(8, "random node features that break symmetry", min=0)
+    fewer_colors: float = option(0.0, "training offers each graph its greedy bound minus a uniform share of it below "
+                                      "this (0: the bound; 0.35: down to 0.65 of it)", min=0, lt=1)
     dropout: float = option(0.0, "dropout on the residual branches", min=0, lt=1)
     epochs: int = option(20, "passes over the training graphs", min=1)
     nodes_per_batch: int = option(4096, "nodes per rank per step: whole graphs, about this many nodes in all "

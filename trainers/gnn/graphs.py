@@ -2,7 +2,8 @@
 
 Graphs are undirected, without self-loops, stored as edge lists `edges` [E, 2] with u < v (never
 dense n x n matrices). Families: Erdős–Rényi, random geometric, planted k-colorable (chi <= k),
-Barabási–Albert, n-queens and Mycielski graphs (chromatic numbers known).
+planted flat (equal classes, even degrees: Culberson's flat graphs), Barabási–Albert, n-queens and
+Mycielski graphs (chromatic numbers known).
 """
 
 from __future__ import annotations
@@ -67,6 +68,30 @@ def planted(n: int, k: int, p: float, rng: np.random.Generator, name: str = "") 
     keep = (color[iu[0]] != color[iu[1]]) & (rng.random(len(iu[0])) < p)
     return Graph(name or f"planted_{n}_k{k}", n, _canonical(n, np.stack([iu[0][keep], iu[1][keep]], 1)), upper_k=k,
                  hidden=color)
+
+
+def flat(n: int, k: int, p: float, rng: np.random.Generator, name: str = "") -> Graph:
+    """A planted "flat" graph (after Culberson's generator, as DIMACS flat300_28): n nodes in k classes
+    of equal size (differing by at most one), edges only between classes, and between every two
+    classes the same share p of their pairs, spread so that each node has about the same number of
+    neighbours in every other class: degrees say almost nothing about the hidden colouring.
+    chi <= k (the classes)."""
+    hidden = rng.permutation(np.arange(n) % k)
+    members = [np.flatnonzero(hidden == c) for c in range(k)]
+    edges = []
+    for i in range(k):
+        for j in range(i + 1, k):
+            A, B = (members[i], members[j]) if len(members[i]) <= len(members[j]) else (members[j], members[i])
+            A, B = rng.permutation(A), rng.permutation(B)  # afresh for each pair: no node is always first
+            a, b = len(A), len(B)
+            m = int(round(p * a * b))
+            # pairs taken diagonal by diagonal ((u, (u + s) mod b) for s = s0, s0 + 1, ...): each
+            # diagonal joins every node of A once and a nodes of B once, so degrees stay within one
+            t = np.arange(m)
+            s = (rng.integers(b) + t // a) % b
+            edges.append(np.stack([A[t % a], B[(t % a + s) % b]], 1))
+    e = np.concatenate(edges) if edges else np.zeros((0, 2), np.int64)
+    return Graph(name or f"flat_{n}_{k}", n, _canonical(n, e), upper_k=k, hidden=hidden)
 
 
 def barabasi_albert(n: int, m: int, rng: np.random.Generator, name: str = "") -> Graph:
@@ -263,9 +288,14 @@ def write_dimacs(g: Graph, path: str | Path) -> None:
 FAMILIES = ("er", "rgg", "planted", "ba")
 
 
-def random_graph(index: int, seed: int, min_nodes: int, max_nodes: int) -> Graph:
+def random_graph(index: int, seed: int, min_nodes: int, max_nodes: int, dense: float = 0.0) -> Graph:
     """Graph `index` of a dataset: family and size drawn from (seed, index), so generation is
-    deterministic and can run in any order, in parallel."""
+    deterministic and can run in any order, in parallel. With `dense` > 0, that share of the graphs
+    (drawn from (seed, index) apart, so the sparse ones stay what they were) comes from the dense
+    families instead: G(n, p) with p in [0.1, 0.9], and planted flat graphs with 2..40 equal classes
+    (at most n / 4) joined at a share in [0.3, 0.9] (the hard colouring instances are of these kinds)."""
+    if dense > 0 and np.random.default_rng([seed, index, 1]).random() < dense:
+        return _dense_graph(index, seed, min_nodes, max_nodes)
     rng = np.random.default_rng([seed, index])
     family = FAMILIES[index % len(FAMILIES)]
     n = int(rng.integers(min_nodes, max_nodes + 1))
@@ -282,6 +312,19 @@ def random_graph(index: int, seed: int, min_nodes: int, max_nodes: int) -> Graph
     return g
 
 
+def _dense_graph(index: int, seed: int, min_nodes: int, max_nodes: int) -> Graph:
+    rng = np.random.default_rng([seed, index, 2])
+    n = int(rng.integers(min_nodes, max_nodes + 1))
+    if index % 2 == 0:
+        g = erdos_renyi(n, float(rng.uniform(0.1, 0.9)), rng)
+        g.name = f"gnp_{index}"
+    else:
+        k = int(rng.integers(2, max(2, min(40, n // 4)) + 1))  # classes of about 4 nodes or more
+        g = flat(n, k, float(rng.uniform(0.3, 0.9)), rng)
+        g.name = f"flat_{index}"
+    return g
+
+
 def degree_features(g: Graph) -> np.ndarray:
     """[n, 2] float32: log(1 + degree) and degree / max degree."""
     deg = np.bincount(g.edges.ravel(), minlength=g.n).astype(np.float32) if g.n_edges else np.zeros(g.n, np.float32)
@@ -291,14 +334,14 @@ def degree_features(g: Graph) -> np.ndarray:
 def _generate(args) -> dict:
     """One graph and what training needs of it, computed once here rather than at every step:
     degree features, the greedy colour bound, and both directions of every edge."""
-    index, seed, lo, hi = args
-    g = random_graph(index, seed, lo, hi)
+    index, seed, lo, hi, dense = args
+    g = random_graph(index, seed, lo, hi, dense)
     return {"name": g.name, "n": g.n, "edges": g.edges, "upper_k": g.upper_k, "degree": degree_features(g),
             "bound": greedy_bound(g), "directed": np.concatenate([g.edges, g.edges[:, ::-1]]).T}
 
 
 def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int, max_nodes: int,
-                  workers: int = 1, progress: bool = True, overwrite: bool = False) -> dict:
+                  workers: int = 1, progress: bool = True, overwrite: bool = False, dense: float = 0.0) -> dict:
     """Generate once into `out/{train,val}_{edges,offsets,nodes}.npy` + metadata.json.
 
     Written into a temporary folder beside `out` and renamed into place when complete, so a run never
@@ -325,9 +368,9 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
                              f"another --out, or add --overwrite (runs that used it will refuse to resume)")
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         try:
-            meta = {"seed": seed, "min_nodes": min_nodes, "max_nodes": max_nodes, "splits": {}}
+            meta = {"seed": seed, "min_nodes": min_nodes, "max_nodes": max_nodes, "dense": dense, "splits": {}}
             for split, count, offset in (("train", n_train, 0), ("val", n_val, n_train)):
-                jobs = [(offset + i, seed, min_nodes, max_nodes) for i in range(count)]
+                jobs = [(offset + i, seed, min_nodes, max_nodes, dense) for i in range(count)]
                 with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
                     results = list(tqdm(pool.map(_generate, jobs, chunksize=16), total=count, disable=not progress,
                                         desc=f"graphs/{split}"))

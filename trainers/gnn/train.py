@@ -59,7 +59,8 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
 
     with Run(cfg, ctx, "gnn", {"model": model, "optimizer": optimizer}, total_steps, unit="graphs",
              metric_name="conflict_fraction", started_at=started_at, data_fingerprint=train_split.fingerprint) as run:
-        train_data = DeviceGraphs(train_split, cfg.max_colors, cfg.random_features, ctx.device)
+        train_data = DeviceGraphs(train_split, cfg.max_colors, cfg.random_features, ctx.device,
+                                  fewer_colors=cfg.fewer_colors)
         val_data = DeviceGraphs(val_split, cfg.max_colors, cfg.random_features, ctx.device, fixed_random_seed=EVAL_SEED)
         run.log.info("gnn: %s parameters, %d rank(s) on %s; %d train graphs (%d nodes) / %d val; %d steps per epoch "
                      "of about %d nodes per rank", f"{n_params:,}", ctx.world_size, ctx.device.type, len(train_split),
