@@ -7,7 +7,8 @@ the verdicts.
 
 Variants: `rank` (the default label), `demeaned`, `raw` (the label picked by validation), and
 `control` (the default run with --synthetic-momentum 0: no effect to find, so "no skill detected"
-is the right answer). Each is `torchrun --standalone --nproc_per_node=2 -m trainers forecast train
+is the right answer). Each table holds the model, ridge, LightGBM, persistence and their ensemble
+(the rank average of the model, ridge and LightGBM), and the model's Rank IC minus each other's. Each is `torchrun --standalone --nproc_per_node=2 -m trainers forecast train
 --run-dir DIR [--target T | --synthetic-momentum 0]`.
 """
 
@@ -23,30 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from forecast_runs import split_table  # noqa: E402
 from record import write_record  # noqa: E402
 
 VARIANTS = {"rank": [], "demeaned": ["--target", "demeaned"], "raw": ["--target", "raw"],
             "control": ["--synthetic-momentum", "0"]}
-
-
-def table(split: dict) -> dict:
-    """The signal and portfolio figures of every forecast in one split."""
-    rows = {"model": split["model"], **{k: v for k, v in split["baselines"].items()
-                                        if k in ("ridge", "lightgbm", "persistence")}}
-    out = {}
-    for name, m in rows.items():
-        if "skipped" in m:
-            out[name] = m
-            continue
-        out[name] = {"ic": m["ic"]["mean"], "rank_ic": m["rank_ic"]["mean"], "rank_ic_std": m["rank_ic"]["std"],
-                     "rank_icir": m["rank_ic"]["icir"], "rank_ic_t": m["rank_ic"]["t"],
-                     "rank_ic_t_nw": m["rank_ic"]["t_nw"], "positive_share": m["rank_ic"]["positive_share"],
-                     "long_short": {k: m["long_short"][k] for k in ("ann_return", "sharpe", "max_drawdown", "turnover")},
-                     "long_only": {k: m["long_only"][k] for k in ("ann_return", "sharpe", "max_drawdown", "turnover")},
-                     "mse": m["mse"], "directional_accuracy": m["directional_accuracy"]}
-    ew = split["equal_weight"]
-    out["equal_weight"] = {k: ew[k] for k in ("ann_return", "sharpe", "max_drawdown", "turnover")}
-    return out
 
 
 def main() -> int:
@@ -76,7 +58,10 @@ def main() -> int:
                 "samples": r["data"]["samples"], "anchor_dates": r["data"]["anchor_dates"],
                 "cost_bps": e["cost_bps"], "time_breakdown_s": r["training"]["throughput"]["breakdown_s"],
                 **{split: {"verdict": e[split]["verdict"], "verdict_reason": e[split]["verdict_reason"],
-                           "table": table(e[split])} for split in ("val", "test")},
+                           "table": split_table(e[split])} for split in ("val", "test")},
+                "model": {k: r["model"][k] for k in ("preset", "parameters", "readout", "linear_skip", "past_returns",
+                                                      "encoder")},
+                "ensemble_members": e["ensemble_members"],
                 "baselines_fitted": {"ridge_alpha": e["baselines_fitted"]["ridge"]["alpha"],
                                      "lightgbm": e["baselines_fitted"]["lightgbm"].get("rounds",
                                                                                     e["baselines_fitted"]["lightgbm"])},

@@ -44,8 +44,10 @@ def test_torchrun_trains_to_results_with_baselines(reference_run):
     for split in ("val", "test"):
         e = r["evaluation"][split]
         assert {"mse", "directional_accuracy", "ic", "rank_ic", "long_short", "long_only", "decile_returns"} <= set(e["model"])
-        assert set(e["baselines"]) == {"always_up", "persistence", "zero_return", "train_mean", "ridge", "lightgbm"}
-        for name in ("persistence", "ridge", "lightgbm"):
+        assert set(e["baselines"]) == {"always_up", "persistence", "zero_return", "train_mean", "ridge", "lightgbm",
+                                       "ensemble"}
+        assert set(e["model_minus_rank_ic"]) == {"persistence", "ridge", "lightgbm", "ensemble"}
+        for name in ("persistence", "ridge", "lightgbm", "ensemble"):
             b = e["baselines"][name]
             assert "skipped" in b or {"ic", "rank_ic", "long_short", "long_only"} <= set(b), name
         assert e["baselines"]["always_up"]["directional_accuracy"] == e["up_rate"]
@@ -56,7 +58,8 @@ def test_torchrun_trains_to_results_with_baselines(reference_run):
     log = (reference_run / "training.log").read_text()
     assert f"test: {r['evaluation']['test']['verdict'].upper()}" in log
     report = (reference_run / "report.md").read_text()
-    assert "SYNTHETIC" in report and "| ridge |" in report and "](equity.png)" in report
+    assert "SYNTHETIC" in report and "| ridge |" in report and "| ensemble |" in report and "](equity.png)" in report
+    assert "the exported model is the Transformer alone" in report
     for picture in ("loss.png", "ic.png", "equity.png", "deciles.png"):
         assert (reference_run / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", picture
     logged = [m for m in read_metrics(reference_run) if m["kind"] == "train"]

@@ -13,6 +13,13 @@ from trainers.runtime.options import PRECISIONS, RunOptions
 
 TARGETS = ("raw", "demeaned", "rank")
 UNIVERSES = ("sp500", "sp500-pit")  # trainers.market.universe.UNIVERSES, named here without importing pandas
+SYNTHETIC_EFFECTS = ("momentum", "regime")  # trainers.market.synthetic.EFFECTS (no pandas here either)
+READOUTS = ("last", "mean", "attention")  # trainers.forecast.model's (no torch here)
+ENCODERS = ("transformer", "none")
+# What a run folder written before these model options existed was trained with: its config.json
+# lacks them, and evaluate/export must rebuild exactly that model (a resume is refused, as for any
+# field the saved config lacks).
+LEGACY_MODEL = {"readout": "last", "linear_skip": False, "past_returns": False, "encoder": "transformer"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,10 @@ class ForecastConfig(RunOptions):
     data_seed: int = option(0, "seed of the synthetic market", min=0)
     synthetic_momentum: float = option(0.08, "strength of the synthetic market's momentum effect (0: none, the "
                                        "control a model must show no skill on; < 0: reversal)")
+    synthetic_effect: str = option("momentum", "shape of the synthetic market's effect: momentum (linear in the "
+                                   "past returns) or regime (momentum that reverses while a stock's 20-day "
+                                   "volatility is above its 70th percentile: no linear model can express it)",
+                                   choices=SYNTHETIC_EFFECTS)
     features: str | None = option(None, "comma-separated input features (default: every one the data's columns "
                                   "allow: ret_1d, range_hl, ret_oc, volume_z, vol_20d); fixed in config.json on "
                                   "the first run")
@@ -78,6 +89,14 @@ class ForecastConfig(RunOptions):
     # model
     preset: str = option("tiny", "model size", choices=tuple(PRESETS))
     dropout: float = option(0.1, "dropout on the residual branches", min=0, lt=1)
+    readout: str = option("last", "what the score is read from: the anchor day's state (last), the mean over the "
+                          "window (mean) or a learned weighting of the days (attention)", choices=READOUTS)
+    linear_skip: bool = option(False, "add a linear map of the flattened window to the score (ridge's inputs: the "
+                               "model holds a linear model as a special case)")
+    past_returns: bool = option(False, "an extra input channel: the return from each day of the window to the "
+                                "anchor (from ret_1d), the trailing return persistence scores by")
+    encoder: str = option("transformer", "transformer, or none: the linear skip alone (a linear model trained "
+                          "the model's way; an ablation)", choices=ENCODERS)
     # optimisation
     epochs: int = option(4, "passes over the training split", min=1)
     max_steps: int | None = option(None, "stop after this many optimizer steps", min=1)
@@ -117,6 +136,31 @@ class ForecastConfig(RunOptions):
             raise UsageError(f"--fold {self.fold} needs --walk-forward K with K > {self.fold}")
         if self.features is not None:  # pinned in config.json: " a , b " and "a,b" are the same list
             self.features = ",".join(feature_names(self))
+        if self.past_returns and self.features is not None and "ret_1d" not in feature_names(self):
+            raise UsageError(f"--past-returns sums ret_1d, which --features {self.features} leaves out; add it "
+                             f"or use --no-past-returns")
+        if self.encoder == "none" and not self.linear_skip:
+            raise UsageError("--encoder none leaves only the linear skip to forecast: add --linear-skip")
+        if self.synthetic_effect != "momentum" and self.source != "synthetic":
+            raise UsageError(f"--synthetic-effect {self.synthetic_effect} shapes the synthetic market; --source "
+                             f"{self.source} has its own prices")
+
+
+def legacy_model_fields(saved: dict) -> dict:
+    """The model options a config.json written before they existed was trained with (see
+    LEGACY_MODEL): those it lacks, at their old values."""
+    return {name: value for name, value in LEGACY_MODEL.items() if name not in saved}
+
+
+def refuse_legacy_resume(run_dir, saved: dict | None) -> None:
+    """A run folder from before the model options: its config lacks them, so resuming is refused
+    (the runtime refuses any field the saved config lacks); say why in the forecaster's words."""
+    missing = legacy_model_fields(saved) if saved is not None else {}
+    if missing:
+        flags = ", ".join("--" + name.replace("_", "-") for name in missing)
+        raise UsageError(f"--run-dir {run_dir} holds a run trained before {flags} existed (its config.json lacks "
+                         f"them): it cannot be resumed; `trainers forecast evaluate` and `export` still read it "
+                         f"(as {', '.join(f'{k}={v}' for k, v in missing.items())}); train in a new --run-dir")
 
 
 def feature_names(cfg: ForecastConfig) -> list[str]:

@@ -24,6 +24,7 @@ from trainers.forecast.config import ForecastConfig, feature_names
 from trainers.forecast.metrics import MIN_NAMES
 from trainers.market.panel import Panel, to_panel
 from trainers.market.sources import DataRequest, load_source, pin_date_range
+from trainers.market.synthetic import synthetic_market
 from trainers.market.universe import resolve_tickers
 from trainers.market.windows import (
     CLIP,
@@ -239,10 +240,26 @@ def universe_name(cfg: ForecastConfig) -> str:
     return cfg.universe if cfg.source == "yfinance" else "every ticker of the source"
 
 
+def load_frame(cfg: ForecastConfig, log=print) -> tuple[pd.DataFrame, dict]:
+    """The source's long table and what it says about itself. The shared market sources know only
+    the synthetic effect's strength; the forecaster's `--synthetic-effect regime` builds its market
+    here, from the same generator."""
+    req = data_request(cfg)
+    if cfg.source != "synthetic" or cfg.synthetic_effect == "momentum":
+        return load_source(req, log=log)
+    if req.tickers is not None:
+        raise UsageError("--tickers/--tickers-file select real symbols; the synthetic market has its own "
+                         "(use --synthetic-tickers N)")
+    frame = synthetic_market(n_tickers=req.synthetic_tickers, n_days=req.synthetic_days, seed=req.synthetic_seed,
+                             momentum=req.synthetic_momentum, effect=cfg.synthetic_effect)
+    return frame, {"source": frame.attrs["source"], "synthetic": True,
+                   "sources": {frame.attrs["source"]: req.synthetic_tickers}}
+
+
 def load_market(cfg: ForecastConfig, log=print) -> LoadedMarket:
     """Load and validate the source, pick the features its columns allow (pinning cfg.features on a
     first run), and apply the point-in-time universe."""
-    frame, source_info = load_source(data_request(cfg), log=log)
+    frame, source_info = load_frame(cfg, log=log)
     panel = to_panel(frame)
     available, left_out = available_features(panel)
     if cfg.features is None:

@@ -2,9 +2,12 @@
 
 For every split: the label metrics of the past (MSE, directional accuracy against the label,
 always-up, zero, train-mean, persistence), the signal (IC and Rank IC per date) and the
-portfolios built on each forecast (trainers.forecast.metrics), for the model, ridge, LightGBM and
-persistence, the equal-weight portfolio on the same dates, and a verdict. `split_report` is pure
-NumPy; the rest predicts with the model (sharded over ranks) and fits the baselines on rank 0.
+portfolios built on each forecast (trainers.forecast.metrics), for the model, ridge, LightGBM,
+persistence and their ensemble (the rank average of the model, ridge and LightGBM: a row of the
+report; what trains, exports and ships is the model alone), the equal-weight portfolio on the same
+dates, the model's Rank IC minus each other forecast's with its standard error, and a verdict.
+`split_report` is pure NumPy; the rest predicts with the model (sharded over ranks) and fits the
+baselines on rank 0.
 """
 
 from __future__ import annotations
@@ -15,10 +18,17 @@ import numpy as np
 import torch
 
 from trainers.forecast.baselines import fit_lightgbm, fit_ridge
-from trainers.forecast.build import build_model
-from trainers.forecast.config import ForecastConfig
+from trainers.forecast.build import build_model, load_trained_config
 from trainers.forecast.data import WindowStore, load_store
-from trainers.forecast.metrics import backtest, decile_returns, ic_summary, per_date_ic, verdict
+from trainers.forecast.metrics import (
+    backtest,
+    decile_returns,
+    ic_summary,
+    paired_difference,
+    per_date_ic,
+    rank_average,
+    verdict,
+)
 from trainers.forecast.report import table_rows, write_report
 from trainers.forecast.walk_forward import refuse_walk_forward_folder
 from trainers.runtime.dist import (
@@ -31,18 +41,26 @@ from trainers.runtime.dist import (
 from trainers.runtime.logs import get_logger
 from trainers.runtime.precision import autocast, precision_for
 from trainers.runtime.results import merge_results
-from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
+from trainers.runtime.rundir import exclusive, load_checkpoint_states
+
+# The ensemble row: the equal-weight average of these forecasts' within-date ranks. Fixed here, before
+# any number of any split was looked at; no weight is fitted, so it cannot be tuned on the test.
+ENSEMBLE_MEMBERS = ("model", "ridge", "lightgbm")
+# Forecasts whose scores are not in the label's units: no MSE or directional accuracy for them.
+RANK_SCORES = ("ensemble",)
 
 
 def forecast_metrics(date_index: np.ndarray, ticker_index: np.ndarray, pred: np.ndarray, label: np.ndarray,
-                     fwd_return: np.ndarray, horizon: int, top_k: int | None, cost_bps: float) -> tuple[dict, dict]:
+                     fwd_return: np.ndarray, horizon: int, top_k: int | None, cost_bps: float,
+                     label_units: bool = True) -> tuple[dict, dict]:
     """One forecast's metrics (label MSE and direction, IC, Rank IC, portfolios, deciles) and the
-    per-date series the pictures need."""
+    per-date series the pictures need. `label_units` False: a score on another scale (a rank
+    average), whose MSE and sign say nothing (None)."""
     ic = per_date_ic(date_index, pred, fwd_return)
     rank_ic = per_date_ic(date_index, pred, fwd_return, rank=True)
     books = backtest(date_index, ticker_index, pred, fwd_return, horizon, top_k, cost_bps)
-    metrics = {"mse": float(np.mean((pred - label) ** 2)),
-               "directional_accuracy": float(np.mean((pred > 0) == (label > 0))),
+    metrics = {"mse": float(np.mean((pred - label) ** 2)) if label_units else None,
+               "directional_accuracy": float(np.mean((pred > 0) == (label > 0))) if label_units else None,
                "ic": ic_summary(ic.to_numpy(), horizon), "rank_ic": ic_summary(rank_ic.to_numpy(), horizon),
                **{book: {k: v for k, v in got.items() if k != "curve"} for book, got in books.items()},
                "decile_returns": decile_returns(date_index, pred, fwd_return)}
@@ -61,9 +79,12 @@ def split_report(date_index: np.ndarray, ticker_index: np.ndarray, label: np.nda
     results = {}
     for name, pred in predictions.items():
         results[name], series[name] = forecast_metrics(date_index, ticker_index, pred, label, fwd_return, horizon,
-                                                       top_k, cost_bps)
+                                                       top_k, cost_bps, label_units=name not in RANK_SCORES)
     equal = backtest(date_index, ticker_index, None, fwd_return, horizon, top_k, cost_bps)["equal_weight"]
     series["equal_weight"] = {"curves": {"equal_weight": equal.pop("curve")}}
+    # the model's Rank IC minus each other forecast's, date by date, with its standard error
+    model_minus = {name: paired_difference(series["model"]["rank_ic"], got["rank_ic"], horizon)
+                   for name, got in series.items() if name not in ("model", "equal_weight")}
     model = results.pop("model")
     baselines = {"always_up": {"directional_accuracy": float(np.mean(up))},
                  "zero_return": {"mse": float(np.mean(label ** 2))},
@@ -73,6 +94,7 @@ def split_report(date_index: np.ndarray, ticker_index: np.ndarray, label: np.nda
     report = {"rows": int(len(label)), "dates": int(len(np.unique(date_index))), "up_rate": float(np.mean(up)),
               "model": model, "baselines": baselines, "equal_weight": equal,
               "long_short_minus_equal_weight": _difference(model["long_short"], equal),
+              "model_minus_rank_ic": model_minus,
               "verdict": word, "verdict_reason": why}
     return report, series
 
@@ -116,7 +138,9 @@ def evaluate_splits(model, store: WindowStore, ctx: DistContext, batch_size: int
     lightgbm_info, lightgbm = fit_lightgbm(store, splits)
     if log is not None and "skipped" in lightgbm_info:
         log.info("%s", lightgbm_info["skipped"])
+    members = [m for m in ENSEMBLE_MEMBERS if m != "lightgbm" or "skipped" not in lightgbm_info]
     evaluation: dict = {"baselines_fitted": {"ridge": ridge_info, "lightgbm": lightgbm_info},
+                        "ensemble_members": members,
                         "label": store.preprocessing()["target"], "top_k": top_k, "cost_bps": cost_bps}
     series: dict = {"dates": store.dates}
     for split in splits:
@@ -132,6 +156,7 @@ def evaluate_splits(model, store: WindowStore, ctx: DistContext, batch_size: int
             skipped["lightgbm"] = lightgbm_info["skipped"]
         else:
             predictions["lightgbm"] = lightgbm[split]
+        predictions["ensemble"] = rank_average(t, [predictions[m] for m in members])
         evaluation[split], series[split] = split_report(t, n, label, store.forward_return[t, n], predictions, skipped,
                                                         store.horizon, top_k, cost_bps, store.target_mean)
     return evaluation, series
@@ -173,6 +198,10 @@ def log_summary(log, evaluation: dict, splits=("val", "test")) -> None:
         ew = e["equal_weight"]
         log.info("%s   %-11s %42s %7s %9s", split, "equal-wt", "", _fmt(ew["sharpe"], "+.2f"),
                  _fmt(ew["ann_return"], "+.2%"))
+        diffs = e.get("model_minus_rank_ic") or {}
+        if diffs:
+            log.info("%s: model Rank IC minus %s", split, "; ".join(
+                f"{name} {_fmt(d['mean'], '+.4f')} (se {_fmt(d['se_nw'], '.4f')})" for name, d in diffs.items()))
         log.info("%s: %s: %s (after %g bp costs)", split, e["verdict"].upper(), e["verdict_reason"],
                  evaluation["cost_bps"])
         held = (e["model"].get("long_short") or {}).get("names_held")
@@ -186,7 +215,7 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto", t
                  cost_bps: float | None = None) -> dict | None:
     """`trainers forecast evaluate`: re-evaluate a run's checkpoint (one process or under torchrun),
     rewriting results.json's evaluation, report.md and the pictures."""
-    cfg = load_run_config(Path(run_dir), ForecastConfig)
+    cfg = load_trained_config(Path(run_dir))
     refuse_walk_forward_folder(Path(run_dir), cfg, "evaluate")
     top_k = cfg.top_k if top_k is None else top_k
     cost_bps = cfg.cost_bps if cost_bps is None else cost_bps

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from trainers.errors import UsageError
-from trainers.forecast.build import build_model
+from trainers.forecast.build import build_model, load_trained_config
 from trainers.forecast.config import ForecastConfig, feature_names
 from trainers.forecast.model import ReturnPredictor
 from trainers.forecast.walk_forward import refuse_walk_forward_folder
@@ -23,7 +23,7 @@ from trainers.onnx import (
 )
 from trainers.runtime.files import atomic_write_json, sha256_file
 from trainers.runtime.results import merge_results, read_results
-from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
+from trainers.runtime.rundir import exclusive, load_checkpoint_states
 
 EXPORT_BATCH = 2  # the example batch the graph is traced with; checks use other sizes
 CHECK_BATCHES = (1, 7, 64)
@@ -50,7 +50,7 @@ def export_run(run_dir: Path, checkpoint: str = "best", tolerance: float = 1e-4,
     if latency_iters < 1:
         raise UsageError(f"--latency-iters {latency_iters} must be >= 1")
     run_dir = Path(run_dir)
-    cfg = load_run_config(run_dir, ForecastConfig)
+    cfg = load_trained_config(run_dir)
     refuse_walk_forward_folder(run_dir, cfg, "export")
     with exclusive(run_dir):
         return _export(run_dir, cfg, checkpoint, tolerance, latency_iters)

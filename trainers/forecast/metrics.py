@@ -61,6 +61,41 @@ def newey_west_t(x: np.ndarray, lags: int) -> float | None:
     return float(x.mean() / np.sqrt(var / n))
 
 
+def newey_west_se(x: np.ndarray, lags: int) -> float | None:
+    """The Newey-West (Bartlett kernel) standard error of mean(x) with `lags` lags."""
+    x = np.asarray(x, dtype=np.float64)
+    t = newey_west_t(x, lags)
+    if t is None or t == 0:
+        return None
+    return float(abs(x.mean() / t))
+
+
+def paired_difference(a: pd.Series, b: pd.Series, horizon: int) -> dict:
+    """Per-date differences of two forecasts' IC series (indexed by date) on the dates both have:
+    their mean, its Newey-West standard error and t (`horizon - 1` lags, as for the IC itself).
+    Paired, so the day-to-day swings both forecasts share cancel: the honest test of "ahead of"."""
+    both = a.index.intersection(b.index)
+    diff = (a.loc[both] - b.loc[both]).to_numpy(dtype=np.float64)
+    if len(diff) < 2:
+        return {"mean": float(diff.mean()) if len(diff) else None, "se_nw": None, "t_nw": None,
+                "dates": int(len(diff))}
+    return {"mean": float(diff.mean()), "se_nw": newey_west_se(diff, horizon - 1),
+            "t_nw": newey_west_t(diff, horizon - 1), "dates": int(len(diff))}
+
+
+def rank_average(date_index: np.ndarray, scores: list[np.ndarray]) -> np.ndarray:
+    """The equal-weight average of each forecast's rank among its date's rows, scaled to [-1, 1]
+    (ties averaged; 0 on a date with one row): an ensemble that needs no common scale, so a model
+    of ranks and a model of returns weigh the same."""
+    out = np.zeros(len(date_index), dtype=np.float64)
+    for score in scores:
+        frame = pd.DataFrame({"d": date_index, "s": score})
+        ranks = frame.groupby("d")["s"].rank().to_numpy()
+        names = frame.groupby("d")["s"].transform("size").to_numpy()
+        out += np.where(names > 1, 2.0 * (ranks - 1.0) / np.maximum(names - 1, 1) - 1.0, 0.0)
+    return out / max(len(scores), 1)
+
+
 def ic_summary(ic: np.ndarray, horizon: int) -> dict:
     ic = np.asarray(ic, dtype=np.float64)
     n = len(ic)

@@ -2,6 +2,7 @@
 
     loss.png      training and validation loss by step (metrics.jsonl)
     ic.png        cumulative Rank IC by date on validation and test: the model, ridge, LightGBM
+                  and their ensemble
     equity.png    test equity of the long-short and long-only portfolios, net of costs, beside
                   equal-weight (and ridge's long-short)
     deciles.png   test mean forward return by forecast decile: the model and ridge
@@ -26,7 +27,7 @@ PICTURES = ("loss.png", "ic.png", "equity.png", "deciles.png")
 SPLITS = ("val", "test")
 
 
-PREDICTORS = ("model", "ridge", "lightgbm", "persistence")
+PREDICTORS = ("model", "ridge", "lightgbm", "persistence", "ensemble")
 
 
 def table_rows(e: dict) -> list[tuple[str, dict]]:
@@ -62,6 +63,18 @@ def signal_table(e: dict) -> list[str]:
     lines.append(f"| equal-weight (all names) | | | | | | | | | | | | {_pct(ew['ann_return'])} | "
                  f"{_num(ew['sharpe'], '+.2f')} |")
     return lines
+
+
+def comparison_lines(e: dict, members: list[str] | None) -> list[str]:
+    """The model's Rank IC minus each other forecast's, per date (paired), with its Newey-West
+    standard error: "ahead" means more than one standard error ahead."""
+    diffs = e.get("model_minus_rank_ic") or {}
+    if not diffs:
+        return []
+    parts = [f"{name} {_num(d['mean'])} (se {_num(d['se_nw'], '.4f')})" for name, d in diffs.items()]
+    ensemble = (f" The ensemble is the equal-weight average of the within-date ranks of: {', '.join(members)}; "
+                f"it is a row of this report, the exported model is the Transformer alone." if members else "")
+    return [f"Model's Rank IC minus, date by date: {'; '.join(parts)}.{ensemble}", ""]
 
 
 def label_table(e: dict) -> list[str]:
@@ -109,7 +122,8 @@ def markdown(results: dict, pictures: str | None) -> str:
         s = e[split]
         dates = data.get("anchor_dates", {}).get(split, ["?", "?"])
         out += [f"## {split}: {dates[0]} .. {dates[1]} ({s['rows']} rows, {s['dates']} dates)", "",
-                f"**{s['verdict']}**: {s['verdict_reason']}.", "", *signal_table(s), "", *label_table(s), ""]
+                f"**{s['verdict']}**: {s['verdict_reason']}.", "", *signal_table(s), "",
+                *comparison_lines(s, e.get("ensemble_members")), *label_table(s), ""]
     if pictures:
         out += ["## Pictures", "", pictures, ""]
     else:
@@ -167,7 +181,7 @@ def draw(run_dir: Path, results: dict, series: dict) -> None:
 
     fig, axes = plt.subplots(1, len(SPLITS), figsize=(11, 4))
     for ax, split in zip(axes, SPLITS):
-        for name in ("model", "ridge", "lightgbm"):
+        for name in ("model", "ridge", "lightgbm", "ensemble"):
             got = series[split].get(name)
             if got is not None and len(got["rank_ic"]):
                 ric = got["rank_ic"]

@@ -12,15 +12,23 @@ SP500_MEMBERS = 503  # the shipped universe (trainers/market/sp500.csv)
 
 
 def activation_bytes_per_sample(window: int, n_features: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
-                                dropout: float, compute_bytes: int) -> int:
+                                dropout: float, compute_bytes: int, readout: str = "last", linear_skip: bool = False,
+                                past_returns: bool = False, encoder: str = "transformer") -> int:
     """Per block (pre-norm, SDPA): the norm input, the qkv input, q, k, v and the attention output,
     the projection input, the second norm's input, the MLP input (8 x T x d); the GELU input and
     output (2 x T x d_ff); norm statistics and the attention's log-sum-exp in fp32; with dropout on,
-    each residual branch's mask, saved in the compute dtype. Plus the input, and the final norm's and
-    the head's inputs (the readout is the last day's: d each)."""
+    each residual branch's mask, saved in the compute dtype. Plus the input (one more channel with
+    past returns; the linear skip's copy of it), and the readout: the last day's final norm and
+    head inputs (d each), the whole window's norm input for the mean (T x d), and for an attention
+    pool also the normalised states it weighs and its softmax (T x d and T)."""
     t, d = window, d_model
-    compute = t * n_features + n_layers * (8 * t * d + 2 * t * d_ff) + 2 * d
-    fp32 = n_layers * (n_heads * t + 4 * t) + 2 * t
+    inputs = t * (n_features + past_returns)
+    skip = inputs if linear_skip else 0
+    if encoder == "none":  # the skip's input is all there is
+        return inputs * compute_bytes
+    readout_compute = {"last": 2 * d, "mean": t * d + d, "attention": 2 * t * d + d}[readout]
+    compute = inputs + skip + n_layers * (8 * t * d + 2 * t * d_ff) + readout_compute
+    fp32 = n_layers * (n_heads * t + 4 * t) + 2 * t + (2 * t if readout == "attention" else 0)
     masks = n_layers * 2 * t * d if dropout > 0 else 0
     return (compute + masks) * compute_bytes + fp32 * 4
 
@@ -39,8 +47,7 @@ def training_samples(cfg: ForecastConfig) -> int:
 def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
     import torch
 
-    from trainers.forecast.build import build_model
-    from trainers.forecast.model import flops_per_sample
+    from trainers.forecast.build import build_model, model_flops
 
     shape = PRESETS[cfg.preset]
     with torch.device("meta"):
@@ -49,12 +56,13 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
     block = max(sum(p.numel() for p in b.parameters()) for b in model.blocks)
     n_features = len(feature_names(cfg))  # all of them unless --features says otherwise (no data is read here)
     per_sample = activation_bytes_per_sample(cfg.window, n_features, shape.d_model, shape.n_layers, shape.n_heads,
-                                             shape.d_ff, cfg.dropout, compute_bytes)
+                                             shape.d_ff, cfg.dropout, compute_bytes, cfg.readout, cfg.linear_skip,
+                                             cfg.past_returns, cfg.encoder)
     samples = training_samples(cfg)
     return Workload(
         trainer="forecast", parameters=parameters, n_blocks=shape.n_layers, block_parameters=block, unit="samples",
         items_per_micro=cfg.batch_size, grad_accum=cfg.grad_accum,
-        flops_per_item=flops_per_sample(cfg.window, n_features, shape.d_model, shape.n_layers, shape.d_ff),
+        flops_per_item=model_flops(cfg, n_features),
         activation_bytes=lambda micro, _checkpointing: per_sample * micro, kind="transformer", strategies=("ddp",),
         items_total=float(samples * cfg.epochs), shape={"preset": cfg.preset, **vars(shape), "window": cfg.window},
         notes=[f"one epoch is about {samples:,} samples ({'synthetic' if cfg.source == 'synthetic' else 'S&P 500'}"

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-from trainers.forecast.build import build_model
-from trainers.forecast.config import PRESETS, ForecastConfig
+from trainers.forecast.build import build_model, model_flops
+from trainers.forecast.config import PRESETS, ForecastConfig, refuse_legacy_resume
 from trainers.forecast.data import LoadedMarket, WindowStore, fix_date_range, load_market, make_store
 from trainers.forecast.evaluate import evaluate_splits, log_summary, validation_loss
-from trainers.forecast.model import TrainStep, count_parameters, flops_per_sample
+from trainers.forecast.model import TrainStep, count_parameters
 from trainers.forecast.report import write_report
 from trainers.forecast.walk_forward import walk_forward
 from trainers.runtime import config as cfgmod
@@ -42,6 +42,12 @@ from trainers.runtime.run import Run
 from trainers.runtime.sampling import EpochCursor
 from trainers.runtime.schedule import build_scheduler
 from trainers.runtime.stops import StopReason
+
+
+def model_text(cfg: ForecastConfig) -> str:
+    """The model's options in words, for the log."""
+    body = "no Transformer" if cfg.encoder == "none" else f"Transformer read out by {cfg.readout}"
+    return ", ".join([body] + ["linear skip"] * cfg.linear_skip + ["past returns as input"] * cfg.past_returns)
 
 
 def padded(ids: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +98,9 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     """One run (the plain split, or one walk-forward fold): (results on rank 0, the agreed stop)."""
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
-    fix_date_range(cfg, cfgmod.saved_config(run_dir))
+    saved = cfgmod.saved_config(run_dir)
+    refuse_legacy_resume(run_dir, saved)
+    fix_date_range(cfg, saved)
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     if market is None:
         market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))
@@ -113,14 +121,15 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
     scaler = make_grad_scaler(ctx.device, precision)
     shape = PRESETS[cfg.preset]
-    flops = flops_per_sample(cfg.window, len(store.feature_names), shape.d_model, shape.n_layers, shape.d_ff)
+    flops = model_flops(cfg, len(store.feature_names))
 
     with Run(cfg, ctx, "forecast", {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler},
              total_steps, unit="samples", metric_name="loss", eval_every=cfg.eval_every, flops_per_item=flops,
              started_at=started_at) as run:
         log = run.log
-        log.info("forecast: %s preset, %s parameters, %d rank(s) on %s, precision %s%s", cfg.preset,
-                 f"{count_parameters(model):,}", ctx.world_size, ctx.device.type, precision.name, ", TF32" if tf32 else "")
+        log.info("forecast: %s preset, %s parameters (%s), %d rank(s) on %s, precision %s%s", cfg.preset,
+                 f"{count_parameters(model):,}", model_text(cfg), ctx.world_size, ctx.device.type, precision.name,
+                 ", TF32" if tf32 else "")
         log.info("data: %s; %d tickers x %d dates; samples train/val/test %s; embargo %d dates; label %s; "
                  "features %s%s", data_info["source"], data_info["n_tickers"], data_info["n_dates"],
                  "/".join(str(store.stats[s]) for s in ("train", "val", "test")), store.plan.embargo, cfg.target,
@@ -185,7 +194,8 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
 
         summary = {"data": data_info,
                    "model": {"preset": cfg.preset, "parameters": count_parameters(model), "shape": shape.__dict__,
-                             "flops_per_sample_train": flops},
+                             "readout": cfg.readout, "linear_skip": cfg.linear_skip, "past_returns": cfg.past_returns,
+                             "encoder": cfg.encoder, "flops_per_sample_train": flops},
                    "preprocessing": store.preprocessing(),
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "precision": precision.name, "tf32": tf32, "compiled": compiled,

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from trainers.errors import UsageError
-from trainers.forecast.config import ForecastConfig
+from trainers.forecast.config import ForecastConfig, refuse_legacy_resume
 from trainers.forecast.data import fix_date_range, load_market, split_plan
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, broadcast_object
@@ -48,6 +48,10 @@ FOLD_METRICS = {
     "ridge_long_short_ann_return": ("baselines", "ridge", "long_short", "ann_return"),
     "lightgbm_rank_ic": ("baselines", "lightgbm", "rank_ic", "mean"),
     "lightgbm_long_short_ann_return": ("baselines", "lightgbm", "long_short", "ann_return"),
+    "persistence_rank_ic": ("baselines", "persistence", "rank_ic", "mean"),
+    "ensemble_rank_ic": ("baselines", "ensemble", "rank_ic", "mean"),
+    "ensemble_long_short_ann_return": ("baselines", "ensemble", "long_short", "ann_return"),
+    "model_minus_ridge_rank_ic": ("model_minus_rank_ic", "ridge", "mean"),
     "equal_weight_ann_return": ("equal_weight", "ann_return"),
 }
 
@@ -117,7 +121,9 @@ def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float, train
     """K folds, each trained by `train_one(fold_cfg, ctx, started_at, market=...)` -> (results, stop
     reason): the plain run's loop (trainers.forecast.train), handed in so this module never imports it."""
     run_dir = Path(cfg.run_dir)
-    fix_date_range(cfg, cfgmod.saved_config(run_dir))
+    saved = cfgmod.saved_config(run_dir)
+    refuse_legacy_resume(run_dir, saved)
+    fix_date_range(cfg, saved)
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))  # pins cfg.features
     split_plan(cfg, len(market.arrays.dates))  # every fold fits the data, or one line before anything is written
