@@ -378,6 +378,7 @@ def main_hard(args) -> int:
                   flush=True)
     t = results["training"]
     record = {"benchmark": "gnn_coloring_hard", "budget_s": args.budget, "cpu_count": os.cpu_count(),
+              "cpus_used": sorted(os.sched_getaffinity(0)), "gpu": torch.cuda.is_available(),
               "device": args.device, "population": args.population, "tabu_depth": args.tabu_depth,
               "temperature": args.temperature, "seed": args.seed,
               "threads": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "torch": 1, "onnxruntime_intra_op": 1},
