@@ -5,8 +5,9 @@ Trains the demo configuration of 89e0c69 (its model: no linear skip, no past ret
 default but --epochs and --lr) in one process, four times: the window-mean readout (--readout
 mean) the model had before and the last-day one (--readout last), each at LR 1e-3 and 2e-3, and
 records the validation Rank IC and loss (the test split is not looked at: this is a model choice).
-bench/forecast_ablation.py has since measured the readouts with the linear skip and past returns. Measured (2026-11-22, 2-core CPU): the readout doubles the validation
-Rank IC (0.050 -> 0.137 at 1e-3); with it, 2e-3 is no better than 1e-3 (0.132), so 1e-3 stays.
+Measured (2026-11-22, 2-core CPU): the readout doubles the validation Rank IC (0.050 -> 0.137 at
+1e-3); with it, 2e-3 is no better than 1e-3 (0.132), so 1e-3 stays. bench/forecast_ablation.py has
+since measured the readouts with the linear skip and past returns.
 
     python bench/forecast_readout.py --epochs 4 --out bench/results/forecast_readout_cpu.json
 """

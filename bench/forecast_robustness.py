@@ -31,19 +31,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forecast_runs import demo_command, run_demo, split_table  # noqa: E402
+from forecast_runs import cores, demo_command, run_demo, split_table  # noqa: E402
 from record import write_record  # noqa: E402
 
-# key -> (what the market is, its flags); keys are plain words (READMEs cite figures by dotted paths)
+# key -> (what the market is, its flags), the most telling first; keys are plain words (READMEs cite
+# figures by dotted paths)
 MARKETS: dict[str, tuple[str, list[str]]] = {
+    "regime_008": ("regime 0.08", ["--synthetic-effect", "regime", "--synthetic-momentum", "0.08"]),
+    "control": ("control (momentum 0)", ["--synthetic-momentum", "0"]),
     "momentum_004_seed1": ("momentum 0.04, seed 1", ["--data-seed", "1", "--synthetic-momentum", "0.04"]),
     "momentum_008_seed2": ("momentum 0.08, seed 2", ["--data-seed", "2", "--synthetic-momentum", "0.08"]),
     "momentum_012_seed3": ("momentum 0.12, seed 3", ["--data-seed", "3", "--synthetic-momentum", "0.12"]),
-    "regime_008": ("regime 0.08", ["--synthetic-effect", "regime", "--synthetic-momentum", "0.08"]),
+    "walk_forward": ("walk-forward, 3 folds of the demo market", ["--walk-forward", "3"]),
     "regime_008_seed5": ("regime 0.08, seed 5", ["--synthetic-effect", "regime", "--synthetic-momentum", "0.08",
                                                  "--data-seed", "5"]),
-    "control": ("control (momentum 0)", ["--synthetic-momentum", "0"]),
-    "walk_forward": ("walk-forward, 3 folds of the demo market", ["--walk-forward", "3"]),
 }
 
 
@@ -81,8 +82,10 @@ def main() -> int:
             markets[name] = row
             brief = {s: row[s]["model"]["rank_ic"] for s in ("val", "test") if s in row}
             print(json.dumps({name: {"wall_s": round(wall, 1), "model_rank_ic": brief}}), flush=True)
-    write_record({"benchmark": "forecast_robustness", "device": "cpu", "world_size": args.nproc, "synthetic": True,
-                  "extra_flags": extra, "markets": markets}, args.out)
+            # rewritten after every market (complete: false until the last), so a cut-off run keeps its rows
+            write_record({"benchmark": "forecast_robustness", "device": "cpu", "world_size": args.nproc,
+                          "synthetic": True, "cores": cores(), "complete": i == len(names) - 1, "extra_flags": extra,
+                          "markets": markets}, args.out)
     return 0
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forecast_runs import split_table  # noqa: E402
+from forecast_runs import cores, split_table  # noqa: E402
 from record import write_record  # noqa: E402
 
 VARIANTS = {"rank": [], "demeaned": ["--target", "demeaned"], "raw": ["--target", "raw"],
@@ -69,8 +69,10 @@ def main() -> int:
             print(json.dumps({name: {"wall_s": round(wall, 1), "val_rank_ic": runs[name]["val"]["table"]["model"]["rank_ic"],
                                      "test": runs[name]["test"]["verdict"]}}), flush=True)
     labels = [n for n in runs if n != "control"]
-    best = max(labels, key=lambda n: runs[n]["val"]["table"]["model"]["rank_ic"]) if labels else None
-    write_record({"benchmark": "forecast_signal", "device": "cpu", "world_size": args.nproc, "runs": runs,
+    # a choice among labels only where there were labels to choose from
+    best = max(labels, key=lambda n: runs[n]["val"]["table"]["model"]["rank_ic"]) if len(labels) > 1 else None
+    write_record({"benchmark": "forecast_signal", "device": "cpu", "world_size": args.nproc, "cores": cores(),
+                  "runs": runs,
                   "label_with_the_best_validation_rank_ic": best}, args.out)
     return 0
 

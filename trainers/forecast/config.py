@@ -93,7 +93,9 @@ class ForecastConfig(RunOptions):
                           "window (mean) or a learned weighting of the days (attention)", choices=READOUTS)
     linear_skip: bool = option(False, "add a linear map of the flattened window to the score (ridge's inputs: the "
                                "model holds a linear model as a special case)")
-    past_returns: bool = option(False, "an extra input channel: the return from each day of the window to the "
+    # The defaults (last-day readout, no skip, past returns) are the ablation row with the highest
+    # validation Rank IC (bench/forecast_ablation.py's `choose`; the test split was not read).
+    past_returns: bool = option(True, "an extra input channel: the return from each day of the window to the "
                                 "anchor (from ret_1d), the trailing return persistence scores by")
     encoder: str = option("transformer", "transformer, or none: the linear skip alone (a linear model trained "
                           "the model's way; an ablation)", choices=ENCODERS)
