@@ -29,7 +29,7 @@ def test_the_forecasters_activation_estimate_matches_what_autograd_saves(d, laye
 
 def test_weight_grad_and_optimizer_bytes_are_what_the_state_dicts_hold():
     w = load_workload("forecast", ["--preset", "tiny", "--window", "90"])
-    model = Forecaster(32, 2, 4, 64, 5, 90)
+    model = Forecaster(32, 2, 4, 64, 5, 90, past_returns=0)  # the default model: past returns from ret_1d
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 90, 5)).sum().backward()
     opt.step()
@@ -93,7 +93,7 @@ def test_the_plan_command(tmp_path, capsys):
     assert main(["plan", "--trainer", "forecast", "--preset", "151m", "--window", "120", "--gpus", "8", "--usd-per-gpu-hour", "2.5",
                  "--hours", "2", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "151,286,785 parameters" in text and "plan: ddp" in text and "= $40.00" in text
+    assert "151,287,809 parameters" in text and "plan: ddp" in text and "= $40.00" in text
     saved = json.loads(out.read_text())
     assert saved["chosen"] == "ddp" and saved["money"]["usd"] == pytest.approx(40.0)
     prices = tmp_path / "prices.json"
