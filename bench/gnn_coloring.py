@@ -299,9 +299,10 @@ def hard_row(g: Graph, model: Path, work: Path, args) -> dict:
                           "raw_conflicts": plain["raw"]["conflicts"]}
     info = json.loads((model.parent / "export.json").read_text())
     onnx = _onnx_logits(model, g, info)
+    width = info["inputs"]["color_mask"][1]  # the most colours the model offers
     for name, starts in (("population_dsatur", heuristic_starts(g, args.seed)),
-                         ("population_gnn", model_starts(onnx, info["inputs"]["color_mask"][1], args.temperature,
-                                                         seed=args.seed))):
+                         ("population_gnn", model_starts(onnx, width, args.temperature, seed=args.seed,
+                                                         fallback=heuristic_starts(g, args.seed)))):
         t0 = time.perf_counter()
         start = dsatur(g)
         lead = time.perf_counter() - t0
@@ -309,7 +310,14 @@ def hard_row(g: Graph, model: Path, work: Path, args) -> dict:
                               device=args.device, seed=args.seed)
         row[name] = {"colors": r.colors, "seconds": round(lead + r.seconds, 3), "iterations": r.iterations,
                      "generations": r.generations, "first_population_s": round(r.start_seconds, 3),
-                     "stopped": r.stopped, "time_to_k": times_to_k(r.levels, k0, lead, cumulative=False)}
+                     "stopped": r.stopped, "time_to_k": times_to_k(r.levels, k0, lead, cumulative=False),
+                     # the levels above this were solved by the descent (the NumPy TabuCol), the rest by
+                     # the population, whose first members came from `first_population`
+                     "population_from_k": r.descent_colors - 1}
+        if name == "population_gnn":
+            row[name]["first_population"] = "gnn" if r.descent_colors - 1 <= width else (
+                f"randomised DSATUR: the model offers at most {width} colours, the population starts at "
+                f"{r.descent_colors - 1}")
         if r.levels:
             row[name]["time_to_k"] = {k: round(v + lead, 3) if k != str(k0) else v
                                       for k, v in row[name]["time_to_k"].items()}

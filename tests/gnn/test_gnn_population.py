@@ -203,6 +203,11 @@ def test_starts_from_the_model_and_from_randomised_dsatur():
         make(9, 2)
     h = heuristic_starts(g, seed=2)(5, 4)
     assert h.shape == (4, 25) and all(conflicts(g.edges, c) == 0 for c in h)
+    # a level above the model's colours (a dense graph's first hard level) falls back, never raises
+    calls.clear()
+    backed = model_starts(logits_for, 8, temperature=0.5, per_pass=2, seed=1, fallback=heuristic_starts(g, seed=2))
+    assert np.array_equal(backed(9, 4), heuristic_starts(g, seed=2)(9, 4)) and calls == []
+    assert np.array_equal(backed(6, 5), a)
 
 
 def test_dsatur_matches_networkx_and_its_random_ties_stay_proper():

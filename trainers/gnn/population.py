@@ -309,14 +309,17 @@ def heuristic_starts(g: Graph, seed: int = 0) -> Starts:
 
 
 def model_starts(logits_for: Callable[[int, int], np.ndarray], max_colors: int, temperature: float = 1.0,
-                 per_pass: int = 4, seed: int = 0) -> Starts:
+                 per_pass: int = 4, seed: int = 0, fallback: Starts | None = None) -> Starts:
     """The population's first members sampled from the GNN: `logits_for(k, feature_seed)` runs the
     model with k colours offered and those random node features ([n, max_colors] logits); each pass
     gives `per_pass` colourings, each node's colour drawn from softmax(logits / temperature) over
-    the k offered. Different features and draws make different members. Needs k <= max_colors."""
+    the k offered. Different features and draws make different members. Needs k <= max_colors:
+    beyond, `fallback` makes them (e.g. heuristic_starts), or it raises ValueError."""
 
     def make(k: int, P: int) -> np.ndarray:
         if k > max_colors:
+            if fallback is not None:
+                return fallback(k, P)
             raise ValueError(f"the model offers at most {max_colors} colours; {k} asked")
         rng = np.random.default_rng([seed, k, 7])
         out = []
