@@ -19,6 +19,8 @@ bench-cpu:
 	OMP_NUM_THREADS=1 $(PYTHON) bench/checkpoint_save.py --presets small,base --out bench/results/checkpoint_cpu.json
 	$(PYTHON) bench/forecast_signal.py --out bench/results/forecast_signal_cpu.json
 	$(PYTHON) bench/forecast_readout.py --epochs 4 --out bench/results/forecast_readout_cpu.json
+	$(PYTHON) bench/forecast_ablation.py --out bench/results/forecast_ablation_cpu.json  # ~30 min on one core; the small preset's row takes hours
+	$(PYTHON) bench/forecast_robustness.py --out bench/results/forecast_robustness_cpu.json
 	$(PYTHON) bench/gpt_size.py --out bench/results/gpt_size.json
 	$(PYTHON) bench/deploy_demo.py --out bench/results/deploy_demo_forecast_cpu.json
 	$(PYTHON) bench/deploy_demo.py --trainer gpt --out bench/results/deploy_demo_gpt_cpu.json
