@@ -50,13 +50,15 @@ def read_export(model_path: Path) -> dict:
 
 def _torch_device(device: str) -> str:
     try:
-        import torch
+        import torch  # noqa: F401 (whether it is installed)
     except ImportError:
         raise UsageError("--search population needs PyTorch (pip install torch); without it, --search tabu (the "
                          "default) runs on NumPy alone") from None
+    from trainers.runtime.device import cuda_available
+
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+        return "cuda" if cuda_available() else "cpu"
+    if device == "cuda" and not cuda_available():
         raise UsageError("--device cuda: PyTorch sees no CUDA device here; use --device cpu")
     return device
 
