@@ -63,7 +63,7 @@ def _torch_device(device: str) -> str:
     return device
 
 
-def _population(g, color: np.ndarray, lower: int, sampled, max_colors: int, iters: int, seconds: float, seed: int,
+def _population(g, color: np.ndarray, lower: int, sampled, *, max_colors: int, iters: int, seconds: float, seed: int,
                 population: int, device: str, seed_from: str) -> tuple[np.ndarray, dict]:
     """The population search from the better of the model's repaired colouring and DSATUR's, its
     first members sampled from the model when it offers enough colours (else randomised DSATUR)."""
@@ -137,8 +137,9 @@ def color_file(model_path: str, graph_path: str, output: str | None = None, seed
     color, report = color_with_model(g, logits_for, max_colors, search_iters if tabu else 0, search_seconds, seed)
     if not tabu:
         sampled = lambda k, s: logits_for(k, node_features(g, info["random_features"], s))  # noqa: E731
-        color, report["searched"] = _population(g, color, report["lower_bound"], sampled, max_colors, search_iters,
-                                                search_seconds, seed, population, device, seed_from)
+        color, report["searched"] = _population(g, color, report["lower_bound"], sampled, max_colors=max_colors,
+                                                iters=search_iters, seconds=search_seconds, seed=seed,
+                                                population=population, device=device, seed_from=seed_from)
         report["colors"] = report["searched"]["colors"]
         report["seconds"]["search"] = report["searched"]["seconds"]
     if finetune_steps:

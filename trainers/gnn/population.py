@@ -398,8 +398,9 @@ def population_search(g: Graph, start: np.ndarray, starts: Starts | None = None,
     elif time.perf_counter() > deadline:
         result.stopped = "budget_seconds"
     else:  # 2. the population takes the first hard level
-        result.stopped = _evolve(g, best, k, starts, population, tabu_iters, iters, deadline, device, seed, lower,
-                                 max(1, int(round(min_distance * g.n))), result, t0, scheme)
+        result.stopped = _evolve(g, best, k, result, starts=starts, population=population, tabu_iters=tabu_iters,
+                                 iters=iters, deadline=deadline, device=device, seed=seed, lower=lower,
+                                 dmin=max(1, int(round(min_distance * g.n))), t0=t0, scheme=scheme)
         best, k = result.coloring, result.colors
     _, best = np.unique(best, return_inverse=True)
     assert conflicts(g.edges, best) == 0 and (not g.n or best.max() + 1 <= result.start_colors)
@@ -408,8 +409,8 @@ def population_search(g: Graph, start: np.ndarray, starts: Starts | None = None,
     return result
 
 
-def _evolve(g: Graph, best: np.ndarray, k: int, starts: Starts | None, population: int, tabu_iters: int, iters: int,
-            deadline: float, device: str, seed: int, lower: int, dmin: int, result: PopulationResult, t0: float,
+def _evolve(g: Graph, best: np.ndarray, k: int, result: PopulationResult, *, starts: Starts | None, population: int,
+            tabu_iters: int, iters: int, deadline: float, device: str, seed: int, lower: int, dmin: int, t0: float,
             scheme: str = "pairs", cycle: int = 10) -> str:
     """The hybrid evolutionary algorithm from k - 1 colours down; `best` is a proper k-colouring.
     Writes the best colouring into `result` and returns why it stopped."""
