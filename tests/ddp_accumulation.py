@@ -1,8 +1,11 @@
 """Run under torchrun with 2 gloo workers (tests/unit/test_ddp.py): the gradients `wrap_ddp` gives a
 loop that accumulates micro-batches under `no_sync` equal the gradients of the whole global batch in
-one process, step after step. Prints one line per step: `step <i> max_abs_diff <x>`."""
+one process, step after step. Prints one line per step: `step <i> max_abs_diff <x>`, then how many
+unreachable objects (reference cycles of the loop) were left when `distributed()` destroyed the group:
+`unreachable_at_destroy <n>`."""
 
 import contextlib
+import gc
 import sys
 
 import torch
@@ -12,7 +15,8 @@ from trainers.runtime.dist import distributed, wrap_ddp
 
 STEPS, MICRO, ROWS = 3, int(sys.argv[1]), 4
 
-with distributed("cpu") as ctx:
+
+def compare(ctx) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
@@ -33,3 +37,17 @@ with distributed("cpu") as ctx:
             print(f"step {step} max_abs_diff {diff:.3e}", flush=True)
         for p in [*model.parameters(), *reference.parameters()]:
             p.grad = None
+
+
+if __name__ == "__main__":
+    destroy = dist.destroy_process_group
+
+    def destroy_and_report(*args, **kwargs):
+        unreachable = gc.collect()
+        if dist.get_rank() == 0:
+            print(f"unreachable_at_destroy {unreachable}", flush=True)
+        return destroy(*args, **kwargs)
+
+    dist.destroy_process_group = destroy_and_report
+    with distributed("cpu") as ctx:
+        compare(ctx)  # a function, as the trainers' loops are: its frame is gone at the teardown

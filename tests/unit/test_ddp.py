@@ -23,3 +23,7 @@ def test_gradients_with_and_without_accumulation_equal_the_whole_batch(micro_bat
     assert proc.returncode == 0, proc.stderr[-3000:]
     diffs = [float(x) for x in re.findall(r"max_abs_diff (\S+)", proc.stdout)]
     assert len(diffs) == 3 and max(diffs) < 1e-6, proc.stdout
+    # With the loop's reference cycles still uncollected when the group was destroyed, about one run in
+    # five aborted at exit (SIGABRT after the last step, "terminate called without an active exception";
+    # torch 2.13, gloo: 8 of 30 runs of this script, 0 of 40 with the collection): runtime.dist collects first.
+    assert "unreachable_at_destroy 0" in proc.stdout, proc.stdout

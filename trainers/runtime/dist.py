@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 import sys
 from dataclasses import dataclass
@@ -125,6 +126,11 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
         yield ctx
     finally:
         if backend is not None and dist.is_initialized():
+            # A DDP wrapper still alive when its group is destroyed made about one worker exit in five
+            # abort (SIGABRT, "terminate called without an active exception"; torch 2.13, gloo), so torchrun
+            # failed a run that had completed. The loop's wrapper is unreachable by now (its frame has
+            # returned) but held by reference cycles: collect it while the group still exists.
+            gc.collect()
             dist.destroy_process_group()
 
 
