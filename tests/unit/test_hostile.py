@@ -116,6 +116,8 @@ IMPOSSIBLE = [
     (["ppo", "train", *PPO_TINY, "--batch-size", "129"], ("--batch-size 129", "--num-envs 8", "--rollout-steps 16")),
     # more micro-batches than samples: most of them empty
     (["ppo", "train", *PPO_TINY, "--grad-accum", "65"], ("--grad-accum 65", "--batch-size 64")),
+    # a step of more samples than the training split: minutes of one-sample micro-batches before any failure
+    (["forecast", "train", *TINY_DATA, "--grad-accum", "100000"], ("--grad-accum 100000", "--batch-size 256")),
     # each within bounds, 10**11 prices together: NumPy's MemoryError
     (["forecast", "train", "--synthetic-tickers", "2000000", "--synthetic-days", "50000"],
      ("--synthetic-tickers 2000000", "--synthetic-days 50000")),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from trainers.errors import UsageError
 from trainers.forecast.build import build_model, model_flops
 from trainers.forecast.config import PRESETS, ForecastConfig, refuse_legacy_resume
 from trainers.forecast.data import LoadedMarket, WindowStore, fix_date_range, load_market, make_store
@@ -93,6 +94,18 @@ def train(cfg: ForecastConfig) -> dict | None:
         return train_one(cfg, ctx, started_at)[0]
 
 
+def refuse_steps_larger_than_the_split(cfg: ForecastConfig, world_size: int, n_train: int) -> None:
+    """Accumulating over more samples than the training split holds makes every step the whole split,
+    cut into micro-batches of a sample or two, each padded to --batch-size: --grad-accum 100000 ran for
+    minutes before anything failed. One batch larger than the split stays allowed (it is the split)."""
+    per_step = cfg.batch_size * cfg.grad_accum * world_size
+    if cfg.grad_accum > 1 and per_step > n_train:
+        most = max(1, n_train // (cfg.batch_size * world_size))
+        raise UsageError(f"--grad-accum {cfg.grad_accum} with --batch-size {cfg.batch_size} on {world_size} rank(s) "
+                         f"makes a step of {per_step:,} samples, but the training split has {n_train:,}; "
+                         f"use --grad-accum {most} or less")
+
+
 def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
               market: LoadedMarket | None = None) -> tuple[dict | None, StopReason]:
     """One run (the plain split, or one walk-forward fold): (results on rank 0, the agreed stop)."""
@@ -106,6 +119,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
         market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))
     store, data_info = make_store(cfg, market)
     train_ids = store.sample_ids["train"]
+    refuse_steps_larger_than_the_split(cfg, ctx.world_size, len(train_ids))
     cursor = EpochCursor(len(train_ids), ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed)
     total_steps = cfg.epochs * cursor.steps_per_epoch
     if cfg.max_steps is not None:
