@@ -254,7 +254,8 @@ def collect_run(s: Setup, step: Step, facts: dict) -> dict:
     throughput = t.get("throughput") or {}
     row = {"unit": throughput.get("unit"), "per_s_steady": throughput.get("per_s_steady"),
            "per_s_per_device": throughput.get("per_s_per_device"), "effective_per_s": throughput.get("effective_per_s"),
-           "steady_steps": throughput.get("steady_steps"), "mfu": t.get("mfu"), "breakdown_s": throughput.get("breakdown_s")}
+           "steady_steps": throughput.get("steady_steps"), "mfu": t.get("mfu"), "breakdown_s": throughput.get("breakdown_s"),
+           "parameters": (results.get("model") or {}).get("parameters")}  # the plan takes the row nearest its size
     if trainer == "gnn" and t.get("nodes_per_s_per_device"):  # the plan counts nodes, the loop graphs
         row["nodes_per_s"] = t["nodes_per_s_per_device"] * (t.get("world_size") or 1)
     if trainer == "lstm":  # a job of many small runs: samples over the job's wall time, every worker together

@@ -72,6 +72,24 @@ def test_a_committed_gpu_benchmark_sets_the_mfu(tmp_path):
     assert measured_mfu("forecast", DEVICES["a100-80gb"], tmp_path) is None
 
 
+def test_the_measured_mfu_is_the_one_of_the_nearest_size_not_the_best_of_any(tmp_path):
+    """A benchmark of three GPT depths: a plan for a small model must not get the large one's MFU."""
+    (tmp_path / "gpt_throughput_gpu.json").write_text(json.dumps(
+        {"device": "NVIDIA H100 80GB HBM3", "trainer": "gpt", "results": [
+            {"depth": 6, "parameters": 30_000_000, "mfu": 0.21},
+            {"depth": 12, "parameters": 200_000_000, "mfu": 0.38},
+            {"depth": 26, "parameters": 1_100_000_000, "mfu": 0.52},
+            {"depth": 26, "parameters": 1_100_000_000, "mfu": 0.44},  # the same size eager: the compiled row counts
+            {"depth": 12, "mfu": 0.9}]}))  # no size: used only when no row has one
+    h100 = DEVICES["h100-sxm"]
+    assert measured_mfu("gpt", h100, tmp_path, parameters=20_000_000) == 0.21
+    assert measured_mfu("gpt", h100, tmp_path, parameters=150_000_000) == 0.38
+    assert measured_mfu("gpt", h100, tmp_path, parameters=12_886_999_040) == 0.52
+    (tmp_path / "gpt_throughput_gpu.json").write_text(json.dumps(
+        {"device": "NVIDIA H100 80GB HBM3", "trainer": "gpt", "results": [{"mfu": 0.3}, {"mfu": 0.5}]}))
+    assert measured_mfu("gpt", h100, tmp_path, parameters=20_000_000) == 0.5
+
+
 def test_compare_sorts_the_gpus_by_cost_and_puts_those_that_do_not_fit_last():
     w = load_workload("forecast", ["--preset", "151m", "--batch-size", "1024"])
     rows = compare(w, 8, "auto", {"h100-sxm": 2.99, "a100-80gb": 1.79, "t4": 0.35}, None, None, None)

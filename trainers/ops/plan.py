@@ -83,10 +83,16 @@ def memory(w: Workload, strategy: str, gpus: int, compute_bytes: int, items_per_
     return out
 
 
-def measured_mfu(trainer: str, device: Device, root: Path | None = None) -> float | None:
-    """The MFU a committed GPU benchmark of ours measured for this trainer on this device, if any."""
+def measured_mfu(trainer: str, device: Device, root: Path | None = None, parameters: int | None = None) -> float | None:
+    """The MFU a committed GPU benchmark of ours measured for this trainer on this device, if any.
+
+    A benchmark holds rows of several sizes (presets, GPT depths), and MFU grows with size: given the
+    planned model's `parameters`, the rows nearest to it in size (by ratio) decide, not the best row of
+    any size, which would promise a small model the MFU of a large one. Among rows of that size the
+    highest counts (the compiled configuration a GPU deploy runs). Rows without a size decide only when
+    no row has one."""
     root = root or Path(__file__).resolve().parents[2] / "bench" / "results"
-    best = None
+    rows: list[tuple[float, int | None]] = []  # (mfu, parameters of the model it was measured on)
     for path in sorted(root.glob(f"*{trainer}*gpu*.json")) + sorted(root.glob("train_gpu*.json")):
         try:
             record = json.loads(path.read_text())
@@ -96,10 +102,19 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None) -> floa
         if record.get("trainer", trainer) != trainer or device.name.split(" (")[0].upper() not in name.upper():
             continue
         for row in record.get("results", []):
-            value = (row.get("kit") or row).get("mfu") if isinstance(row, dict) else None
-            if isinstance(value, (int, float)) and value > 0:
-                best = max(best or 0.0, float(value))
-    return best
+            measured = (row.get("kit") or row) if isinstance(row, dict) else {}
+            value, size = measured.get("mfu"), measured.get("parameters") or row.get("parameters")
+            if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
+                rows.append((float(value), int(size) if isinstance(size, (int, float)) and size > 0 else None))
+    if not rows:
+        return None
+    sized = [(v, n) for v, n in rows if n is not None]
+    if parameters and sized:
+        def distance(n: int) -> float:
+            return abs(math.log(n / parameters))
+        nearest = min(distance(n) for _, n in sized)
+        rows = [(v, n) for v, n in sized if distance(n) == nearest]
+    return max(v for v, _ in rows)
 
 
 def step_time(w: Workload, strategy: str, gpus: int, device: Device, mfu: float, grad_accum: int | None = None,
@@ -163,7 +178,7 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
     else:
         chosen = parallel if strategies[parallel]["fits"] else None
     fix = None if chosen else suggest_fix(w, device, gpus, compute_bytes, parallel)
-    measured = measured_mfu(w.trainer, device)
+    measured = measured_mfu(w.trainer, device, parameters=w.parameters)
     used_mfu = mfu or measured or DEFAULT_MFU.get(w.kind, 0.3)
     source = ("given" if mfu else "measured by this repository's GPU benchmark" if measured else
               f"ASSUMED (no GPU benchmark of ours for {w.trainer} on {device.key}; default for {w.kind} models)")
