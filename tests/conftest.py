@@ -1,5 +1,6 @@
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -9,6 +10,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 FAKES = ROOT / "tests" / "fakes"  # stand-ins for nvidia-smi and friends
+
+# The signal tests drive what a terminal or a container's PID 1 sees: SIGINT and SIGHUP at their defaults.
+# A suite started as `nohup ...` or `cmd &` from a script inherits them ignored, and an ignored signal
+# stays ignored in every child (bash cannot even trap it): the stop tests then failed for the launcher,
+# not the kit. Put them back before any test or child starts.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 # A market small enough for CPU tests: 16 tickers x 800 days, window 32, horizon 5.
 TINY_DATA = ["--synthetic-tickers", "16", "--synthetic-days", "800", "--window", "32", "--horizon", "5",

@@ -63,6 +63,7 @@ def test_early_stopping_patience():
 @pytest.mark.parametrize("mode,stops", [("stop", True), ("ignore", False)])
 def test_a_hangup_stops_a_foreground_job_and_is_ignored_by_a_detached_one(monkeypatch, mode, stops):
     monkeypatch.setenv("TRAINERS_ON_HANGUP", mode)
+    before = signal.getsignal(signal.SIGHUP)
     s = StopAgreement(single_process_context(), Budget())
     s.install_signal_handlers()
     try:
@@ -71,4 +72,4 @@ def test_a_hangup_stops_a_foreground_job_and_is_ignored_by_a_detached_one(monkey
         assert (s.signal_name == "SIGHUP") is stops
     finally:
         s.restore_signal_handlers()
-    assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGHUP) == before
