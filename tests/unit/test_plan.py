@@ -80,7 +80,8 @@ def test_the_measured_mfu_is_the_one_of_the_nearest_size_not_the_best_of_any(tmp
             {"depth": 12, "parameters": 200_000_000, "mfu": 0.38},
             {"depth": 26, "parameters": 1_100_000_000, "mfu": 0.52},
             {"depth": 26, "parameters": 1_100_000_000, "mfu": 0.44},  # the same size eager: the compiled row counts
-            {"depth": 12, "mfu": 0.9}]}))  # no size: used only when no row has one
+            {"depth": 12, "mfu": 0.9},  # no size: used only when no row has one
+            "a row that is not an object"]}))
     h100 = DEVICES["h100-sxm"]
     assert measured_mfu("gpt", h100, tmp_path, parameters=20_000_000) == 0.21
     assert measured_mfu("gpt", h100, tmp_path, parameters=150_000_000) == 0.38

@@ -102,7 +102,9 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None, paramet
         if record.get("trainer", trainer) != trainer or device.name.split(" (")[0].upper() not in name.upper():
             continue
         for row in record.get("results", []):
-            measured = (row.get("kit") or row) if isinstance(row, dict) else {}
+            if not isinstance(row, dict):
+                continue
+            measured = row.get("kit") or row
             value, size = measured.get("mfu"), measured.get("parameters") or row.get("parameters")
             if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
                 rows.append((float(value), int(size) if isinstance(size, (int, float)) and size > 0 else None))
