@@ -219,4 +219,12 @@ MUTANTS: tuple[Mutant, ...] = (
             ("    assert conflicts(g.edges, best) == 0 and (not g.n or best.max() + 1 <= start_colors)\n", "")),
            ("tests/gnn/test_gnn_search.py::test_search_always_returns_a_proper_coloring_with_no_more_colors_than_its_start",),
            "a level that runs out of iterations is taken as solved, conflicts and all"),
+    # ---- the published figures' market -----------------------------------------------------------
+    Mutant("synthetic_market_draw_moved", "published figures' market", "trainers/market/synthetic.py",
+           (("    beta = rng.normal(1.0, 0.3, n_tickers).clip(0.2, 2.0)\n    drift = rng.normal(0.0003, 0.0002, n_tickers)\n",
+             "    drift = rng.normal(0.0003, 0.0002, n_tickers)\n    beta = rng.normal(1.0, 0.3, n_tickers).clip(0.2, 2.0)\n"),),
+           ("tests/forecast/test_forecast_markets.py::"
+            "test_the_momentum_market_is_the_one_the_published_figures_were_measured_on",),
+           "two draws of the market's generator swap places: every published forecaster figure was measured on "
+           "another market"),
 )

@@ -29,7 +29,7 @@ from leak_mutants import MUTANTS, Mutant
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 GUARANTEES = ("forecaster windows", "causal features / normalisation", "splits, walk-forward",
-              "point-in-time universe", "PPO", "LSTM", "GPT", "GNN")
+              "point-in-time universe", "PPO", "LSTM", "GPT", "GNN", "published figures' market")
 ASSERTION_TYPES = {"builtins.AssertionError", "_pytest.outcomes.Failed"}  # a failed assert, pytest.fail, DID NOT RAISE
 
 
