@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
 FAKES = ROOT / "tests" / "fakes"  # stand-ins for nvidia-smi and friends
+sys.path.insert(0, str(FAKES / "accelerator"))  # fake_accelerator: CUDA's placement rules on the CPU
 
 # The signal tests drive what a terminal or a container's PID 1 sees: SIGINT and SIGHUP at their defaults.
 # A suite started as `nohup ...` or `cmd &` from a script inherits them ignored, and an ignored signal

@@ -227,4 +227,20 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_the_momentum_market_is_the_one_the_published_figures_were_measured_on",),
            "two draws of the market's generator swap places: every published forecaster figure was measured on "
            "another market"),
+    # ---- device placement (the fake accelerator: CUDA's rules on the CPU) -----------------------------
+    Mutant("forecast_stale_train_ids", "device placement", "trainers/forecast/train.py",
+           (('    n_train = len(store.sample_ids["train"])\n',
+             '    train_ids = store.sample_ids["train"]\n    n_train = len(train_ids)\n'),
+            ('    store.to(ctx.device)  # new tensors: a reference taken before this line would index the host copy\n'
+             '    train_ids = store.sample_ids["train"]\n', '    store.to(ctx.device)\n')),
+           ("tests/device/test_device_trainers.py::test_trains_on_the_fake_accelerator[forecast]",),
+           "a09b8e2's forecaster: the training ids kept from before the store moved to the device, indexed with "
+           "the cursor's device positions (dead at step 1 on CUDA)"),
+    Mutant("population_draw_without_device", "device placement", "trainers/gnn/population.py",
+           (("                shifts = torch.randint(0, 1 << 30, (block,), generator=gen, device=dev)  # (a09b8e2 drew\n"
+             "                # these without device=: CUDA refused its generator for a host tensor)\n",
+             "                shifts = torch.randint(0, 1 << 30, (block,), generator=gen).tolist()\n"),),
+           ("tests/device/test_device_search.py::test_the_population_search_runs_on_the_device_as_on_the_host",),
+           "a09b8e2's population search: a draw from the device's generator without device= (dead at its first "
+           "TabuCol block on CUDA)"),
 )

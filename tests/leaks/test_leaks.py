@@ -29,8 +29,10 @@ from leak_mutants import MUTANTS, Mutant
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 GUARANTEES = ("forecaster windows", "causal features / normalisation", "splits, walk-forward",
-              "point-in-time universe", "PPO", "LSTM", "GPT", "GNN", "published figures' market")
-ASSERTION_TYPES = {"builtins.AssertionError", "_pytest.outcomes.Failed"}  # a failed assert, pytest.fail, DID NOT RAISE
+              "point-in-time universe", "PPO", "LSTM", "GPT", "GNN", "published figures' market",
+              "device placement")
+# a failed assert; pytest.fail and "DID NOT RAISE" (pytest's Failed names its module "builtins")
+ASSERTION_TYPES = {"builtins.AssertionError", "builtins.Failed", "_pytest.outcomes.Failed"}
 
 
 def copy_package(dest: Path, mutant: Mutant | None = None) -> Path:

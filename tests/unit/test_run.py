@@ -141,7 +141,8 @@ def test_agreeing_every_n_steps_stops_at_the_next_agreement_with_a_checkpoint(tm
 
     calls = []
     real = stops.all_reduce_max
-    monkeypatch.setattr(stops, "all_reduce_max", lambda ctx, values: (calls.append(1), real(ctx, values))[1])
+    monkeypatch.setattr(stops, "all_reduce_max",
+                        lambda ctx, values, **kw: (calls.append(1), real(ctx, values, **kw))[1])
     results, _ = toy_loop(cfg_for(tmp_path, agree_every=4, patience=0), total_steps=50, signal_at=7)
     t = results["training"]
     # evaluations (every 3rd step here) always agree; so the SIGTERM at step 7 is agreed at step 9
@@ -157,7 +158,8 @@ def test_adaptive_agreement_is_rare_and_still_stops_within_seconds(tmp_path, mon
 
     calls = []
     real = stops.all_reduce_max
-    monkeypatch.setattr(stops, "all_reduce_max", lambda ctx, values: (calls.append(1), real(ctx, values))[1])
+    monkeypatch.setattr(stops, "all_reduce_max",
+                        lambda ctx, values, **kw: (calls.append(1), real(ctx, values, **kw))[1])
     t0 = time.perf_counter()
     results, _ = toy_loop(cfg_for(tmp_path, agree_every=0, patience=0), total_steps=10**6, signal_at=300,
                           epoch_steps=10**9)

@@ -51,7 +51,7 @@ def fit_ridge(store: WindowStore, splits=("val", "test")) -> tuple[dict, dict[st
     gram = torch.zeros(dim, dim, dtype=torch.float64, device=device)
     xy = torch.zeros(dim, dtype=torch.float64, device=device)
     x_sum = torch.zeros(dim, dtype=torch.float64, device=device)
-    y_sum = 0.0
+    y_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed where it is: no wait per chunk
     for part in _chunks(ids):
         x, y = store.gather(part)
         x = x.reshape(len(part), dim).double()
@@ -59,7 +59,7 @@ def fit_ridge(store: WindowStore, splits=("val", "test")) -> tuple[dict, dict[st
         gram += x.T @ x
         xy += x.T @ y
         x_sum += x.sum(0)
-        y_sum += float(y.sum())
+        y_sum += y.sum()
     n = len(ids)
     x_mean, y_mean = x_sum / n, y_sum / n
     gram -= n * torch.outer(x_mean, x_mean)  # centred: the intercept is not penalised

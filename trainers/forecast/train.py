@@ -118,9 +118,9 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     if market is None:
         market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))
     store, data_info = make_store(cfg, market)
-    train_ids = store.sample_ids["train"]
-    refuse_steps_larger_than_the_split(cfg, ctx.world_size, len(train_ids))
-    cursor = EpochCursor(len(train_ids), ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed)
+    n_train = len(store.sample_ids["train"])
+    refuse_steps_larger_than_the_split(cfg, ctx.world_size, n_train)
+    cursor = EpochCursor(n_train, ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed)
     total_steps = cfg.epochs * cursor.steps_per_epoch
     if cfg.max_steps is not None:
         total_steps = min(total_steps, cfg.max_steps)
@@ -130,7 +130,8 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     compiled = compile_default(cfg.compile, ctx.device, cfg.gpu_defaults)
     torch.manual_seed(cfg.seed)  # identical init on every rank (DDP also broadcasts rank 0's weights)
     model = build_model(cfg, store).to(ctx.device)
-    store.to(ctx.device)
+    store.to(ctx.device)  # new tensors: a reference taken before this line would index the host copy
+    train_ids = store.sample_ids["train"]
     optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.95), ctx.device, cfg.gpu_defaults)
     scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
     scaler = make_grad_scaler(ctx.device, precision)
@@ -153,10 +154,10 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
                  cfg.batch_size * cfg.grad_accum * ctx.world_size)
 
         start = run.resume()
-        cursor = EpochCursor(len(train_ids), ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed,
+        cursor = EpochCursor(n_train, ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed,
                              device=ctx.device, **EpochCursor.start(start.position, start.position_rank0))
         if not start.resumed:
-            run.evaluated(0, validation_loss(model, store, ctx, cfg.eval_batch_size, precision), initial=True)
+            run.evaluated(0, validation_loss(model, store, ctx, cfg.eval_batch_size), initial=True)
         train_step = ddp = TrainStep(model)
         if ctx.distributed:
             train_step = ddp = wrap_ddp(train_step, ctx, accumulates=cfg.grad_accum > 1)  # the target-scale buffers never change
@@ -166,11 +167,12 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
         step = start.step
         window_sse = torch.zeros((), dtype=torch.float64, device=ctx.device)
         window_count = 0
+        scale = torch.ones((), device=ctx.device)  # filled each step: a kernel, not a copy from the host
         model.train()
         while step < total_steps:
             positions, global_count = cursor.batch()  # on the device already: no copy per step
             # Mean over the global batch: DDP averages over ranks, so scale by world/global.
-            scale = torch.tensor(ctx.world_size / global_count, device=ctx.device)
+            scale.fill_(ctx.world_size / global_count)
             micro = [part for part in torch.tensor_split(positions, cfg.grad_accum) if len(part)]
             for i, part in enumerate(micro):
                 sync_now = i == len(micro) - 1 or not ctx.distributed
@@ -191,13 +193,13 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
                 window_count = 0
             if run.should_eval(step, end_of_epoch):
                 with run.timing("evaluation"):
-                    run.evaluated(step, validation_loss(model, store, ctx, cfg.eval_batch_size, precision))
+                    run.evaluated(step, validation_loss(model, store, ctx, cfg.eval_batch_size))
             if run.step_done(step, cursor.position(), global_count, loss=window_sse) != StopReason.NONE:
                 break
 
         def evaluate() -> dict | None:
             best = run.restore_best()
-            got = evaluate_splits(model, store, ctx, cfg.eval_batch_size, precision, cfg.top_k, cfg.cost_bps, log=log)
+            got = evaluate_splits(model, store, ctx, cfg.eval_batch_size, cfg.top_k, cfg.cost_bps, log=log)
             if not ctx.is_main:
                 return None
             evaluation, series = got

@@ -17,6 +17,7 @@ import torch
 from trainers.gnn.features import color_mask, colors_offered, node_features, random_features
 from trainers.gnn.graphs import Graph, GraphSplit
 from trainers.gnn.model import potts_conflicts
+from trainers.runtime.device import to_device
 
 
 @dataclass
@@ -47,14 +48,6 @@ def make_batch(graphs: list[Graph], max_colors: int, random_dims: int, seeds: li
                       edge_graph=torch.from_numpy(np.concatenate(edge_graph).astype(np.int64)).to(device),
                       edges_per_graph=torch.tensor([g.n_edges for g in graphs], dtype=torch.float32, device=device),
                       n_graphs=len(graphs))
-
-
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A small host array on the device without stalling the host: pinned + non-blocking on CUDA."""
-    t = torch.from_numpy(np.ascontiguousarray(array))
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t
 
 
 class DeviceGraphs:
@@ -93,7 +86,7 @@ class DeviceGraphs:
         """Graphs `graphs` (host indices) as one batch. Sizes come from host copies of the counts, so
         nothing here waits for the device."""
         n_total, e_total = int(self.nodes[graphs].sum()), int(self.directed[graphs].sum())
-        idx = _to_device(np.asarray(graphs, dtype=np.int64), self.device)
+        idx = to_device(torch.from_numpy(np.asarray(graphs, dtype=np.int64)), self.device)  # no wait for the device
         count = torch.arange(len(graphs), device=self.device)
         n, e = self.n_nodes[idx], self.n_directed[idx]
         first_node = torch.cumsum(n, 0) - n  # where each graph's nodes start in the batch

@@ -54,13 +54,15 @@ def _torch_device(device: str) -> str:
     except ImportError:
         raise UsageError("--search population needs PyTorch (pip install torch); without it, --search tabu (the "
                          "default) runs on NumPy alone") from None
-    from trainers.runtime.device import cuda_available
+    from trainers.runtime import device as device_mod
 
-    if device == "auto":
-        return "cuda" if cuda_available() else "cpu"
-    if device == "cuda" and not cuda_available():
+    if device == "cpu":
+        return device
+    if device_mod.accelerator_available():
+        return str(device_mod.accelerator(0))
+    if device == "cuda":
         raise UsageError("--device cuda: PyTorch sees no CUDA device here; use --device cpu")
-    return device
+    return "cpu"
 
 
 def _population(g, color: np.ndarray, lower: int, sampled, *, max_colors: int, iters: int, seconds: float, seed: int,

@@ -154,7 +154,8 @@ class Population:
                 noise = torch.randint(0, 10, (block, P), generator=gen, device=dev)
                 perms = torch.rand(block, k, generator=gen, device=dev).argsort(1)
                 codes = perms.argsort(1).int()  # colour c's tie-breaking code in each iteration
-                shifts = torch.randint(0, 1 << 30, (block,), generator=gen).tolist()
+                shifts = torch.randint(0, 1 << 30, (block,), generator=gen, device=dev)  # (a09b8e2 drew
+                # these without device=: CUDA refused its generator for a host tensor)
             j = it % block
             it += 1
             rows = (own > 0).nonzero().squeeze(1)  # conflicting (colouring, node) rows
@@ -193,10 +194,9 @@ class Population:
             tenure = torch.bincount(p_of, minlength=P) * 6 // 10 + noise[j]
             tabu.view(-1)[r * k + a] = (tenure + it).int()
             cost = own.view(P, n + 1).sum(1) // 2
-            better = cost < best
-            if bool(better.any()):
-                best = torch.where(better, cost, best)
-                best_col = torch.where(better[:, None], self.col, best_col)
+            better = cost < best  # kept on the device: no host wait per iteration
+            best = torch.where(better, cost, best)
+            best_col = torch.where(better[:, None], self.col, best_col)
         self.cost = cost
         self.settle(best_col)
         return {"iterations": it, "stopped": stopped, "best": best.tolist()}

@@ -18,6 +18,7 @@ import torch
 from trainers.gpt.data import default_prompt
 from trainers.gpt.infer import load_for_inference
 from trainers.gpt.model import GPT, generate
+from trainers.runtime.device import to_device
 from trainers.runtime.dist import DistContext, all_reduce_sum
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.precision import Precision, autocast, precision_for
@@ -44,11 +45,13 @@ def validation_loss(model: GPT, val: torch.Tensor, seq_len: int, eval_tokens: in
     nbytes = torch.zeros((), dtype=torch.float64, device=val.device)
     counted = 0
     offsets = torch.arange(seq_len + 1, device=val.device)
+    # every round's windows, padded to `batch` (padding: computed, not counted), on the device in one copy
+    # that does not wait: a tensor made on the device each round would be a host wait per batch
+    windows = [(mine[r * batch:(r + 1) * batch] + [0] * batch)[:batch] for r in range(rounds)]
+    starts = to_device(torch.tensor(windows, dtype=torch.int64).reshape(rounds, batch), val.device)
     for r in range(rounds):
-        chunk = mine[r * batch:(r + 1) * batch]
-        real = len(chunk)
-        chunk = chunk + [0] * (batch - real) if real else [0] * batch  # padding: computed, not counted
-        w = val[torch.tensor(chunk, device=val.device)[:, None] * seq_len + offsets].long()
+        real = len(mine[r * batch:(r + 1) * batch])
+        w = val[starts[r][:, None] * seq_len + offsets].long()
         x, y = w[:, :-1], w[:, 1:]
         with autocast(val.device, precision):
             logits = model(x)

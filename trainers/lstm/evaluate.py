@@ -31,13 +31,15 @@ def validation_loss(model: DirectionLSTM, data: SymbolData, batch_size: int) -> 
 
 def fit_logistic_regression(data: SymbolData, l2: float = 1e-3, iters: int = 200) -> torch.nn.Linear:
     """The linear anchor: logistic regression on the last bar's (normalised) features, class-weighted
-    like the model, fitted on the training split by L-BFGS from zeros (deterministic)."""
+    like the model, fitted on the training split by L-BFGS from zeros (deterministic). On the host,
+    whatever the model's device: L-BFGS reads the loss every iteration, a wait on the GPU each time, for
+    a model of a few weights."""
     anchors = data.ids["train"]
-    x, y = data.features[anchors], data.label[anchors]
-    linear = torch.nn.Linear(data.n_features, 1).to(x.device)
+    x, y = data.features[anchors].cpu(), data.label[anchors].cpu()
+    linear = torch.nn.Linear(data.n_features, 1)
     torch.nn.init.zeros_(linear.weight)
     torch.nn.init.zeros_(linear.bias)
-    pos_weight = torch.tensor(data.pos_weight, device=x.device)
+    pos_weight = torch.tensor(data.pos_weight)
     optimizer = torch.optim.LBFGS(linear.parameters(), lr=1.0, max_iter=iters, line_search_fn="strong_wolfe")
 
     def closure():
@@ -67,8 +69,8 @@ def evaluate_symbol(model: DirectionLSTM, data: SymbolData, batch_size: int, cos
         labelled = data.ids[split]
         p = torch.sigmoid(predict_logits(model, data, labelled, batch_size)).double().cpu().numpy()
         y = data.label[labelled].double().cpu().numpy()
-        with torch.no_grad():
-            linear_p = torch.sigmoid(linear(data.features[labelled]).squeeze(-1)).double().cpu().numpy()
+        with torch.no_grad():  # the linear baseline lives on the host
+            linear_p = torch.sigmoid(linear(data.features[labelled].cpu()).squeeze(-1)).double().numpy()
         result = classification_metrics(y, p, data.train_up_rate, bins, data.past_ret[labelled.cpu().numpy()],
                                         linear_p)
         trade = torch.from_numpy(data.trade_ids[split]).to(labelled.device)

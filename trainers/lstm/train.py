@@ -78,7 +78,8 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
         start = run.resume()
         if start.resumed:
             worker.log.info("%s: resumed from checkpoint step %d", symbol, start.step)
-        cursor = EpochCursor(len(train_ids), 1, 0, cfg.batch_size, cfg.seed, **EpochCursor.start(start.position))
+        cursor = EpochCursor(len(train_ids), 1, 0, cfg.batch_size, cfg.seed, device=device,
+                             **EpochCursor.start(start.position))
         if not start.resumed:
             run.evaluated(0, validation_loss(model, data, cfg.eval_batch_size), initial=True)
 
@@ -88,7 +89,7 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
         model.train()
         while step < total_steps:
             positions, count = cursor.batch()
-            x, y = data.gather(train_ids[positions.to(device)])
+            x, y = data.gather(train_ids[positions])  # positions on the device already: no copy per step
             loss = direction_loss(model(x), y, pos_weight)  # BCE on the logit: the model has no sigmoid
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

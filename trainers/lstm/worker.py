@@ -36,9 +36,10 @@ from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
 from trainers.lstm.summary import write_job_summary
 from trainers.runtime import config as cfgmod
+from trainers.runtime import device as device_mod
 from trainers.runtime import faults
 from trainers.runtime.budget import Budget, StopReason
-from trainers.runtime.device import cuda_available, device_count, set_device
+from trainers.runtime.device import device_count, set_device
 from trainers.runtime.dist import DistContext, broadcast_object, pick_device
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.results import read_results
@@ -193,7 +194,7 @@ def _marker(worker: Worker, symbol: str, status: str, tries: int, started: float
 
 def worker_device(cfg: LstmConfig, local_rank: int) -> torch.device:
     """Worker r of a node uses GPU r // jobs_per_gpu; on CPU every worker shares the CPU."""
-    if cfg.device == "cpu" or (cfg.device == "auto" and not cuda_available()):
+    if cfg.device == "cpu" or (cfg.device == "auto" and not device_mod.accelerator_available()):
         if cfg.jobs_per_gpu > 1:
             raise UsageError(f"--jobs-per-gpu {cfg.jobs_per_gpu} packs workers onto GPUs; on CPU every worker "
                              f"shares the CPU: set their number with torchrun --nproc_per_node")

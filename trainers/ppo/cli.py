@@ -44,7 +44,7 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="backtest a run's agents (chosen on validation) and baselines on the test period")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--checkpoint", default="latest", help="latest or a step number (default: latest)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.set_defaults(func=_evaluate)
 
     p = sub.add_parser("export", help="export the chosen agent's deterministic policy to ONNX, checked by onnxruntime")

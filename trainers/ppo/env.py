@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from trainers.errors import UsageError
+from trainers.runtime.device import to_device
 
 ACTIONS = ("trades", "weights")
 REWARDS = ("pnl", "log_return")
@@ -131,7 +132,7 @@ class VecPortfolioEnv:
         self.cost = spec.cost_bps / 1e4
         dev = market.device
         n = market.n_stocks
-        self.key = env_keys(seed, rank, num_envs).to(dev)
+        self.key = to_device(env_keys(seed, rank, num_envs), dev)
         self.counter = torch.zeros(num_envs, dtype=torch.int64, device=dev)
         self.t = torch.zeros(num_envs, dtype=torch.int64, device=dev)
         self.steps = torch.zeros(num_envs, dtype=torch.int64, device=dev)

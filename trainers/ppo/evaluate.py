@@ -29,7 +29,7 @@ from trainers.ppo.data import env_spec, load_trading_data
 from trainers.ppo.env import DeviceMarket, EnvSpec, fixed_range_env
 from trainers.ppo.features import TRADING_DAYS
 from trainers.ppo.report import EQUITY_PNG, METRICS, markdown, plot_equity
-from trainers.runtime.dist import DistContext
+from trainers.runtime.dist import DistContext, pick_device
 from trainers.runtime.files import atomic_write
 from trainers.runtime.results import merge_results
 from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config, single_process_context
@@ -103,17 +103,17 @@ def run_policy(market: DeviceMarket, spec: EnvSpec, start: int, stop: int, act, 
     """Run `act(market_window, portfolio) -> action` over decisions start..stop-1 in `num_envs`
     parallel copies; equity curves [num_envs, days+1], traded value and trades [num_envs, days]."""
     env = fixed_range_env(market, spec, start, stop, num_envs)
-    values = [env.value().cpu()]
-    traded, trades = [], []
+    values = [env.value()]  # kept on the device (the environment makes new tensors each day): one copy at
+    traded, trades = [], []  # the end, not a host wait per simulated day
     for _ in range(stop - start):
         t, portfolio = env.observe()
         action = act(market.windows(t, spec.window), portfolio)
         _obs, _reward, _done, info = env.step(action)
-        values.append(info["value"].cpu())
-        traded.append(info["traded_value"].cpu())
-        trades.append(info["trades"].cpu())
-    return {"values": torch.stack(values, 1).numpy(), "traded_value": torch.stack(traded, 1).numpy(),
-            "trades": torch.stack(trades, 1).numpy()}
+        values.append(info["value"])
+        traded.append(info["traded_value"])
+        trades.append(info["trades"])
+    return {name: torch.stack(days, 1).cpu().numpy()
+            for name, days in (("values", values), ("traded_value", traded), ("trades", trades))}
 
 
 def deterministic_actor(policy, norms):
@@ -244,13 +244,14 @@ def evaluate_agents(agents, cfg: PpoConfig, data, market, spec, run_dir: Path, c
     return evaluation
 
 
-def evaluate_run(run_dir: str, checkpoint: str = "latest", device: str = "cpu") -> dict:
+def evaluate_run(run_dir: str, checkpoint: str = "latest", device: str = "auto") -> dict:
     """Rebuild the run's data and agents from a checkpoint and write the report again."""
     run_path = Path(run_dir)
     cfg = load_run_config(run_path, PpoConfig)
+    dev = str(pick_device(0, device))
     with exclusive(run_path):  # not while training (or another command) writes into the folder
-        step, states = load_checkpoint_states(run_path, checkpoint, device)
-        ctx = single_process_context(device)
+        step, states = load_checkpoint_states(run_path, checkpoint, dev)
+        ctx = single_process_context(dev)
         data, _info = load_trading_data(cfg, log=lambda _m: None)
         market = DeviceMarket(data.close, data.features, ctx.device)
         agents = AgentSet(cfg, data.n_stocks, ctx.device)

@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import torch
 
-from trainers.runtime.device import host_buffer, is_cuda, synchronize
+from trainers.runtime import device as device_mod
+from trainers.runtime.device import host_buffer, pinnable
 
 
 class HostSnapshot:
@@ -30,7 +31,7 @@ class HostSnapshot:
 
     def take(self, obj: Any) -> Any:
         out = self._copy(obj, "")
-        synchronize()  # the non-blocking device-to-host copies are done before the thread reads
+        device_mod.synchronize()  # the non-blocking device-to-host copies are done before the thread reads
         return out
 
     def _copy(self, obj: Any, path: str) -> Any:
@@ -44,13 +45,13 @@ class HostSnapshot:
 
     def _tensor(self, t: torch.Tensor, path: str) -> torch.Tensor:
         t = t.detach()
-        if not (self.reuse or is_cuda(t.device)):
+        if not (self.reuse or pinnable(t.device)):
             return t.clone()  # training goes on mutating the original in place
         buf = self._buffers.get(path)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = host_buffer(t)
             self._buffers[path] = buf
-        buf.copy_(t, non_blocking=is_cuda(t.device))
+        buf.copy_(t, non_blocking=pinnable(t.device))
         return buf
 
 

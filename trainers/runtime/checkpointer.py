@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trainers.errors import RunFailed
+from trainers.runtime import device as device_mod
 from trainers.runtime import rng
 from trainers.runtime.async_save import BackgroundWrite, HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
@@ -139,6 +140,7 @@ class Checkpointer:
         """Collective (every rank at the same step): `shared` from rank 0, this rank's data
         `position` and RNG streams in its own file. Returns the seconds the loop stood still. A write
         that fails on any rank raises WriteFailed on every rank (disk full or not)."""
+        device_mod.synchronize(self.ctx.device)  # the steps' queued kernels are theirs, not the save's stall
         t0 = time.perf_counter()
         rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
         self.settle()  # one write in flight at most

@@ -11,6 +11,8 @@ checkpoints written behind the loop, adaptive stop agreement, fused AdamW, reuse
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
 import resource
 
@@ -28,6 +30,18 @@ def gpu_like(device: torch.device, rehearse: bool = False) -> bool:
 
 def cuda_available() -> bool:
     return torch.cuda.is_available()
+
+
+def accelerator_available() -> bool:
+    """Whether `--device auto` gets an accelerator. Every choice of a run's device asks here and in
+    `accelerator`, never torch.cuda: the tests' fake accelerator (CUDA's placement rules on a CPU)
+    answers both, so a CPU test runs the very path a GPU run takes."""
+    return torch.cuda.is_available()
+
+
+def accelerator(index: int = 0) -> torch.device:
+    """The accelerator a worker with this local index uses (modulo the visible GPUs)."""
+    return torch.device("cuda", index % torch.cuda.device_count())
 
 
 def device_count() -> int:
@@ -80,10 +94,46 @@ def set_rng_state(state: torch.Tensor | None, device: torch.device) -> None:
         torch.cuda.set_rng_state(state, device)
 
 
+def pinnable(device: torch.device) -> bool:
+    """Whether copies between the host and `device` go through pinned host memory: a device with memory
+    of its own (CUDA), where a copy from pageable memory makes the host wait for the device's queue."""
+    return is_cuda(device)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor's copy on `device` without making the host wait: through pinned memory and
+    non-blocking where the device has memory of its own; `.to()` elsewhere (on a CPU: the tensor itself)."""
+    if pinnable(device):
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def host_buffer(like: torch.Tensor) -> torch.Tensor:
-    """A host tensor to copy `like` into: pinned for a CUDA tensor (the copy then runs at PCIe speed
+    """A host tensor to copy `like` into: pinned for a device tensor (the copy then runs at PCIe speed
     and may be non-blocking), plain otherwise."""
-    return torch.empty(like.shape, dtype=like.dtype, pin_memory=is_cuda(like.device))
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=pinnable(like.device))
+
+
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool):
+    """Deterministic kernels inside (`--deterministic`; nothing changes when not `enabled`): atomic adds
+    (index_add, scatter), cuBLAS's reductions and cuDNN's algorithm choice are what make two CUDA runs of
+    the same steps differ in the last bits. `warn_only`: an op with no deterministic kernel warns in the log
+    instead of ending a run someone pays for. Enter it before the first kernel: cuBLAS reads its workspace
+    setting when it starts."""
+    if not enabled:
+        yield
+        return
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=True)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
 
 
 def tf32(device: torch.device) -> bool:

@@ -52,8 +52,8 @@ def pick_device(local_rank: int, requested: str = "auto") -> torch.device:
         from trainers.errors import UsageError
 
         raise UsageError(f"--device {requested!r} is not one of: auto, cpu, cuda")
-    if device_mod.cuda_available():
-        return torch.device("cuda", local_rank % device_mod.device_count())
+    if device_mod.accelerator_available():
+        return device_mod.accelerator(local_rank)
     if requested == "cuda":
         from trainers.errors import UsageError
 
@@ -163,19 +163,24 @@ def barrier(ctx: DistContext) -> None:
             dist.barrier()
 
 
-def all_reduce_max(ctx: DistContext, values: list[float]) -> list[float]:
-    """Element-wise max over ranks; one small collective."""
-    if not ctx.distributed:
+def all_reduce_max(ctx: DistContext, values: list[float], on_device: torch.Tensor | None = None) -> list[float]:
+    """Element-wise max over ranks; one small collective. `on_device`: a 0-dim tensor on this rank's
+    device that rides as one more element (its max over ranks comes last), so a flag the device holds
+    costs no host wait of its own: the one read of the result is the only one."""
+    if not ctx.distributed and on_device is None:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = device_mod.to_device(torch.tensor(values, dtype=torch.float64), ctx.device)
+    if on_device is not None:
+        t = torch.cat([t, on_device.detach().to(torch.float64).reshape(1)])
+    if ctx.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
 
 def all_reduce_sum(ctx: DistContext, values: list[float]) -> list[float]:
     if not ctx.distributed:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    t = device_mod.to_device(torch.tensor(values, dtype=torch.float64), ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
 

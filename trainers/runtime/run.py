@@ -29,8 +29,8 @@ from typing import Callable
 
 from trainers.errors import RunEnded
 from trainers.runtime import config as cfgmod
+from trainers.runtime import device as device_mod
 from trainers.runtime.checkpointer import Checkpointer, Start, Stateful, WriteFailed
-from trainers.runtime.device import gpu_like
 from trainers.runtime.dist import DistContext, barrier
 from trainers.runtime.faults import maybe_inject
 from trainers.runtime.info import run_facts
@@ -65,7 +65,8 @@ class Run:
         self._exit.callback(lambda: lock is not None and lock.release())
         self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx, self.data_fingerprint, self.cfg.restart)
         self._exit.callback(self.metrics.close)
-        gpu = gpu_like(self.ctx.device, self.cfg.gpu_defaults)  # what a GPU deploy turns on, or its rehearsal
+        gpu = device_mod.gpu_like(self.ctx.device, self.cfg.gpu_defaults)  # a GPU deploy's defaults, or rehearsed
+        self._exit.enter_context(device_mod.deterministic_kernels(self.cfg.deterministic))  # before any step
         self.ckpt = Checkpointer.for_run(self.run_dir, self.ctx, self.cfg, self.log, gpu)
         self.heartbeat = Heartbeat(self.run_dir, self.ctx, self.trainer, self.total_steps)
         self.val, self.finite = ValidationRecord(self.cfg.patience, self.cfg.min_delta), FiniteWatch()
@@ -179,12 +180,12 @@ class Run:
         last = self.total_steps is not None and step >= self.total_steps
         if not self.cadence.due(force or last):
             return StopReason.NONE, False
-        if self.finite.diverged():
+        if self.finite.host_diverged():
             self.stopper.request(StopReason.DIVERGED)
         writing, failure = self.ckpt.write_status()
         reason, (time_save, every, any_writing, failure) = self.stopper.agree(
             float(self.ckpt.due_by_time()), float(self.cadence.proposal(self.clock.seconds_per_step())),
-            writing, failure)
+            writing, failure, diverged=self.finite.device_flag())
         self.cadence.agreed(every)
         self.ckpt.agreed(any_writing > 0, failure)
         self._update_reserve()
@@ -227,7 +228,7 @@ class Run:
         summary, elapsed, throughput = dict(summary), self.stopper.elapsed_s(), self.throughput()
         training = {"stop_reason": self.reason.name.lower(), "signal": self.signal_name, "steps": self.step,
                     "total_steps": self.total_steps, **self.val.summary(self.metric_name), "throughput": throughput,
-                    "mfu": self.clock.mfu(throughput["per_s_steady"]),
+                    "mfu": self.clock.mfu(throughput["per_s_steady"]), "deterministic": self.cfg.deterministic,
                     "wall_time_s_this_attempt": time.time() - self.clock.started_at,
                     **run_facts(self.ctx, elapsed, self.cfg.budget(self.ctx.world_size).cost_usd(elapsed)),
                     **summary.pop("training", {})}

@@ -17,6 +17,7 @@ import math
 import torch
 
 from trainers.errors import UsageError
+from trainers.runtime.device import to_device
 
 
 def _split_sizes(length: int, parts: int) -> list[int]:
@@ -75,9 +76,9 @@ class EpochCursor:
 
     def _new_plan(self) -> None:
         self.plan = EpochPlan(*self._args, self.epoch)
-        # This rank's whole share of the epoch goes to the device once: a step's batch is then a slice
-        # there, with no host-to-device copy per step.
-        self._share = self.plan._share.to(self.device)
+        # This rank's whole share of the epoch goes to the device once, without a wait: a step's batch is
+        # then a slice there, with no host-to-device copy per step.
+        self._share = to_device(self.plan._share, self.device)
 
     def batch(self) -> tuple[torch.Tensor, int]:
         """This rank's sample positions for the current step (on the cursor's device), and how many

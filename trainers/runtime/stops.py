@@ -90,16 +90,23 @@ class StopAgreement:
             signal.signal(sig, handler)
         self._previous_handlers.clear()
 
-    def agree(self, *values: float) -> tuple[StopReason, list[float]]:
+    def agree(self, *values: float, diverged: torch.Tensor | None = None) -> tuple[StopReason, list[float]]:
         """Collective: the strongest stop reason any rank has (NONE to go on), and the max over ranks
         of each extra value (e.g. "my clock says checkpoint now", "my write is still running"): one
-        collective decides everything every rank must do together.
+        collective decides everything every rank must do together. `diverged`: a flag on the device
+        (FiniteWatch), non-zero when this rank saw a non-finite value: it rides on the same collective,
+        so reading it costs no host wait of its own, and any rank's makes every rank stop DIVERGED.
 
         The budget reserves `reserve_s`: the time the final checkpoint and evaluation will take
         (measured by the run), so the whole run, results included, ends inside the budget."""
         local = max(self._local, self.budget.exceeded(self.elapsed_s(), self.reserve_s))
-        agreed = all_reduce_max(self.ctx, [float(local), *(float(v) for v in values)])
-        return StopReason(int(agreed[0])), agreed[1:]
+        agreed = all_reduce_max(self.ctx, [float(local), *(float(v) for v in values)], on_device=diverged)
+        reason = StopReason(int(agreed[0]))
+        if diverged is not None:
+            if agreed[-1] > 0:
+                reason = max(reason, StopReason.DIVERGED)
+            agreed = agreed[:-1]
+        return reason, agreed[1:]
 
 
 AGREE_TARGET_S = 1.0  # adaptive agreement: about once a second (a signal still stops within seconds)
@@ -184,6 +191,15 @@ class FiniteWatch:
 
     def diverged(self) -> bool:
         return self._host_bad or (self._finite is not None and not bool(self._finite))
+
+    def host_diverged(self) -> bool:
+        """A non-finite number seen on the host (no device read)."""
+        return self._host_bad
+
+    def device_flag(self) -> torch.Tensor | None:
+        """1 where a watched tensor held a non-finite value, 0 else; on the device, unread (None: none
+        watched yet). The agreement carries it: `StopAgreement.agree(diverged=...)`."""
+        return None if self._finite is None else (~self._finite).to(torch.float32)
 
 
 class ValidationRecord:

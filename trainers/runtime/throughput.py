@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from trainers.runtime.device import synchronize
+from trainers.runtime import device as device_mod
 from trainers.runtime.flops import peak_tflops
 from trainers.runtime.info import device_name, peak_memory_bytes
 
@@ -60,18 +60,22 @@ class ThroughputClock:
 
     @contextlib.contextmanager
     def timing(self, phase: str, after=None):
-        """Time spent inside is `phase`'s, not step time; `after()` runs when it ends."""
+        """Time spent inside is `phase`'s, not step time; `after()` runs when it ends. Both edges wait for
+        the device: the steps' queued kernels finish before the phase's clock starts (on a GPU they would
+        otherwise be billed to the phase), the phase's own before it stops."""
+        device_mod.synchronize(self.device)
         t0 = time.perf_counter()
         try:
             yield
         finally:
+            device_mod.synchronize(self.device)
             self.exclude(phase, time.perf_counter() - t0)
             if after is not None:
                 after()
 
     def close_window(self) -> dict:
         """End the window at this step: its rate, step time, peak memory and MFU (for the metrics)."""
-        synchronize(self.device)  # the window's kernels are done: honest time
+        device_mod.synchronize(self.device)  # the window's kernels are done: honest time
         now = time.perf_counter()
         seconds = max(now - self._window_start - self._excluded, 1e-9)
         if self.windows_closed == 0:
