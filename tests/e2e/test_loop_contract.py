@@ -135,9 +135,25 @@ def reference(c: Contract, root: Path) -> Path:
     return _references[c.trainer]
 
 
+# What "equal" means, by where the runs ran (README, "exact resume on a GPU"). On a CPU, and on CUDA with
+# --deterministic, a resumed run repeats the uninterrupted one's kernels: equal to rel 1e-5 (bitwise in
+# practice). On CUDA without it, kernels that add in whatever order threads finish (the GNN's index_add,
+# cuDNN's LSTM backward in the LSTM and PPO trainers, SDPA's backward in the forecaster and the GPT, cuBLAS's
+# split reductions) differ in the last bits each run, and the difference grows over the steps after the
+# resume: equal within GPU_NONDETERMINISTIC_REL. Stated, not yet measured: no GPU has run this contract.
+EXACT_REL = 1e-5
+GPU_NONDETERMINISTIC_REL = 2e-2
+
+
+def resume_tolerance(ref: dict) -> float:
+    exact = ref["training"]["device"] != "cuda" or ref["config"]["deterministic"]
+    return EXACT_REL if exact else GPU_NONDETERMINISTIC_REL
+
+
 def assert_equal_to_reference(c: Contract, got: dict, ref: dict) -> None:
+    rel = resume_tolerance(ref)
     for path in c.equal:
-        assert dig(got, path) == pytest.approx(dig(ref, path), rel=1e-5), path
+        assert dig(got, path) == pytest.approx(dig(ref, path), rel=rel), path
 
 
 @pytest.mark.parametrize("name", CONTRACTS)

@@ -42,7 +42,6 @@ def evaluated():
     from trainers.forecast.config import ForecastConfig
     from trainers.forecast.data import load_store
     from trainers.forecast.evaluate import evaluate_splits
-    from trainers.runtime.precision import resolve_precision
     from trainers.runtime.rundir import single_process_context
 
     cfg = ForecastConfig(synthetic_tickers=8, synthetic_days=520, window=10, horizon=5, synthetic_momentum=0.3,
@@ -52,15 +51,13 @@ def evaluated():
     model = build_model(cfg, store)
     with torch.no_grad():  # a model that is not trained, yet forecasts: random weights on its skip
         model.skip.weight.normal_(0, 0.05)
-    precision = resolve_precision("auto", "cpu", None)
-    evaluation, series = evaluate_splits(model, store, single_process_context(), 256, precision, None, 10.0)
+    evaluation, series = evaluate_splits(model, store, single_process_context(), 256, None, 10.0)
     return store, model, evaluation, series
 
 
 def test_the_ensemble_is_the_rank_average_of_model_ridge_and_lightgbm(evaluated):
     from trainers.forecast.baselines import fit_lightgbm, fit_ridge
     from trainers.forecast.evaluate import predict_split
-    from trainers.runtime.precision import resolve_precision
     from trainers.runtime.rundir import single_process_context
 
     store, model, evaluation, series = evaluated
@@ -68,7 +65,7 @@ def test_the_ensemble_is_the_rank_average_of_model_ridge_and_lightgbm(evaluated)
     _, ridge = fit_ridge(store)
     _, lightgbm = fit_lightgbm(store)
     for split in ("val", "test"):
-        ids, pred = predict_split(model, store, split, single_process_context(), 256, resolve_precision("auto", "cpu", None))
+        ids, pred = predict_split(model, store, split, single_process_context(), 256)
         t, n = ids // store.n_tickers, ids % store.n_tickers
         ensemble = rank_average(t, [pred.astype(np.float64), ridge[split], lightgbm[split]])
         expected = per_date_ic(t, ensemble, store.forward_return[t, n], rank=True)
@@ -91,15 +88,43 @@ def test_without_lightgbm_the_ensemble_averages_model_and_ridge(monkeypatch):
     from trainers.forecast.data import load_store
     from trainers.forecast.evaluate import evaluate_splits
     from trainers.forecast.report import markdown
-    from trainers.runtime.precision import resolve_precision
     from trainers.runtime.rundir import single_process_context
 
     monkeypatch.setattr(baselines, "lightgbm_available", lambda: False)
     cfg = ForecastConfig(synthetic_tickers=8, synthetic_days=520, window=10, horizon=5)
     store, _ = load_store(cfg, log=lambda _m: None)
-    evaluation, _ = evaluate_splits(build_model(cfg, store), store, single_process_context(), 256,
-                                    resolve_precision("auto", "cpu", None), None, 10.0)
+    evaluation, _ = evaluate_splits(build_model(cfg, store), store, single_process_context(), 256, None, 10.0)
     assert evaluation["ensemble_members"] == ["model", "ridge"]
     assert "skipped" in evaluation["test"]["baselines"]["lightgbm"] and "ensemble" in evaluation["test"]["baselines"]
     text = markdown({"evaluation": {**evaluation, "checkpoint_step": 1}, "config": {"horizon": 5}}, "none")
     assert "| ensemble |" in text and "within-date ranks of: model, ridge;" in text
+
+
+def test_the_evaluation_scores_in_fp32_where_bf16_would_tie_names_in_rank():
+    """bf16 keeps 8 bits of mantissa: a model trained under bf16 autocast (every GPU deploy) and scored
+    under it too gives many names of a date the same score, and Rank IC and the top-k portfolios then
+    rank ties instead of forecasts. The evaluation scores in fp32 whatever the training precision."""
+    from trainers.forecast.build import build_model
+    from trainers.forecast.config import ForecastConfig
+    from trainers.forecast.data import load_store
+    from trainers.forecast.evaluate import predict_split
+    from trainers.runtime.rundir import single_process_context
+
+    cfg = ForecastConfig(synthetic_tickers=64, synthetic_days=400, window=10, horizon=5, precision="bf16")
+    store, _ = load_store(cfg, log=lambda _m: None)
+    torch.manual_seed(0)
+    model = build_model(cfg, store).eval()
+    ids, pred = predict_split(model, store, "test", single_process_context(), 256)
+    model.eval()  # (predict_split leaves it training)
+    with torch.no_grad():
+        x, _ = store.gather(torch.from_numpy(ids))
+        fp32 = model.predict_return(x).float().numpy()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = model.predict_return(x).float().numpy()
+    dates = ids // store.n_tickers
+
+    def ties(scores: np.ndarray) -> int:
+        return sum(int((dates == d).sum()) - len(np.unique(scores[dates == d])) for d in np.unique(dates))
+
+    np.testing.assert_array_equal(pred, fp32)
+    assert ties(pred) == 0 and ties(bf16) > len(np.unique(dates))  # under bf16: more than one tie a date

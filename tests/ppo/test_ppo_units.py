@@ -190,3 +190,16 @@ def test_a_file_keeps_its_own_dates(tmp_path):
     assert (cfg.start, cfg.end) == ("1977-09-07", "2002-09-07")
     fix_date_range(cfg := PpoConfig(source=f"file:{tmp_path / 'old.csv'}"), {"start": "2001-01-02", "end": "2002-01-02"})
     assert (cfg.start, cfg.end) == ("2001-01-02", "2002-01-02")  # a resume reads the dates it pinned
+
+
+def test_ppo_computes_its_policy_in_fp32_unless_asked_otherwise():
+    """bf16 rounds the heads' outputs differently in the rollout's batch and the update's minibatch: the
+    probability ratio would be noisy from its first step. auto is fp32 everywhere, rehearsed GPU or not."""
+    import torch
+
+    from trainers.ppo.train import policy_precision
+
+    cpu = torch.device("cpu")
+    assert policy_precision(cpu, "auto", rehearse=True).autocast_dtype is None
+    assert policy_precision(cpu, "auto").name == "fp32"
+    assert policy_precision(cpu, "bf16").autocast_dtype == torch.bfloat16  # asked for: still honoured

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -94,3 +96,34 @@ def test_compile_flag_wraps_the_model():
     model = torch.nn.Linear(2, 2)
     assert maybe_compile(model, False) is model
     assert isinstance(maybe_compile(model, True), torch._dynamo.eval_frame.OptimizedModule)
+
+
+def test_deterministic_kernels_are_on_inside_and_put_back_after(monkeypatch):
+    """`--deterministic`: what makes two CUDA runs of the same steps equal to the bit (atomic adds, cuBLAS's
+    reductions, cuDNN's algorithm choice), on for the run and put back after it (tests share a process)."""
+    import torch
+
+    from trainers.runtime.device import deterministic_kernels
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)
+    with deterministic_kernels(False):
+        assert torch.are_deterministic_algorithms_enabled() == before[0]
+    with deterministic_kernels(True):
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark) == before
+
+
+def test_gpu_defaults_and_deterministic_may_change_on_a_resume():
+    """Neither changes what a checkpoint holds (fp32 weights, AdamW's moments): a run started with them
+    and resumed without (or the reverse) is not refused. --gpu-defaults was (issue 34)."""
+    from trainers.forecast.config import ForecastConfig
+    from trainers.runtime.config import incompatible_fields, to_dict
+
+    saved = to_dict(ForecastConfig(gpu_defaults=True, deterministic=True))
+    assert incompatible_fields(saved, ForecastConfig()) == []
+    assert incompatible_fields(saved, ForecastConfig(window=30)) != []  # a field that does change the run

@@ -39,7 +39,6 @@ from trainers.runtime.dist import (
     distributed,
 )
 from trainers.runtime.logs import get_logger
-from trainers.runtime.precision import autocast, precision_for
 from trainers.runtime.results import merge_results
 from trainers.runtime.rundir import exclusive, load_checkpoint_states
 
@@ -106,16 +105,17 @@ def _difference(a: dict, b: dict) -> float | None:
 
 
 @torch.no_grad()
-def predict_split(model, store: WindowStore, split: str, ctx: DistContext, batch_size: int,
-                  precision) -> tuple[np.ndarray, np.ndarray] | None:
-    """Predictions in label units for every sample of `split`, sharded over ranks, gathered on rank 0."""
+def predict_split(model, store: WindowStore, split: str, ctx: DistContext,
+                  batch_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Predictions in label units for every sample of `split`, sharded over ranks, gathered on rank 0.
+    In fp32 whatever the training precision: bf16 keeps 8 bits of mantissa, and scores that round to the
+    same value tie in rank (Rank IC, the top-k portfolios)."""
     model.eval()
     ids = store.sample_ids[split][ctx.rank::ctx.world_size]
     preds = []
     for start in range(0, len(ids), batch_size):
         x, _ = store.gather(ids[start:start + batch_size])
-        with autocast(ctx.device, precision):
-            preds.append(model.predict_return(x).float())
+        preds.append(model.predict_return(x).float())
     local = (ids.cpu().numpy(), torch.cat(preds).cpu().numpy() if preds else np.zeros(0, np.float32))
     parts = all_gather_object(ctx, local)
     model.train()
@@ -127,11 +127,11 @@ def predict_split(model, store: WindowStore, split: str, ctx: DistContext, batch
     return all_ids[order], all_pred[order]
 
 
-def evaluate_splits(model, store: WindowStore, ctx: DistContext, batch_size: int, precision, top_k: int | None,
+def evaluate_splits(model, store: WindowStore, ctx: DistContext, batch_size: int, top_k: int | None,
                     cost_bps: float, splits=("val", "test"), log=None) -> tuple[dict, dict] | None:
     """Collective; (evaluation, per-date series for the report) on rank 0, None elsewhere. The
     baselines are fitted on rank 0 while the other ranks wait."""
-    got = {split: predict_split(model, store, split, ctx, batch_size, precision) for split in splits}
+    got = {split: predict_split(model, store, split, ctx, batch_size) for split in splits}
     if not ctx.is_main:
         return None
     ridge_info, ridge = fit_ridge(store, splits)
@@ -163,15 +163,15 @@ def evaluate_splits(model, store: WindowStore, ctx: DistContext, batch_size: int
 
 
 @torch.no_grad()
-def validation_loss(model, store: WindowStore, ctx: DistContext, batch_size: int, precision) -> float:
-    """Mean squared error in standardised units over the whole validation split (all ranks agree)."""
+def validation_loss(model, store: WindowStore, ctx: DistContext, batch_size: int) -> float:
+    """Mean squared error in standardised units over the whole validation split (all ranks agree), in
+    fp32 like every evaluation (the metric that picks the best checkpoint)."""
     model.eval()
     ids = store.sample_ids["val"][ctx.rank::ctx.world_size]
     sse = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for start in range(0, len(ids), batch_size):
         x, y = store.gather(ids[start:start + batch_size])
-        with autocast(ctx.device, precision):
-            pred = model(x).float()
+        pred = model(x).float()
         sse += ((pred - (y - store.target_mean) / store.target_std) ** 2).sum()
     total_sse, count = all_reduce_sum(ctx, [float(sse), float(len(ids))])
     model.train()
@@ -224,10 +224,9 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto", t
         step, states = load_checkpoint_states(Path(run_dir), checkpoint, str(ctx.device))
         store, _ = load_store(cfg, log=print if ctx.is_main else (lambda _msg: None))
         store.to(ctx.device)
-        precision = precision_for(ctx.device, cfg.precision if ctx.device.type == "cuda" else "auto")
         model = build_model(cfg).to(ctx.device)
         model.load_state_dict(states["model"])
-        got = evaluate_splits(model, store, ctx, cfg.eval_batch_size, precision, top_k, cost_bps, log=log)
+        got = evaluate_splits(model, store, ctx, cfg.eval_batch_size, top_k, cost_bps, log=log)
         evaluation = None
         if ctx.is_main:
             evaluation, series = got

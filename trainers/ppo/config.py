@@ -98,7 +98,8 @@ class PpoConfig(RunOptions):
                              resume_safe=True, min=1)
     random_runs: int = option(10, "random-policy runs the baseline row averages (stepped together as environments)",
                               resume_safe=True, min=1, max=MAX_ENVS)
-    precision: str = option("auto", "auto: bf16 autocast on Ampere+, fp16 + grad scaler on older GPUs, fp32 on CPU",
+    precision: str = option("auto", "auto: fp32 on every device (the policy and value networks are small: bf16 buys "
+                            "no speed and makes PPO's probability ratio noisy); bf16 or fp16 autocast when asked",
                             choices=PRECISIONS)
     patience: int = option(0, "unused by PPO (agents are chosen on validation, not stopped early)", resume_safe=True,
                            min=0)

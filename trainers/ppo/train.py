@@ -31,7 +31,7 @@ from trainers.ppo.features import FEATURES
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
-from trainers.runtime.precision import enable_tf32, make_grad_scaler, precision_for
+from trainers.runtime.precision import Precision, enable_tf32, make_grad_scaler, precision_for
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
 
@@ -97,6 +97,13 @@ def updates_per_agent(cfg: PpoConfig, run_dir: Path, per_update: int) -> tuple[i
     return math.ceil(cfg.steps_per_agent() / per_update), None
 
 
+def policy_precision(device: torch.device, requested: str, rehearse: bool = False) -> Precision:
+    """`auto` is fp32 for PPO on every device (a GPU deploy and its rehearsal too): rounded to bf16, the
+    heads' outputs differ between the rollout's batch and the update's minibatch, so the probability ratio
+    exp(new - old) is noisy from the first step, and networks this small gain no speed from bf16."""
+    return precision_for(device, "fp32" if requested == "auto" else requested, rehearse)
+
+
 def train(cfg: PpoConfig) -> dict | None:
     started_at = time.time()
     cfg.validate()
@@ -114,7 +121,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     train_range = data.splits["train"]
     market = DeviceMarket(data.close, data.features, ctx.device)
     VecPortfolioEnv(market, spec, 1, train_range, seed=0)  # rejects an episode longer than the training period
-    precision = precision_for(ctx.device, cfg.precision, cfg.gpu_defaults)
+    precision = policy_precision(ctx.device, cfg.precision, cfg.gpu_defaults)
     tf32 = enable_tf32(ctx.device)
     s = settings(cfg)
     per_update = cfg.num_envs * cfg.rollout_steps * ctx.world_size

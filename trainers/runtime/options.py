@@ -45,7 +45,14 @@ class RunOptions:
     gpu_defaults: bool = option(False, "rehearse on the CPU what a CUDA deploy turns on by default: torch.compile "
                                 "(inductor), bf16 autocast, fused AdamW, checkpoints written behind the loop, "
                                 "adaptive stop agreement (slow on a CPU: for trying a run's configuration before "
-                                "renting a GPU; no effect on CUDA, where these are the defaults already)")
+                                "renting a GPU; no effect on CUDA, where these are the defaults already). A resume "
+                                "may turn it on or off: it changes how later steps compute (precision, compile), not "
+                                "what the checkpoints hold", resume_safe=True)
+    deterministic: bool = option(False, "deterministic kernels on CUDA (torch.use_deterministic_algorithms, cuDNN's "
+                                 "deterministic mode, CUBLAS_WORKSPACE_CONFIG=:4096:8): a resume then repeats the "
+                                 "uninterrupted run bit for bit on the same GPU and software, at some cost in speed; "
+                                 "an op without a deterministic kernel says so in the log. A CPU run is bitwise "
+                                 "repeatable without it", resume_safe=True)
     restart: bool = option(False, "start this run folder over from step 0: its checkpoints are moved aside (kept), "
                            "not resumed", resume_safe=True)
 
