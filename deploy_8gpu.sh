@@ -54,7 +54,7 @@ start_log
 install_signal_traps
 start_state
 
-echo "deploy_8gpu.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) ($(uname -sm)); repo $REPO @ $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo "${TRAINERS_GIT_COMMIT:-unknown}")"
+echo "deploy_8gpu.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) ($(uname -sm)); repo $REPO @ $(kit_commit)"
 echo "trainer=$TRAINER out=$OUT demo=$DEMO gpus=$GPUS nnodes=$NNODES node_rank=$NODE_RANK dry_run=$DRY_RUN"
 trainer_train_args
 echo "training options: ${TRAIN_ARGS[*]} ${EXTRA[*]}"

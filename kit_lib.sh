@@ -273,6 +273,15 @@ phase() {  # phase NAME FUNCTION: timed, logged
 
 on_node0() { [[ "$NODE_RANK" -eq 0 ]]; }
 
+kit_commit() {  # the kit's commit only when $REPO is the top of its own git work tree: a copy without .git
+  local top            # inside another repository (the first GPU run's) would name that repository's commit
+  if top="$(git -C "$REPO" rev-parse --show-toplevel 2>/dev/null)" && [[ "$(cd "$top" && pwd -P)" == "$(cd "$REPO" && pwd -P)" ]]; then
+    git -C "$REPO" rev-parse --short HEAD
+  else
+    echo "${TRAINERS_GIT_COMMIT:-unknown}"
+  fi
+}
+
 gpu_count() {
   if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true

@@ -36,6 +36,7 @@ from trainers.forecast.model import Forecaster, count_parameters  # noqa: E402
 from trainers.market.windows import FEATURES  # noqa: E402
 from trainers.runtime.async_save import BackgroundWrite, HostSnapshot  # noqa: E402
 from trainers.runtime.checkpoint import CheckpointManager  # noqa: E402
+from trainers.runtime.dist import pick_device  # noqa: E402
 from trainers.runtime.info import device_name  # noqa: E402
 from trainers.runtime.rundir import single_process_context  # noqa: E402
 
@@ -119,8 +120,7 @@ def main() -> int:
     p.add_argument("--dir", default=None, help="where the checkpoints go (default: a temporary folder)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = pick_device(0, args.device)  # auto: the kit's own choice (and the tests' fake accelerator's)
     with tempfile.TemporaryDirectory(dir=args.dir or Path(__file__).resolve().parents[1]) as tmp:
         rows = [one_preset(name, device, Path(tmp), args.saves) for name in args.presets.split(",")]
     for r in rows:

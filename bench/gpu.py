@@ -55,7 +55,7 @@ FINAL = ("ok", "skipped", "failed", "timed out")  # --resume runs the others aga
 class Setup:
     dry: bool
     nproc: int  # processes of the multi-process steps: the visible GPUs (2 gloo processes in the dry run)
-    device: str  # cuda, or cpu in the dry run
+    device: str  # cuda; the dry run's --dry-device (cpu, or auto: the tests' fake accelerator where it is on)
     gpu_key: str | None  # the plan's table key for this GPU (h100-sxm in the dry run: the machine it will meet)
     out: Path  # where the JSON, the logs and the summary go
     work: Path  # run folders and datasets (deleted at the end)
@@ -101,7 +101,7 @@ FORECAST_PRESETS_GPU = ("151m", "base", "small")  # largest first: a step cut sh
 
 def build_steps(s: Setup) -> list[Step]:
     out = lambda name: str(s.out / name)  # noqa: E731
-    cpu = ["--device", "cpu"] if s.dry else []
+    cpu = ["--device", s.device] if s.dry else []
     n = s.nproc
     steps: list[Step] = [
         Step("plan", "the plan's predictions for every comparable figure (before measuring)",
@@ -122,7 +122,7 @@ def build_steps(s: Setup) -> list[Step]:
     # trainers' own steps in tests/unit/test_gpu_paths.py): it checks the script and the wiring.
     presets = ("tiny",) if s.dry else FORECAST_PRESETS_GPU
     train_args = (["--presets", "tiny", "--steps", "2", "--warmup", "1", "--batch", "16", "--tickers", "6",
-                   "--days", "700", "--workers", "0", *cpu] if s.dry else
+                   "--days", "700", "--workers", "0", "--gpu-defaults", *cpu] if s.dry else
                   ["--presets", ",".join(presets), "--steps", "50", "--warmup", "10", "--workers", "8"])
     batch = "16" if s.dry else "256"
     train_plans = {f"forecast {p}": (["--trainer", "forecast", "--preset", p, "--window", "120", "--batch-size", batch],
@@ -158,7 +158,7 @@ def build_steps(s: Setup) -> list[Step]:
             ["--trainer", "gpt", "--depth", depth, "--head-dim", head, "--seq-len", seq, "--device-batch-size", dbs,
              "--batch-tokens", str(n * int(dbs) * int(seq)), "--parallel", parallel], n)
     steps.append(Step("gpt_throughput", f"GPT tokens/s and MFU over {n} process(es): {gpt_runs}",
-                      [_script(s, "gpt_throughput.py", "--device", "cpu" if s.dry else "auto", "--nproc", str(n),
+                      [_script(s, "gpt_throughput.py", "--device", s.device if s.dry else "auto", "--nproc", str(n),
                                "--runs", gpt_runs, *gpt_shape, "--out", out("gpt_throughput_gpu.json"))],
                       "gpt_throughput_gpu.json", 180 if s.dry else 570, 240, plans=gpt_plans))
 
@@ -186,7 +186,7 @@ def trainer_runs(s: Setup) -> list[Step]:
     rehearses it with --gpu-defaults on the CPU, compile off (see train_compiled). Each run's options
     are its shape (what `trainers plan` is given too) and its loop (how long, how often it logs)."""
     w, n, dry = s.work, s.nproc, s.dry
-    rehearse = ["--device", "cpu", "--gpu-defaults"] if dry else []
+    rehearse = ["--device", s.device, "--gpu-defaults"] if dry else []
 
     # the forecaster at the kit bench's shape (window 120, batch 256): its rate compares with train_compiled's kit
     f_shape = (["--synthetic-tickers", "16", "--synthetic-days", "800", "--window", "32", "--horizon", "5",
@@ -536,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true",
                    help="every step at tiny sizes on the CPU (2 gloo processes where a step is multi-process), into "
                         "a temporary folder (never bench/results): checks the scripts and the wiring")
+    p.add_argument("--dry-device", default="cpu", choices=("cpu", "auto"),
+                   help="the dry run's --device for every step: cpu (default; even on a GPU machine) or auto (CI "
+                        "runs the dry run on its fake accelerator so: CUDA's placement rules on the CPU)")
     p.add_argument("--out-dir", default=None, help="where the JSON, logs and summary go (default: bench/results; "
                                                    "the dry run: a new temporary folder)")
     p.add_argument("--only", default=None, help="comma-separated steps to run (the others keep their record)")
@@ -562,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = probe(sys.executable)
     smi = nvidia_smi_gpus()
     if args.dry_run:
-        nproc, device, gpu_name, memory = args.nproc or 2, "cpu", "NVIDIA H100 80GB HBM3", 80.0
+        nproc, device, gpu_name, memory = args.nproc or 2, args.dry_device, "NVIDIA H100 80GB HBM3", 80.0
     else:
         if facts["count"] == 0:
             seen = f"nvidia-smi sees {len(smi)} ({'; '.join(smi)}) but " if smi else ""

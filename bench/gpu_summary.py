@@ -70,8 +70,12 @@ class Page:
     def __init__(self, folder: Path, cpu_folder: Path = RESULTS):
         self.dir = folder
         self.cpu_dir = cpu_folder
-        self.record = read(folder / "gpu_steps.json") or {}
-        self.steps = self.record.get("steps", {})
+        # gpu_steps.json; a run made in several calls kept one record per call (gpu_steps_call1.json, ...)
+        records = [r for r in (read(p) for p in sorted(folder.glob("gpu_steps*.json"))) if r]
+        self.record = dict(records[0]) if records else {}
+        self.steps = {name: entry for r in records for name, entry in r.get("steps", {}).items()}
+        order = [name for r in records for name in r.get("order", [])]
+        self.record["order"] = [name for i, name in enumerate(order) if name not in order[:i]]
         self.plans = (read(folder / "gpu_plan.json") or {}).get("predictions", {})
         self.dry = bool(self.record.get("dry_run"))
 

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record import write_record  # noqa: E402
 
+from trainers.runtime.dist import pick_device  # noqa: E402
 from trainers.runtime.flops import peak_tflops  # noqa: E402
 from trainers.runtime.info import device_name  # noqa: E402
 
@@ -58,7 +59,7 @@ def main() -> int:
                    help="auto: the GPU when there is one (cpu: the dry run of make bench-gpu, even on a GPU machine)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
-    device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(0, args.device)  # auto: the kit's own choice (and the tests' fake accelerator's)
     n, dtype = args.size, DTYPES[args.dtype]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

@@ -31,6 +31,7 @@ from trainers.forecast.train import forward_backward, optimizer_step  # noqa: E4
 from trainers.market.panel import to_panel  # noqa: E402
 from trainers.market.synthetic import synthetic_market  # noqa: E402
 from trainers.market.windows import FEATURES  # noqa: E402
+from trainers.runtime.dist import pick_device  # noqa: E402
 from trainers.runtime.info import device_name  # noqa: E402
 from trainers.runtime.precision import (  # noqa: E402
     autocast,
@@ -74,7 +75,7 @@ def main() -> int:
                    help="auto: the GPU when there is one (cpu: the dry run of make bench-gpu, even on a GPU machine)")
     p.add_argument("--out", default=None, help="also write the top operators and times as JSON here")
     args = p.parse_args()
-    device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(0, args.device)  # auto: the kit's own choice (and the tests' fake accelerator's)
     precision = precision_for(device)
     store = build_store(to_panel(synthetic_market(20, 1500, seed=0)), 120, 20).to(device)
     ids = store.sample_ids["train"][: args.batch]

@@ -8,11 +8,13 @@ compiled vs compiled) for:
 
     kit        the kit's own step: TrainStep (model + loss, one module) via forward_backward and
                optimizer_step, windows gathered on the device by index, fused AdamW on CUDA
+               (and with --gpu-defaults on a CPU)
     plain      a well-written plain PyTorch loop: a DataLoader (workers, pinned memory) over the
                same in-memory arrays, fused AdamW on CUDA, the same autocast
     lightning  PyTorch Lightning (the framework seed 000 used): bf16-mixed on a GPU, 32-true on
-               the CPU, the same module and DataLoader (skipped when lightning is not installed:
-               it is a benchmark-only dependency, `pip install lightning`)
+               the CPU, the same module and DataLoader, AdamW not fused (Lightning refuses gradient
+               clipping with a fused optimizer: on the H200 every preset failed so), skipped when
+               lightning is not installed (a benchmark dependency: `pip install lightning`)
     naive      the seed-000 pipeline as it was written (historical reference, not like for like:
                nn.TransformerEncoder with attention-probability dropout, AdamW defaults)
 
@@ -44,6 +46,7 @@ from trainers.forecast.train import forward_backward, optimizer_step  # noqa: E4
 from trainers.market.panel import to_panel  # noqa: E402
 from trainers.market.synthetic import synthetic_market  # noqa: E402
 from trainers.market.windows import FEATURES  # noqa: E402
+from trainers.runtime.dist import pick_device  # noqa: E402
 from trainers.runtime.flops import mfu, peak_tflops  # noqa: E402
 from trainers.runtime.info import device_name  # noqa: E402
 from trainers.runtime.precision import (  # noqa: E402
@@ -53,6 +56,7 @@ from trainers.runtime.precision import (  # noqa: E402
     make_grad_scaler,
     maybe_compile,
     precision_for,
+    use_fused_adamw,
 )
 
 LR, WEIGHT_DECAY, BETAS = 3e-4, 0.1, (0.9, 0.95)
@@ -102,11 +106,11 @@ def endless(loader):
         yield from loader
 
 
-def bench_kit(store, preset, batch, device, precision, compile_, steps, warmup, **_) -> dict:
+def bench_kit(store, preset, batch, device, precision, compile_, steps, warmup, gpu_defaults, **_) -> dict:
     started = time.perf_counter()
     model = forecaster(preset, store.window, device)
     train_step = maybe_compile(TrainStep(model), compile_)
-    optimizer = build_adamw(model, LR, WEIGHT_DECAY, BETAS, device)
+    optimizer = build_adamw(model, LR, WEIGHT_DECAY, BETAS, device, gpu_defaults)
     scaler = make_grad_scaler(device, precision)
     ids = store.sample_ids["train"]
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -120,14 +124,16 @@ def bench_kit(store, preset, batch, device, precision, compile_, steps, warmup, 
 
     result = _timed(step, steps, warmup, device, batch, started)
     result["parameters"] = count_parameters(model)
+    result["fused_adamw"] = use_fused_adamw(device, gpu_defaults)
     return result
 
 
-def bench_plain(store, preset, batch, device, precision, compile_, steps, warmup, workers, **_) -> dict:
+def bench_plain(store, preset, batch, device, precision, compile_, steps, warmup, workers, gpu_defaults,
+                **_) -> dict:
     started = time.perf_counter()
     model = forecaster(preset, store.window, device)
     train_model = maybe_compile(model, compile_)
-    optimizer = build_adamw(model, LR, WEIGHT_DECAY, BETAS, device)
+    optimizer = build_adamw(model, LR, WEIGHT_DECAY, BETAS, device, gpu_defaults)
     scaler = make_grad_scaler(device, precision)
     batches = endless(loader_over_store(store, batch, workers, device))
 
@@ -152,7 +158,6 @@ def bench_lightning(store, preset, batch, device, precision, compile_, steps, wa
         return {"skipped": "lightning is not installed (a benchmark-only dependency: pip install lightning)"}
     started = time.perf_counter()
     model = forecaster(preset, store.window, torch.device("cpu"))
-    fused = device.type == "cuda"
 
     class Module(L.LightningModule):
         def __init__(self):
@@ -163,11 +168,11 @@ def bench_lightning(store, preset, batch, device, precision, compile_, steps, wa
             x, y = batch_
             return ((self.model(x).float() - y) ** 2).mean()
 
-        def configure_optimizers(self):
-            decay = [p for p in model.parameters() if p.dim() >= 2]
+        def configure_optimizers(self):  # not fused: Lightning refuses gradient clipping with a fused AdamW
+            decay = [p for p in model.parameters() if p.dim() >= 2]  # (every preset failed so on the H200)
             rest = [p for p in model.parameters() if p.dim() < 2]
             return torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                                      {"params": rest, "weight_decay": 0.0}], lr=LR, betas=BETAS, fused=fused)
+                                      {"params": rest, "weight_decay": 0.0}], lr=LR, betas=BETAS, fused=False)
 
     marks: dict = {}
 
@@ -193,7 +198,7 @@ def bench_lightning(store, preset, batch, device, precision, compile_, steps, wa
     return {"samples_per_s": batch * steps / seconds, "step_time_s": seconds / steps, "steps": steps,
             "effective_samples_per_s": batch * (steps + warmup) / wall, "wall_s": wall,
             "peak_memory_bytes": _peak(device), "parameters": count_parameters(model),
-            "precision": lightning_precision, "lightning": L.__version__}
+            "precision": lightning_precision, "lightning": L.__version__, "fused_adamw": False}
 
 
 def bench_naive(store, preset, batch, device, precision, steps, warmup, workers, **_) -> dict:
@@ -238,6 +243,9 @@ def main() -> int:
     p.add_argument("--days", type=int, default=2520)
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto: the GPU when there is one (cpu: the dry run of make bench-gpu, even on a GPU machine)")
+    p.add_argument("--gpu-defaults", action="store_true",
+                   help="on a CPU, what the GPU run uses: bf16 autocast and fused AdamW for the kit and the plain "
+                        "loop (the dry run of make bench-gpu: a peer that refuses the GPU's settings fails there)")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     peers = [name for name in args.peers.split(",") if name]
@@ -245,8 +253,8 @@ def main() -> int:
     if unknown:
         p.error(f"--peers: unknown {unknown}; choose from {', '.join(PEERS)}")
 
-    device = torch.device(args.device if args.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu")
-    precision = precision_for(device)
+    device = pick_device(0, args.device)  # auto: the kit's own choice (and the tests' fake accelerator's)
+    precision = precision_for(device, rehearse=args.gpu_defaults)
     tf32 = enable_tf32(device)
     store = build_store(to_panel(synthetic_market(args.tickers, args.days, seed=0)), 120, 20).to(device)
     name = device_name(device)
@@ -254,7 +262,7 @@ def main() -> int:
     # would lend the forecaster's MFU to every trainer's plan
     record = {"benchmark": "train_throughput", "trainer": "forecast", "device": name, "device_type": device.type,
               "peak_tflops": peak_tflops(name), "precision": precision.name, "tf32": tf32, "compile": args.compile,
-              "threads": torch.get_num_threads(), "complete": False, "results": []}
+              "threads": torch.get_num_threads(), "gpu_defaults": args.gpu_defaults, "complete": False, "results": []}
     results = record["results"]
     for preset in args.presets.split(","):
         shape = PRESETS[preset]
@@ -263,7 +271,7 @@ def main() -> int:
         for peer in peers:
             try:
                 r = PEERS[peer](store, preset, args.batch, device, precision, compile_=args.compile, steps=args.steps,
-                                warmup=args.warmup, workers=args.workers)
+                                warmup=args.warmup, workers=args.workers, gpu_defaults=args.gpu_defaults)
             except Exception as exc:  # noqa: BLE001 - one peer failing (a framework's version, memory) leaves the rest
                 r = {"error": f"{type(exc).__name__}: {exc}"[:500]}
                 print(f"{preset} {peer}: {r['error']}", file=sys.stderr, flush=True)

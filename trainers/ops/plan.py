@@ -93,18 +93,22 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None, paramet
     no row has one."""
     root = root or Path(__file__).resolve().parents[2] / "bench" / "results"
     rows: list[tuple[float, int | None]] = []  # (mfu, parameters of the model it was measured on)
-    for path in sorted(root.glob(f"*{trainer}*gpu*.json")) + sorted(root.glob("train_gpu*.json")):
+    # in any folder below (a GPU run's files are kept together with their README: bench/results/gpu_h200)
+    for path in sorted(root.rglob(f"*{trainer}*gpu*.json")) + sorted(root.rglob("train_gpu*.json")):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if not isinstance(record, dict):  # a file rewritten on a machine we do not control: skip, never stop
+            continue
         name = str(record.get("device", ""))
         if record.get("trainer", trainer) != trainer or device.name.split(" (")[0].upper() not in name.upper():
             continue
-        for row in record.get("results", []):
+        table = record.get("results") or record.get("rows")  # train_throughput's presets; gpt_throughput's runs
+        for row in table if isinstance(table, list) else []:
             if not isinstance(row, dict):
                 continue
-            measured = row.get("kit") or row
+            measured = row.get("kit") if isinstance(row.get("kit"), dict) else row
             value, size = measured.get("mfu"), measured.get("parameters") or row.get("parameters")
             if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
                 rows.append((float(value), int(size) if isinstance(size, (int, float)) and size > 0 else None))

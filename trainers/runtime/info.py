@@ -13,16 +13,25 @@ import torch
 from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_gather_object
 
+KIT_ROOT = Path(__file__).resolve().parents[2]  # the folder holding trainers/, bench/, deploy_8gpu.sh
 
-def git_commit() -> str | None:
-    """The checkout's commit; in our image (no .git) the commit it was built from (TRAINERS_GIT_COMMIT)."""
+
+def git_commit(root: Path = KIT_ROOT) -> str | None:
+    """The kit's commit: only when the kit's own folder is the top of a git work tree. A copy without its
+    .git inside another repository (the first GPU run's tree was one) records none, not that repository's
+    commit. In our image (no .git): the commit it was built from (TRAINERS_GIT_COMMIT)."""
+    fallback = os.environ.get("TRAINERS_GIT_COMMIT") or None
+    if not (root / ".git").exists():
+        return fallback
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
-        return os.environ.get("TRAINERS_GIT_COMMIT") or None
-    commit = out.stdout.strip() if out.returncode == 0 else ""
-    return commit or os.environ.get("TRAINERS_GIT_COMMIT") or None
+        return fallback
+    lines = out.stdout.split("\n")
+    if out.returncode != 0 or len(lines) < 2 or Path(lines[0]).resolve() != root.resolve():
+        return fallback
+    return lines[1].strip() or fallback
 
 
 def versions() -> dict[str, str | None]:
