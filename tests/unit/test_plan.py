@@ -91,6 +91,27 @@ def test_the_measured_mfu_is_the_one_of_the_nearest_size_not_the_best_of_any(tmp
     assert measured_mfu("gpt", h100, tmp_path, parameters=20_000_000) == 0.5
 
 
+def test_a_garbled_gpu_benchmark_file_is_skipped_never_fatal(tmp_path):
+    """GPU JSONs are rewritten by make bench-gpu on machines we do not control (issue 34): a file whose top
+    level is a list, a peer entry that is a string, rows that are not a list: the others still count."""
+    (tmp_path / "train_gpu_a.json").write_text(json.dumps([{"device": "NVIDIA H100 80GB HBM3"}]))
+    (tmp_path / "train_gpu_b.json").write_text(json.dumps(
+        {"device": "NVIDIA H100 80GB HBM3", "results": [{"preset": "151m", "kit": "n/a"}, {"kit": {"mfu": 0.31}}]}))
+    (tmp_path / "forecast_x_gpu.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "results": "n/a"}))
+    (tmp_path / "train_gpu_c.json").write_text("{not json")
+    assert measured_mfu("forecast", DEVICES["h100-sxm"], tmp_path) == 0.31
+    (tmp_path / "train_gpu_b.json").write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "rows": [{"kit": 7}]}))
+    assert measured_mfu("forecast", DEVICES["h100-sxm"], tmp_path) is None
+
+
+def test_the_forecaster_without_an_encoder_is_planned(capsys):
+    """--encoder none (the linear skip alone) has no Transformer blocks: the plan took max() of none."""
+    assert main(["plan", "--trainer", "forecast", "--encoder", "none", "--linear-skip", "--gpus", "1"]) == 0
+    assert "plan: ddp" in capsys.readouterr().out
+    w = load_workload("forecast", ["--encoder", "none", "--linear-skip"])
+    assert w.n_blocks == 0 and w.block_parameters == w.parameters > 0
+
+
 def test_compare_sorts_the_gpus_by_cost_and_puts_those_that_do_not_fit_last():
     w = load_workload("forecast", ["--preset", "151m", "--batch-size", "1024"])
     rows = compare(w, 8, "auto", {"h100-sxm": 2.99, "a100-80gb": 1.79, "t4": 0.35}, None, None, None)

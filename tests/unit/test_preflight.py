@@ -92,6 +92,17 @@ def test_disk_estimate_comes_from_the_trainer_being_deployed():
     assert c.status == FAIL and "bigger volume" in c.fix
 
 
+def test_a_forecaster_without_an_encoder_is_preflighted(fake_gpus, capsys):
+    """`deploy_8gpu.sh --trainer forecast -- --encoder none --linear-skip` could not start: the plan of a
+    model without Transformer blocks raised (issue 34)."""
+    from trainers.cli import main
+
+    fake_gpus(2)
+    rc = main(["preflight", "--trainer", "forecast", "--", "--encoder", "none", "--linear-skip"])
+    out = capsys.readouterr().out
+    assert rc in (0, 1) and "fit" in out and "Traceback" not in out
+
+
 def test_trainer_options_after_the_separator_are_checked(capsys):
     from trainers.cli import main
 

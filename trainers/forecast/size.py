@@ -53,14 +53,15 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
     with torch.device("meta"):
         model = build_model(cfg)
     parameters = sum(p.numel() for p in model.parameters())
-    block = max(sum(p.numel() for p in b.parameters()) for b in model.blocks)
+    blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]  # none with --encoder none: the
+    block = max(blocks, default=parameters)  # linear skip is the whole model, one unit for FSDP2
     n_features = len(feature_names(cfg))  # all of them unless --features says otherwise (no data is read here)
     per_sample = activation_bytes_per_sample(cfg.window, n_features, shape.d_model, shape.n_layers, shape.n_heads,
                                              shape.d_ff, cfg.dropout, compute_bytes, cfg.readout, cfg.linear_skip,
                                              cfg.past_returns, cfg.encoder)
     samples = training_samples(cfg)
     return Workload(
-        trainer="forecast", parameters=parameters, n_blocks=shape.n_layers, block_parameters=block, unit="samples",
+        trainer="forecast", parameters=parameters, n_blocks=len(blocks), block_parameters=block, unit="samples",
         items_per_micro=cfg.batch_size, grad_accum=cfg.grad_accum,
         flops_per_item=model_flops(cfg, n_features),
         activation_bytes=lambda micro, _checkpointing: per_sample * micro, kind="transformer", strategies=("ddp",),
