@@ -176,6 +176,10 @@ set_state() {  # set_state KEY VALUE [KEY VALUE...]
   } > "$file.tmp.$$" && mv -f "$file.tmp.$$" "$file"
 }
 
+state_value() {  # state_value FILE KEY: the value of KEY= in a state file, empty when the line is missing
+  sed -n "s/^$2=//p" "$1" 2>/dev/null | tail -n 1  # (sed succeeds without a match: no `set -e` exit on an
+}                                                  # older kit's or an edited file, as a failed grep was)
+
 start_state() {
   set_state trainer "$TRAINER" pid "$$" host "$(hostname)" started "$(date +%s)" state running phase start \
     detached "$([[ "$MODE" == detached ]] && echo 1 || echo 0)" out "$OUT" run_dir "$RUN_DIR" log "$LOG" \
@@ -499,7 +503,7 @@ detach_job() {  # detach_job ARGS...: relaunch this deploy in a session of its o
   while [[ $waited -lt 100 ]]; do  # up to 10 s for the job to take its lock and say it runs
     if [[ -f "$OUT/deploy-$TRAINER.state" ]] && grep -q "^pid=" "$OUT/deploy-$TRAINER.state" &&
        ! grep -q "^pid=${OLD_STATE_PID:-none}$" "$OUT/deploy-$TRAINER.state"; then
-      state=$(grep '^state=' "$OUT/deploy-$TRAINER.state" | cut -d= -f2); break
+      state=$(state_value "$OUT/deploy-$TRAINER.state" state); break
     fi
     sleep 0.1; waited=$((waited + 1))
   done
@@ -577,15 +581,16 @@ usage_job() {
 stop_job() {
   local state="$OUT/deploy-$TRAINER.state" pid phase run_dir
   [[ -f "$state" ]] || die "no deploy of $TRAINER in $OUT"
-  pid=$(grep '^pid=' "$state" | cut -d= -f2)
-  phase=$(grep '^phase=' "$state" | cut -d= -f2)
-  run_dir=$(grep '^run_dir=' "$state" | cut -d= -f2)
+  pid=$(state_value "$state" pid)
+  phase=$(state_value "$state" phase)
+  run_dir=$(state_value "$state" run_dir)  # missing in an older kit's state file: the deploy itself is stopped
   if ! flock -n "$OUT/.deploy-$TRAINER.lock" true 2>/dev/null; then :; else
     die "the deploy of $TRAINER in $OUT is not running (see \`bash deploy_8gpu.sh status --out $OUT\`)"
   fi
+  [[ "$pid" =~ ^[0-9]+$ ]] || die "$state has no pid= line (an older kit's or an edited file): stop the job by hand (its processes: pgrep -af deploy_8gpu.sh)"
   [[ "$NO_PACKAGE" -eq 0 ]] || : > "$OUT/.deploy-$TRAINER.no-package"
   local target=""
-  if [[ "$phase" == train && -f "$run_dir/.lock" ]]; then
+  if [[ "$phase" == train && -n "$run_dir" && -f "$run_dir/.lock" ]]; then
     target=$(grep -o '"pid": *[0-9]*' "$run_dir/.lock" | grep -o '[0-9]*$' || true)
   fi
   if [[ -n "$target" ]] && kill -0 "$target" 2>/dev/null; then
@@ -598,7 +603,7 @@ stop_job() {
   local waited=0
   while ! flock -n "$OUT/.deploy-$TRAINER.lock" true 2>/dev/null; do
     sleep 1; waited=$((waited + 1))
-    [[ $((waited % 15)) -ne 0 ]] || echo "  ... still finishing (phase $(grep '^phase=' "$state" | cut -d= -f2))"
+    [[ $((waited % 15)) -ne 0 ]] || echo "  ... still finishing (phase $(state_value "$state" phase))"
     [[ $waited -lt 3600 ]] || die "the job did not end within an hour of the stop; see its log"
   done
   rm -f "$OUT/.deploy-$TRAINER.no-package"

@@ -147,3 +147,35 @@ def test_a_failed_job_says_where_it_failed_and_a_busy_folder_refuses_a_detached_
         assert proc.returncode == 2 and "already running" in proc.stderr
     finally:
         holder.kill()
+
+
+def test_stop_takes_an_older_kits_state_file_without_a_run_dir_line(tmp_path):
+    """A state that says running but has no `run_dir=` (an older kit's, or edited): `stop` exited 1 printing
+    nothing (`set -e` on a grep that found no line). It stops the deploy itself; without a `pid=` line
+    either it says so in one line."""
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(120)",
+                               str(out / ".deploy-gpt.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"  # the "deploy" holds the job's lock
+        (out / "deploy-gpt.state").write_text(f"trainer=gpt\npid={holder.pid}\nstate=running\nphase=train\n")
+        env = kit_env(tmp_path)
+        stopped = kit("stop", "--out", str(out), "--trainer", "gpt", "--no-package", env=env, timeout=60)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert f"stopping the deploy (pid {holder.pid}, phase train)" in stopped.stdout
+        assert holder.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        holder.kill()
+        holder.wait()
+    held = subprocess.Popen(["flock", str(out / ".deploy-gpt.lock"), "sleep", "60"])
+    try:
+        time.sleep(0.5)
+        (out / "deploy-gpt.state").write_text("trainer=gpt\nstate=running\nphase=train\n")
+        refused = kit("stop", "--out", str(out), "--trainer", "gpt", env=env, timeout=60)
+        assert refused.returncode == 2 and "has no pid= line" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    finally:
+        held.kill()
+        held.wait()
