@@ -542,7 +542,7 @@ job_command() {  # job_command status|attach|stop ARGS...
   OUT="$(cd "$OUT" && pwd)"
   if [[ -z "$TRAINER" ]]; then
     local states=("$OUT"/deploy-*.state)
-    [[ -e "${states[0]}" ]] || die "no deploy in $OUT (no deploy-<trainer>.state); give the --out a deploy used"
+    [[ -e "${states[0]}" || -L "${states[0]}" ]] || die "no deploy in $OUT (no deploy-<trainer>.state); give the --out a deploy used"
     if [[ "$verb" != status ]]; then
       [[ ${#states[@]} -eq 1 ]] || die "$OUT holds several jobs: add --trainer NAME"
       TRAINER="$(basename "${states[0]}" .state)"; TRAINER="${TRAINER#deploy-}"

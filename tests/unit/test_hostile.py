@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GPT_TINY, TINY_DATA, run_cli
+from conftest import GPT_TINY, ROOT, TINY_DATA, run_cli
 from trainers.cli import main
 
 INT_MAX = 2**31 - 1  # trainers.runtime.config.INT_MAX, written out: these probes also ran against the code before it
@@ -391,6 +391,24 @@ def test_status_prints_what_it_can_from_garbled_files(case, tmp_path, capsys):
         assert data["elapsed_s"] == 30.0 and data["step"] == 7
     if case.startswith("heartbeat"):
         assert data["last_train"].get("conflict_fraction") == 0.25
+
+
+@pytest.mark.parametrize("broken", ["dangling link", "folder"])
+def test_status_shows_every_job_and_names_the_broken_state_file(broken, tmp_path, capsys):
+    """A dangling state link sorted first (deploy-forecast before deploy-gnn) made `status` without
+    --trainer exit 2 on it and hide the healthy job (issue 34). Every job is shown; the broken file is named."""
+    out = deploy_out(tmp_path)
+    if broken == "dangling link":
+        (out / "deploy-forecast.state").symlink_to(tmp_path / "gone.state")
+    else:
+        (out / "deploy-forecast.state").mkdir()
+    text = status(out, capsys)
+    assert "forecast in " in text and "BROKEN STATE FILE: deploy-forecast.state" in text and "gnn in " in text
+    jobs = json.loads(status(out, capsys, "--json"))
+    assert [j["trainer"] for j in jobs] == ["forecast", "gnn"] and jobs[0]["state"] == "broken"
+    kit = subprocess.run(["bash", str(ROOT / "deploy_8gpu.sh"), "status", "--out", str(out)], capture_output=True,
+                         text=True, env={**os.environ, "TRAINERS_PYTHON": sys.executable}, timeout=120)
+    assert kit.returncode == 0 and "BROKEN STATE FILE" in kit.stdout and "gnn in " in kit.stdout, kit.stderr
 
 
 def test_status_refuses_a_trainer_name_that_is_a_path(tmp_path, capsys, monkeypatch):

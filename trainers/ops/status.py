@@ -189,8 +189,31 @@ def _hms(seconds) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m{seconds % 60:02d}s"
 
 
+def unreadable_state(state_path: Path) -> str | None:
+    """Why a job's state file cannot be read (a link to nothing, a folder, no permission), or None."""
+    if state_path.is_symlink() and not state_path.exists():
+        return f"{state_path.name} is a link to a missing file ({state_path.readlink()})"
+    if state_path.exists() and not state_path.is_file():
+        return f"{state_path.name} is not a file"
+    try:
+        state_path.read_bytes()
+    except OSError as exc:
+        return f"{state_path.name} cannot be read ({exc.strerror or exc})"
+    return None
+
+
+def broken_status(out: Path, trainer: str, why: str) -> dict:
+    """A job whose state file cannot be read: said so, beside the jobs that can (never instead of them)."""
+    return {"trainer": trainer, "out": str(out), "state": "broken", "reason": why,
+            "alive": is_locked(out / f".deploy-{trainer}.lock")}
+
+
 def format_status(st: dict) -> str:
     state = st["state"]
+    if state == "broken":
+        return (f"{st['trainer']} in {st['out']}: BROKEN STATE FILE: {st['reason']}"
+                + ("; its deploy still holds the job's lock (running)" if st["alive"] else "")
+                + f"\n  remove or restore deploy-{st['trainer']}.state (every other job in the folder is shown as usual)")
     lines = [f"{st['trainer']} in {st['out']}: {state.upper()}"
              + (f" in phase {st['phase']}" if state in ("running", "lost", "failed") else "")
              + (f" (exit {st['exit_code']})" if state == "failed" else "")
@@ -256,7 +279,15 @@ def main(args) -> int:
         p.name[len("deploy-"):-len(".state")] for p in out.glob("deploy-*.state"))
     if not trainers:
         raise UsageError(f"no deploy in {out}; give the --out a deploy used")
-    statuses = [job_status(out, t) for t in trainers]
+    statuses = []
+    for trainer in trainers:  # every job in the folder; one broken state file is said, not fatal
+        why = unreadable_state(out / f"deploy-{trainer}.state")
+        if why and not args.trainer:
+            statuses.append(broken_status(out, trainer, why))
+        elif why and (out / f"deploy-{trainer}.state").is_symlink():
+            raise UsageError(f"{why}: the deploy of {trainer} in {out} cannot be read")
+        else:
+            statuses.append(job_status(out, trainer))
     if args.json:
         print(json.dumps(statuses if len(statuses) > 1 else statuses[0], indent=2, default=str))
     else:
