@@ -122,3 +122,22 @@ def test_a_full_disk_ends_the_run_once_as_disk_full_and_torchrun_does_not_relaun
     ckpt = CheckpointManager(run_dir / "checkpoints", single_process_context(), 1, logging.getLogger("test"))
     steps = ckpt.complete_steps()
     assert steps and all(ckpt.verify(s) is None for s in steps)
+
+
+@pytest.mark.parametrize("verb", ["gpt", "gnn"])
+def test_a_data_verb_onto_a_full_volume_is_one_line_and_leaves_nothing_half_written(verb, small_volume, tmp_path):
+    """`trainers gpt data` onto a full volume was numpy's OSError traceback ("N requested and M written", no
+    errno), and `gnn data` the same ("not enough free space"): one line naming the folder, non-zero, and no
+    staging folder left behind."""
+    if verb == "gpt":
+        text = tmp_path / "corpus.txt"
+        text.write_text("".join("abcdefgh \n"[(i * 7919) % 10] for i in range(4_000_000)))  # more than the 3 MiB
+        proc = run_cli(["gpt", "data", "--data", str(text), "--cache-dir", str(small_volume / "cache")])
+    else:
+        proc = run_cli(["gnn", "data", "--out", str(small_volume / "graphs"), "--train", "5000", "--val", "50",
+                        "--no-progress"])
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[0].startswith("error: ") and "no space left on the volume" in lines[0]
+    left = [p.name for p in small_volume.rglob("*") if not p.name.endswith(".lock") and p.name != "cache"]
+    assert left == [], left  # nothing half-written: the staging folder is gone

@@ -18,7 +18,7 @@ import numpy as np
 
 from trainers.errors import UsageError
 from trainers.runtime.config import check_folder_writable
-from trainers.runtime.files import atomic_write_json, sha256_file
+from trainers.runtime.files import atomic_write_json, full_disk_named, sha256_file
 from trainers.runtime.lock import FolderLock
 
 
@@ -368,35 +368,36 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
                              f"another --out, or add --overwrite (runs that used it will refuse to resume)")
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         try:
-            meta = {"seed": seed, "min_nodes": min_nodes, "max_nodes": max_nodes, "dense": dense, "splits": {}}
-            for split, count, offset in (("train", n_train, 0), ("val", n_val, n_train)):
-                jobs = [(offset + i, seed, min_nodes, max_nodes, dense) for i in range(count)]
-                with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
-                    results = list(tqdm(pool.map(_generate, jobs, chunksize=16), total=count, disable=not progress,
-                                        desc=f"graphs/{split}"))
-                nodes = np.array([r["n"] for r in results], dtype=np.int64)
-                edge_counts = np.array([len(r["edges"]) for r in results], dtype=np.int64)
-                offsets = np.concatenate([[0], np.cumsum(edge_counts)])
-                edges = np.concatenate([r["edges"] for r in results]) if offsets[-1] else np.zeros((0, 2), np.int64)
-                arrays = {"edges": edges.astype(np.int32), "offsets": offsets, "nodes": nodes,
-                          "node_offsets": np.concatenate([[0], np.cumsum(nodes)]),
-                          "edge_index": np.concatenate([r["directed"] for r in results], axis=1).astype(np.int32),
-                          "degree_features": np.concatenate([r["degree"] for r in results]),
-                          "color_bound": np.array([r["bound"] for r in results], dtype=np.int32)}
-                for name, arr in arrays.items():
-                    np.save(staging / f"{split}_{name}.npy", arr)
-                meta["splits"][split] = {"graphs": count, "nodes": int(nodes.sum()), "edges": int(offsets[-1]),
-                                         "names": [r["name"] for r in results],
-                                         "upper_k": [r["upper_k"] for r in results]}
-            meta["fingerprint"] = dataset_fingerprint(staging)
-            atomic_write_json(staging / "metadata.json", meta)
-            if out.exists():
-                old = out.with_name(f".{out.name}.old-{os.getpid()}")
-                os.replace(out, old)
-                os.replace(staging, out)
-                shutil.rmtree(old)
-            else:
-                os.replace(staging, out)
+            with full_disk_named(out):  # a full volume: one line naming it, not numpy's traceback
+                meta = {"seed": seed, "min_nodes": min_nodes, "max_nodes": max_nodes, "dense": dense, "splits": {}}
+                for split, count, offset in (("train", n_train, 0), ("val", n_val, n_train)):
+                    jobs = [(offset + i, seed, min_nodes, max_nodes, dense) for i in range(count)]
+                    with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
+                        results = list(tqdm(pool.map(_generate, jobs, chunksize=16), total=count, disable=not progress,
+                                            desc=f"graphs/{split}"))
+                    nodes = np.array([r["n"] for r in results], dtype=np.int64)
+                    edge_counts = np.array([len(r["edges"]) for r in results], dtype=np.int64)
+                    offsets = np.concatenate([[0], np.cumsum(edge_counts)])
+                    edges = np.concatenate([r["edges"] for r in results]) if offsets[-1] else np.zeros((0, 2), np.int64)
+                    arrays = {"edges": edges.astype(np.int32), "offsets": offsets, "nodes": nodes,
+                              "node_offsets": np.concatenate([[0], np.cumsum(nodes)]),
+                              "edge_index": np.concatenate([r["directed"] for r in results], axis=1).astype(np.int32),
+                              "degree_features": np.concatenate([r["degree"] for r in results]),
+                              "color_bound": np.array([r["bound"] for r in results], dtype=np.int32)}
+                    for name, arr in arrays.items():
+                        np.save(staging / f"{split}_{name}.npy", arr)
+                    meta["splits"][split] = {"graphs": count, "nodes": int(nodes.sum()), "edges": int(offsets[-1]),
+                                             "names": [r["name"] for r in results],
+                                             "upper_k": [r["upper_k"] for r in results]}
+                meta["fingerprint"] = dataset_fingerprint(staging)
+                atomic_write_json(staging / "metadata.json", meta)
+                if out.exists():
+                    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+                    os.replace(out, old)
+                    os.replace(staging, out)
+                    shutil.rmtree(old)
+                else:
+                    os.replace(staging, out)
         finally:
             if staging.exists():
                 shutil.rmtree(staging)

@@ -32,7 +32,7 @@ import torch
 from trainers.errors import UsageError
 from trainers.gpt.markov import MarkovSource
 from trainers.runtime.config import check_folder_writable
-from trainers.runtime.files import atomic_write_json, sha256_file
+from trainers.runtime.files import atomic_write_json, full_disk_named, sha256_file
 from trainers.runtime.lock import FolderLock
 
 TOKENIZER = "chars-v1"  # part of the cache key: a change of tokenisation never reuses old token files
@@ -154,15 +154,17 @@ def _load_cached(folder: Path) -> tuple[np.ndarray, list[str]] | None:
 def _write_cache(folder: Path, tokens: np.ndarray, vocab: list[str], source: dict) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".building", dir=folder.parent))
     try:
-        tokens.tofile(staging / "tokens.bin")
-        with open(staging / "tokens.bin", "rb+") as f:
-            os.fsync(f.fileno())
-        atomic_write_json(staging / "vocab.json", {"chars": vocab, "dtype": tokens.dtype.name,
-                                                   "n_tokens": int(len(tokens)), "tokenizer": TOKENIZER,
-                                                   "sha256": sha256_file(staging / "tokens.bin"), "source": source})
-        if folder.exists():  # failed its checks: replaced whole
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
+        with full_disk_named(folder):  # a full volume: one line naming it, not numpy's traceback
+            tokens.tofile(staging / "tokens.bin")
+            with open(staging / "tokens.bin", "rb+") as f:
+                os.fsync(f.fileno())
+            atomic_write_json(staging / "vocab.json", {"chars": vocab, "dtype": tokens.dtype.name,
+                                                       "n_tokens": int(len(tokens)), "tokenizer": TOKENIZER,
+                                                       "sha256": sha256_file(staging / "tokens.bin"),
+                                                       "source": source})
+            if folder.exists():  # failed its checks: replaced whole
+                shutil.rmtree(folder)
+            os.replace(staging, folder)
     finally:
         if staging.exists():
             shutil.rmtree(staging)

@@ -5,11 +5,13 @@ No torch here: the market data cache and the CLI use these without importing it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -32,6 +34,9 @@ def fsync_dir(directory: Path) -> None:
 
 
 LOW_SPACE_BYTES = 1 << 20  # a volume with less than this free cannot take even a results file
+# numpy's tofile/save on a volume too small: "Not enough free space to write N bytes after offset M" (it asks
+# for the space first) or "N requested and M written" (a short write), as OSErrors without an errno
+NUMPY_NO_SPACE = re.compile(r"Not enough free space to write|\d+ requested and \d+ written")
 
 
 class DiskFull(OSError):
@@ -48,11 +53,31 @@ def is_disk_full(exc: BaseException, path: Path) -> bool:
     the volume has (almost) no space left."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
+    if isinstance(exc, OSError) and exc.errno is None and NUMPY_NO_SPACE.search(str(exc)):
+        return True  # numpy's own words, without an errno; it checks before writing, so the volume is not full
     try:
         st = os.statvfs(Path(path).parent)
     except OSError:
         return False
     return st.f_bavail * st.f_frsize < LOW_SPACE_BYTES
+
+
+@contextlib.contextmanager
+def full_disk_named(path: Path):
+    """Writes into `path` (a folder being built) inside: a failure while its volume is full raises DiskFull
+    naming it, whatever raised it (numpy's tofile says "3000000 requested and 1044480 written", with no
+    errno, and was a traceback); the caller's clean-up still runs."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except Exception as exc:
+        volume = Path(path)
+        while not volume.exists() and volume != volume.parent:  # the folder, or where it would have been
+            volume = volume.parent
+        if is_disk_full(exc, volume / "_"):
+            raise DiskFull(path, exc) from exc
+        raise
 
 
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
