@@ -407,12 +407,12 @@ phase_train() {
     echo "training stopped by SIG$STOP_SIGNAL $saved (rc $rc); rerun the same command to resume" >&2
     exit $((128 + $(kill -l "$STOP_SIGNAL")))
   fi
-  [[ "$rc" -eq 0 ]] || return "$rc"
-  training_ended_well
+  training_ended_well  # (a run that diverged or filled the disk: its reason, whatever torchrun's status)
+  return "$rc"
 }
 
-training_ended_well() {  # torchrun's 0 is not enough: a run that diverged or filled the disk ends with 0
-  on_node0 || return 0   # (so torchrun does not relaunch it); results.json says how it really ended
+training_ended_well() {  # results.json says how training really ended: the reason of a failed train phase
+  on_node0 || return 0
   local ended
   ended=$("$PY" - "$RUN_DIR" "$TRAIN_STARTED" <<'EOF_PY'
 import calendar, json, os, sys, time

@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (UsageError, CheckFailed, RunFailed, RunEnded) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        if isinstance(exc, RunEnded):  # non-zero under torchrun too: its restarts must not train again
+            from trainers.runtime.dist import remember_terminal_stop
+
+            remember_terminal_stop(str(exc))
         return exc.exit_code
     except CheckPassed as exc:
         print(f"check passed: {exc}", file=sys.stderr)

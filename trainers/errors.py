@@ -1,7 +1,5 @@
 """Errors the user can fix. The CLI prints them as one line and exits non-zero."""
 
-import os
-
 
 class UsageError(Exception):
     """Bad input: a value the user gave (or the data they pointed at) cannot be used.
@@ -35,11 +33,10 @@ class RunFailed(Exception):
 class RunEnded(Exception):
     """Training ended for good without success — the loss or a metric became non-finite, or the
     disk filled up — agreed by every rank after results.json recorded why (`stop_reason`). One
-    line. The exit code is 1 as a plain command, 0 under torchrun: torchrun restarts a failed
-    worker group whatever its exit code, and a restart would end the same way (the same arithmetic
-    diverges again, the disk is still full) while the pod bills. The deploy reads results.json and
-    fails its train phase with the reason."""
+    line, exit 1, under torchrun too, so a script or scheduler chaining on torchrun's status sees the
+    failure. torchrun restarts a failed worker group whatever its exit code, and a restart would end
+    the same way while the pod bills: the ending is left in torchrun's own store
+    (runtime.dist.remember_terminal_stop) and a restarted worker ends at once with it, before
+    building anything (runtime.dist.distributed), until torchrun runs out of restarts."""
 
-    @property
-    def exit_code(self) -> int:
-        return 0 if "TORCHELASTIC_RUN_ID" in os.environ else 1
+    exit_code = 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,6 +90,12 @@ def test_killing_the_torchrun_agent_ends_its_workers_with_a_checkpoint(tmp_path)
     assert "resumed from checkpoint" in (run_dir / "training.log").read_text(), proc.stderr[-2000:]
 
 
+def worker_traceback(stderr: str) -> bool:
+    """A traceback through the kit's code (torchrun prints its own ChildFailedError when workers exit
+    non-zero: that one is how it reports a failed job, not a crash of ours)."""
+    return re.search(r'File "[^"]*/trainers/', stderr) is not None
+
+
 @pytest.fixture
 def small_volume(tmp_path):
     """A 3 MiB tmpfs: a real full disk (what torch.save says then is not an OSError but a RuntimeError
@@ -105,19 +112,22 @@ def small_volume(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_full_disk_ends_the_run_once_as_disk_full_and_torchrun_does_not_relaunch_it(small_volume):
+def test_a_full_disk_ends_the_run_once_as_disk_full_non_zero_and_no_restart_trains(small_volume):
     """A full disk was a traceback, torchrun restarted the job twice, the deploy made 4 attempts and
-    never said "disk full". Now every rank agrees on it at the failing save, results.json says
-    disk_full, the workers exit 0 so torchrun does not start it again, earlier checkpoints verify."""
+    never said "disk full". Now every rank agrees on it at the failing save and results.json says disk_full;
+    torchrun exits non-zero (its workers did: a script chaining on it sees the failure), and each restart
+    torchrun makes ends at once without training (the ending is in torchrun's store, the disk being full);
+    earlier checkpoints verify."""
     run_dir = small_volume / "run"
     proc = run_torchrun(["gpt", "train", *GPT_TINY, "--batch-tokens", "512", "--device", "cpu", "--run-dir",
                          str(run_dir), "--max-steps", "500", "--ckpt-every", "1", "--keep-last", "1000",
                          "--eval-every", "1000", "--sample-chars", "0"], extra=["--max-restarts=3"], check=False,
                         timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "error: the disk filled up at step" in proc.stderr and "Traceback" not in proc.stderr
-    assert "Restarting" not in proc.stderr and "restart" not in proc.stderr.lower().replace("--restart", "")
-    t = read_results(run_dir)["training"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: the disk filled up at step" in proc.stderr and not worker_traceback(proc.stderr)
+    assert proc.stderr.count("error: an earlier attempt of this job ended for good, so this restart does not "
+                             "train: the disk filled up at step") == 2 * 3  # each rank of each of the 3 restarts
+    t = read_results(run_dir)["training"]  # written by the first attempt only: no restart trained or wrote
     assert t["stop_reason"] == "disk_full" and t["restarts"] == 0 and 1 <= t["steps"] < 500
     ckpt = CheckpointManager(run_dir / "checkpoints", single_process_context(), 1, logging.getLogger("test"))
     steps = ckpt.complete_steps()
@@ -141,3 +151,20 @@ def test_a_data_verb_onto_a_full_volume_is_one_line_and_leaves_nothing_half_writ
     assert lines[0].startswith("error: ") and "no space left on the volume" in lines[0]
     left = [p.name for p in small_volume.rglob("*") if not p.name.endswith(".lock") and p.name != "cache"]
     assert left == [], left  # nothing half-written: the staging folder is gone
+
+
+def test_a_diverged_run_exits_non_zero_from_torchrun_and_no_restart_trains(tmp_path):
+    """A two-worker run that diverged exited 0 from torchrun (the workers did, so that torchrun would not
+    relaunch them): a script chaining on torchrun recorded a success. Now it exits 1 and torchrun's two
+    restarts end at once, before building anything: no step, no checkpoint, no log line after the stop."""
+    run_dir = tmp_path / "run"
+    proc = run_torchrun(["gpt", "train", *GPT_TINY, "--batch-tokens", "1024", "--device", "cpu", "--run-dir",
+                         str(run_dir), "--max-steps", "30", "--lr", "1e30"], extra=["--max-restarts=2"], check=False,
+                        timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.count("error: training diverged") == 2 and not worker_traceback(proc.stderr)
+    assert proc.stderr.count("this restart does not train: training diverged") == 2 * 2
+    t = read_results(run_dir)["training"]
+    assert t["stop_reason"] == "diverged" and t["restarts"] == 0 and t["steps"] < 30
+    log = (run_dir / "training.log").read_text()
+    assert log.count("training stopped: diverged") == 1 and "resumed" not in log

@@ -80,6 +80,37 @@ def _fresh_store_after_restart(rank: int, world_size: int, timeout: datetime.tim
     return {"store": dist.PrefixStore(f"trainers/attempt{attempt}/", base), "rank": rank, "world_size": world_size}
 
 
+TERMINAL_STOP_KEY = "trainers/terminal_stop"
+
+
+def _job_store(timeout_s: float = 30.0):
+    """torchrun's agent store (c10d rendezvous's on several nodes): it outlives the worker groups torchrun
+    restarts. None outside torchrun."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in env:
+        return None
+    return dist.TCPStore(host_name=env["MASTER_ADDR"], port=int(env["MASTER_PORT"]), is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def remember_terminal_stop(why: str) -> None:
+    """A run ended for good (diverged, the disk full): tell the worker groups torchrun starts after this one,
+    which end at once with it. (A file would not do: the disk may be the thing that is full.)"""
+    store = _job_store()
+    if store is not None and not store.check([TERMINAL_STOP_KEY]):  # the first ending is the one to tell
+        store.set(TERMINAL_STOP_KEY, why)
+
+
+def terminal_stop_of_an_earlier_attempt() -> str | None:
+    """What an earlier attempt of this torchrun job ended with for good, if one did (restarts only)."""
+    if _env_int("TORCHELASTIC_RESTART_COUNT", 0) == 0:
+        return None
+    store = _job_store()
+    if store is None or not store.check([TERMINAL_STOP_KEY]):
+        return None
+    return store.get(TERMINAL_STOP_KEY).decode(errors="replace")
+
+
 def end_with_parent() -> bool:
     """A torchrun worker gets SIGTERM when its agent dies (Linux PR_SET_PDEATHSIG), so a `kill -9`
     of the agent cannot leave orphaned workers writing the run folder: they checkpoint and exit
@@ -106,6 +137,11 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
     Without torchrun's variables this runs as a single process with no process group.
     """
     end_with_parent()
+    earlier = terminal_stop_of_an_earlier_attempt()
+    if earlier is not None:  # before anything is built or written: torchrun's restart trains nothing
+        from trainers.errors import RunEnded
+
+        raise RunEnded(f"an earlier attempt of this job ended for good, so this restart does not train: {earlier}")
     world_size = _env_int("WORLD_SIZE", 1)
     rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
