@@ -203,3 +203,50 @@ def test_ppo_computes_its_policy_in_fp32_unless_asked_otherwise():
     assert policy_precision(cpu, "auto", rehearse=True).autocast_dtype is None
     assert policy_precision(cpu, "auto").name == "fp32"
     assert policy_precision(cpu, "bf16").autocast_dtype == torch.bfloat16  # asked for: still honoured
+
+
+def _file_with_bad_closes(tmp_path, per_ticker: dict[str, list[int]]):
+    """A synthetic market as a user's file, with NaN, <= 0 and infinite closes on the given rows of each ticker."""
+    from trainers.market.synthetic import synthetic_market
+
+    frame = synthetic_market(5, 600, seed=0)
+    bad = [np.nan, -1.0, np.inf, 0.0]
+    for ticker, days in per_ticker.items():
+        rows = frame.index[frame["ticker"] == ticker][days]
+        frame.loc[rows, "close"] = [bad[i % len(bad)] for i in range(len(rows))]
+    path = tmp_path / "prices.csv"
+    frame.to_csv(path, index=False)
+    return path
+
+
+def test_scattered_bad_closes_are_dropped_counted_and_filled_not_the_whole_file_refused(tmp_path):
+    """A regression (issue 34): a file with a few bad closes (NaN, <= 0, infinite) on every ticker was refused as
+    '0 stock(s) with a bar on every date ... more tickers, or a shorter range'. Bad rows are dropped and counted
+    per ticker; a gap of up to MAX_FILLED_GAP dates takes the last close, and the stock trades."""
+    from trainers.ppo.config import PpoConfig
+    from trainers.ppo.data import load_trading_data
+    from trainers.ppo.features import MAX_FILLED_GAP
+
+    path = _file_with_bad_closes(tmp_path, {f"SYN00{i}": [100 + 37 * i, 300 + 11 * i] for i in range(5)}
+                                 | {"SYN004": [100, 101, 102, 300]})
+    data, info = load_trading_data(PpoConfig(source=f"file:{path}", num_stocks=5, window=8), log=lambda _m: None)
+    assert data.n_stocks == 5 and np.isfinite(data.close).all() and (data.close > 0).all()
+    assert info["validation"]["bad_prices"] == 12
+    assert info["rows_dropped_by_stock"]["SYN004"] == {"bad_prices": 4}
+    assert info["bars_filled"]["SYN004"] == 4 and sum(info["bars_filled"].values()) == 12
+    assert MAX_FILLED_GAP >= 3
+
+
+def test_when_too_few_stocks_are_left_the_refusal_names_the_bad_rows(tmp_path):
+    from trainers.errors import UsageError
+    from trainers.ppo.config import PpoConfig
+    from trainers.ppo.data import load_trading_data
+    from trainers.ppo.features import MAX_FILLED_GAP
+
+    long_gap = lambda i: list(range(200 + 50 * i, 200 + 50 * i + MAX_FILLED_GAP + 1))  # noqa: E731 (one too many)
+    path = _file_with_bad_closes(tmp_path, {f"SYN00{i}": long_gap(i) for i in range(5)})  # on other dates each
+    with pytest.raises(UsageError) as err:
+        load_trading_data(PpoConfig(source=f"file:{path}", num_stocks=5, window=8), log=lambda _m: None)
+    message = str(err.value)
+    assert "0 stock(s)" in message and "lost bars to validation" in message and "SYN000 6" in message
+    assert "shorter --start/--end range" not in message  # not the wrong remedy

@@ -116,6 +116,9 @@ def validate_long_table(frame: pd.DataFrame, min_rows: int) -> tuple[pd.DataFram
     summary["excluded"] = {str(names[i]): f"only {counts['rows_out'][i]} valid bars, need {min_rows}"
                            for i in np.flatnonzero(excluded)}
     summary["rows_dropped"] = int(len(df) - keep.sum())
+    dropping = [k for k in CHECKS if k != "large_jumps_kept"]  # per ticker, the rows each check removed
+    summary["dropped_by_ticker"] = {str(names[i]): {k: int(counts[k][i]) for k in dropping if counts[k][i]}
+                                    for i in range(len(names)) if any(counts[k][i] for k in dropping)}
     summary["columns_absent"] = [c for c in ("open", "high", "low", "volume") if not df[c].notna().any()]
     return df[keep].reset_index(drop=True)[columns], summary
 

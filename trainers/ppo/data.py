@@ -28,9 +28,15 @@ def fix_date_range(cfg: PpoConfig, saved: dict | None) -> None:
 
 def load_trading_data(cfg: PpoConfig, log=print) -> tuple[TradingData, dict]:
     frame, source_info = load_source(data_request(cfg), log=log)
+    dropped = (source_info.get("validation") or {}).get("dropped_by_ticker", {})
     data, pick_info = build_trading_data(to_panel(frame), cfg.num_stocks, cfg.window, cfg.val_frac, cfg.test_frac,
-                                         cfg.min_split_dates)
-    return data, {**source_info, **pick_info, **data.describe()}
+                                         cfg.min_split_dates, dropped)
+    traded = {t: dropped[t] for t in data.tickers if t in dropped}  # the portfolio's own: data.json and the log
+    if traded:
+        filled = pick_info["bars_filled"]
+        log("data: bad rows dropped, per stock traded (filled from its last close): " +
+            "; ".join(f"{t} {sum(c.values())} ({filled.get(t, 0)} filled)" for t, c in traded.items()))
+    return data, {**source_info, **pick_info, "rows_dropped_by_stock": traded, **data.describe()}
 
 
 def env_spec(cfg: PpoConfig) -> EnvSpec:

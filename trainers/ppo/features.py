@@ -93,28 +93,60 @@ class TradingData:
                 "features": list(FEATURES), "feature_mean": self.feature_mean, "feature_std": self.feature_std}
 
 
-def pick_stocks(panel: Panel, num_stocks: int) -> tuple[list[int], dict]:
-    """Stocks with a bar on every date (the environment trades every stock every day), the
-    `num_stocks` with the highest mean dollar volume over the first 70 % of dates (a size proxy
-    that leaves the evaluation periods out)."""
+MAX_FILLED_GAP = 5  # dates in a row a stock may miss (bad bars the validation dropped) and still be traded
+
+
+def fill_short_gaps(panel: Panel) -> dict[str, int]:
+    """Bars a stock misses for at most MAX_FILLED_GAP dates in a row, between two bars it has (a bad print
+    the validation dropped), take its last close (high = low = close, no volume): in place. Returns the
+    bars filled per ticker. A longer gap, or one at either end of its history, stays: not a stock then."""
+    filled = {}
+    for j, ticker in enumerate(panel.tickers):
+        have = np.isfinite(panel.close[:, j]) & (panel.close[:, j] > 0)
+        rows = np.flatnonzero(have)
+        if len(rows) < 2:
+            continue
+        gaps = [(a, b) for a, b in zip(rows[:-1], rows[1:]) if 1 < b - a <= MAX_FILLED_GAP + 1]
+        for a, b in gaps:
+            for col in (panel.close, panel.high, panel.low):
+                col[a + 1:b, j] = panel.close[a, j]
+            panel.volume[a + 1:b, j] = 0.0
+        if gaps:
+            filled[ticker] = int(sum(b - a - 1 for a, b in gaps))
+    return filled
+
+
+def pick_stocks(panel: Panel, num_stocks: int, dropped_by_ticker: dict | None = None) -> tuple[list[int], dict]:
+    """Stocks with a bar on every date (the environment trades every stock every day; short gaps filled:
+    fill_short_gaps), the `num_stocks` with the highest mean dollar volume over the first 70 % of dates (a
+    size proxy that leaves the evaluation periods out). `dropped_by_ticker`: the validation's per-ticker
+    counts of bad rows, to name them when they are why too few stocks are left."""
+    filled = fill_short_gaps(panel)
     complete = np.isfinite(panel.close).all(0) & np.isfinite(panel.high).all(0) & np.isfinite(panel.low).all(0)
     complete &= (panel.close > 0).all(0)
     candidates = np.flatnonzero(complete)
     if len(candidates) < 2:
+        incomplete = [t for t, ok in zip(panel.tickers, complete) if not ok]
+        bad = {t: sum(dropped_by_ticker[t].values()) for t in incomplete if t in (dropped_by_ticker or {})}
+        cause = (f"{len(bad)} of them lost bars to validation (bad prices dropped: "
+                 f"{', '.join(f'{t} {n}' for t, n in list(bad.items())[:5])}{' ...' if len(bad) > 5 else ''}), "
+                 f"more than {MAX_FILLED_GAP} dates in a row or at an end of their history: clean those rows"
+                 if bad else "more tickers, or a shorter --start/--end range")
         raise UsageError(f"the data holds {len(candidates)} stock(s) with a bar on every date; the portfolio needs "
-                         f">= 2 (more tickers, or a shorter --start/--end range)")
+                         f">= 2; {len(incomplete)} ticker(s) miss dates: {cause}")
     head = max(1, int(len(panel.dates) * 0.7))
     dollar_volume = np.nanmean(panel.close[:head] * np.nan_to_num(panel.volume[:head]), axis=0)
     order = candidates[np.argsort(-dollar_volume[candidates], kind="stable")]
     chosen = sorted(order[:num_stocks].tolist())
-    return chosen, {"complete_stocks": int(len(candidates)), "dropped_incomplete": int((~complete).sum())}
+    return chosen, {"complete_stocks": int(len(candidates)), "dropped_incomplete": int((~complete).sum()),
+                    "bars_filled": {t: n for t, n in filled.items() if panel.tickers.index(t) in chosen}}
 
 
 def build_trading_data(panel: Panel, num_stocks: int, window: int, val_frac: float, test_frac: float,
-                       min_split_dates: int) -> tuple[TradingData, dict]:
+                       min_split_dates: int, dropped_by_ticker: dict | None = None) -> tuple[TradingData, dict]:
     if num_stocks < 2:
         raise UsageError(f"--num-stocks {num_stocks} must be >= 2: a portfolio needs at least 2 stocks")
-    chosen, info = pick_stocks(panel, num_stocks)
+    chosen, info = pick_stocks(panel, num_stocks, dropped_by_ticker)
     close, high, low = (a[:, chosen] for a in (panel.close, panel.high, panel.low))
     feats = indicators(close, high, low)[WARMUP:]
     close = close[WARMUP:]
