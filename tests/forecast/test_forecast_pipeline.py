@@ -134,6 +134,37 @@ def test_package_refuses_to_vouch_for_corrupt_bytes(reference_run, tmp_path):
     assert not list(tmp_path.glob("*.tar.gz"))
 
 
+def test_package_refuses_an_edited_results_file_unless_told_and_then_says_so(reference_run, tmp_path):
+    """results.json edited after training was packed with exit 0, its checksum listed (issue 34): the tarball
+    vouched for numbers the run never produced. The run records each result file's hash (written.json);
+    package refuses one that differs, in one line naming it, unless --allow-edited, which EDITED.json lists."""
+    import shutil
+
+    run = tmp_path / "copy"
+    shutil.copytree(reference_run, run)
+    if not (run / "model.onnx").exists():
+        run_cli(["forecast", "export", "--run-dir", str(run), "--latency-iters", "2"], check=True)
+    recorded = json.loads((run / "written.json").read_text())["files"]
+    assert {"results.json", "report.md", "export.json", "loss.png", "equity.png"} <= set(recorded)
+    results = json.loads((run / "results.json").read_text())
+    results["evaluation"]["test"]["model"]["rank_ic"]["mean"] = 0.99  # a better number than the run's
+    (run / "results.json").write_text(json.dumps(results))
+    refused = run_cli(["package", "--run-dir", str(run), "--output", str(tmp_path / "a.tar.gz")])
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 1 and len(lines) == 1 and "will not pack results.json" in lines[0], refused.stderr
+    assert not (tmp_path / "a.tar.gz").exists()
+    packed = run_cli(["package", "--run-dir", str(run), "--output", str(tmp_path / "b.tar.gz"), "--allow-edited"],
+                     check=True)
+    assert json.loads(packed.stdout)["edited_after_the_run"] == ["results.json"]
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    root = tmp_path / "x" / run.name
+    assert json.loads((root / "EDITED.json").read_text())["edited_after_the_run"] == ["results.json"]
+    assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=root, capture_output=True).returncode == 0
+    run_cli(["forecast", "evaluate", "--run-dir", str(run), "--device", "cpu"], check=True)  # rewritten by the kit
+    run_cli(["package", "--run-dir", str(run), "--output", str(tmp_path / "c.tar.gz")], check=True)
+
+
 def test_external_sigterm_then_corrupt_newest_then_budget_stop(tmp_path):
     """SIGTERM from outside (what a pod stop sends) -> clean exit with a checkpoint; the newest checkpoint
     is corrupted -> the next start falls back to the previous; --max-hours tiny -> stops with results."""

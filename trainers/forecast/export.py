@@ -21,9 +21,10 @@ from trainers.onnx import (
     measure_latency,
     opset,
 )
-from trainers.runtime.files import atomic_write_json, sha256_file
+from trainers.runtime.files import sha256_file
 from trainers.runtime.results import merge_results, read_results
 from trainers.runtime.rundir import exclusive, load_checkpoint_states
+from trainers.runtime.written import write_result_json
 
 EXPORT_BATCH = 2  # the example batch the graph is traced with; checks use other sizes
 CHECK_BATCHES = (1, 7, 64)
@@ -76,6 +77,6 @@ def _export(run_dir: Path, cfg: ForecastConfig, checkpoint: str, tolerance: floa
             "input": {"name": "features", "shape": ["batch", cfg.window, len(features)], "features": features},
             "output": {"name": output, "shape": ["batch"], "target": cfg.target},
             "preprocessing": read_results(run_dir).get("preprocessing")}
-    atomic_write_json(run_dir / "export.json", info)
+    write_result_json(run_dir / "export.json", info)
     merge_results(run_dir, {"export": info})
     return info

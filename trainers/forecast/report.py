@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from trainers.runtime.files import atomic_write
+from trainers.runtime.written import write_result
 
 PICTURES = ("loss.png", "ic.png", "equity.png", "deciles.png")
 SPLITS = ("val", "test")
@@ -176,7 +176,7 @@ def draw(run_dir: Path, results: dict, series: dict) -> None:
     ax.set(xlabel="optimizer step", ylabel="MSE, standardised label", title=f"Loss{synthetic}")
     _legend(ax)
     fig.tight_layout()
-    fig.savefig(run_dir / "loss.png", dpi=100)
+    write_result(run_dir / "loss.png", lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
 
     fig, axes = plt.subplots(1, len(SPLITS), figsize=(11, 4))
@@ -191,7 +191,7 @@ def draw(run_dir: Path, results: dict, series: dict) -> None:
         _legend(ax)
         ax.tick_params(axis="x", labelrotation=30)
     fig.tight_layout()
-    fig.savefig(run_dir / "ic.png", dpi=100)
+    write_result(run_dir / "ic.png", lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -208,7 +208,7 @@ def draw(run_dir: Path, results: dict, series: dict) -> None:
     _legend(ax)
     ax.tick_params(axis="x", labelrotation=30)
     fig.tight_layout()
-    fig.savefig(run_dir / "equity.png", dpi=100)
+    write_result(run_dir / "equity.png", lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -224,7 +224,7 @@ def draw(run_dir: Path, results: dict, series: dict) -> None:
            title=f"test: forward return by forecast decile{synthetic}")
     _legend(ax)
     fig.tight_layout()
-    fig.savefig(run_dir / "deciles.png", dpi=100)
+    write_result(run_dir / "deciles.png", lambda f: fig.savefig(f, format="png", dpi=100))
     plt.close(fig)
 
 
@@ -242,4 +242,4 @@ def write_report(run_dir: Path, results: dict, series: dict) -> None:
             note = f"No pictures: drawing them failed ({type(exc).__name__}: {first}); the tables below are complete."
             logging.getLogger("trainers.rank0").warning("report: %s", note)  # the report is rank 0's
     text = markdown(results, note)
-    atomic_write(run_dir / "report.md", lambda f: f.write(text), mode="w")
+    write_result(run_dir / "report.md", lambda f: f.write(text), mode="w")

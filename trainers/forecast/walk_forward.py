@@ -28,11 +28,12 @@ from trainers.forecast.config import ForecastConfig, refuse_legacy_resume
 from trainers.forecast.data import fix_date_range, load_market, split_plan
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, broadcast_object
-from trainers.runtime.files import atomic_write, atomic_write_json
+from trainers.runtime.files import atomic_write_json
 from trainers.runtime.logs import get_logger
 from trainers.runtime.results import merge_results, read_results, run_record
 from trainers.runtime.rundir import exclusive
 from trainers.runtime.stops import StopReason
+from trainers.runtime.written import write_result
 
 FINISHED = ("completed", "early_stop")
 # name -> path into a fold's test evaluation
@@ -171,7 +172,7 @@ def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float, train
                                           "data": {k: v for k, v in market.info.items() if k != "tickers"},
                                           "walk_forward": summary, "run": run_record()}, log.warning)
         text = walk_forward_markdown(results)
-        atomic_write(run_dir / "report.md", lambda f: f.write(text), mode="w")
+        write_result(run_dir / "report.md", lambda f: f.write(text), mode="w")
         for row in rows:
             log.info("walk-forward fold %d (test %s): %s; model Rank IC %s, t_nw %s; long-short %s a year",
                      row["fold"], row["anchor_dates"]["test"], row["verdict"], _fmt(row["model_rank_ic"], "+.4f"),

@@ -18,6 +18,7 @@ from trainers.gnn.graphs import Graph, GraphSplit, benchmark_set
 from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_sum, pick_device
 from trainers.runtime.results import merge_results
 from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config, single_process_context
+from trainers.runtime.written import write_result
 
 EVAL_SEED = 10_000  # random node features at evaluation: fixed, so every evaluation is comparable
 
@@ -124,6 +125,6 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "cpu") ->
         ctx = single_process_context(str(dev))
         evaluation = evaluate(model, cfg, GraphSplit(Path(cfg.data_dir), "val"), ctx)
         evaluation["checkpoint_step"] = step
-        (run_dir / "results.md").write_text(markdown_table(evaluation))
+        write_result(run_dir / "results.md", lambda f: f.write(markdown_table(evaluation)), mode="w")
         merge_results(run_dir, {"evaluation": evaluation})
     return evaluation

@@ -14,9 +14,10 @@ from trainers.gnn.build import build_model
 from trainers.gnn.config import GnnConfig
 from trainers.gnn.graphs import mycielski, queen
 from trainers.onnx import check_parity, check_tolerance, export_program
-from trainers.runtime.files import atomic_write_json, sha256_file
+from trainers.runtime.files import sha256_file
 from trainers.runtime.results import merge_results
 from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
+from trainers.runtime.written import write_result_json
 
 INPUTS = ["x", "edge_index", "color_mask"]
 
@@ -59,6 +60,6 @@ def _export(run_dir: Path, cfg: GnnConfig, checkpoint: str, tolerance: float) ->
             "sha256": sha256_file(path),
             "inputs": {"x": ["nodes", cfg.in_dim], "edge_index": [2, "edges (both directions)"],
                        "color_mask": ["nodes", cfg.max_colors]}, "random_features": cfg.random_features}
-    atomic_write_json(run_dir / "export.json", info)
+    write_result_json(run_dir / "export.json", info)
     merge_results(run_dir, {"export": info})
     return info

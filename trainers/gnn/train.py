@@ -29,6 +29,7 @@ from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap
 from trainers.runtime.precision import build_adamw
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
+from trainers.runtime.written import write_result
 
 
 def feature_seed(cfg: GnnConfig, epoch: int, step_in_epoch: int, rank: int) -> int:
@@ -105,7 +106,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
             evaluation = evaluate(model, cfg, val_split, ctx)
             if ctx.is_main:
                 evaluation["checkpoint_step"] = best
-                (run_dir / "results.md").write_text(markdown_table(evaluation))
+                write_result(run_dir / "results.md", lambda f: f.write(markdown_table(evaluation)), mode="w")
             return evaluation
 
         nodes_per_graph = float(train_split.nodes.mean())

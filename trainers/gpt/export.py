@@ -10,9 +10,10 @@ import torch
 
 from trainers.gpt.infer import load_for_inference
 from trainers.onnx import check_parity, check_tolerance, export_program, opset
-from trainers.runtime.files import atomic_write_json, sha256_file
+from trainers.runtime.files import sha256_file
 from trainers.runtime.results import merge_results
 from trainers.runtime.rundir import exclusive
+from trainers.runtime.written import write_result_json
 
 EXPORT_LENGTH = 16  # the example length the graph is traced at; the checks use others
 
@@ -61,6 +62,6 @@ def _export(run_dir: Path, loaded, tolerance: float) -> dict:
             "input": {"name": "tokens", "shape": ["batch", "length"], "dtype": "int64", "max_length": cfg.seq_len},
             "output": {"name": "logits", "shape": ["batch", "length", len(vocab)]},
             "vocab": vocab}
-    atomic_write_json(run_dir / "export.json", info)
+    write_result_json(run_dir / "export.json", info)
     merge_results(run_dir, {"export": info})
     return info

@@ -18,7 +18,7 @@ from trainers.lstm.config import LstmConfig, job_symbols
 from trainers.lstm.model import UpProbability
 from trainers.onnx import check_parity, check_tolerance, export_program, measure_latency, opset, parity_line
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.files import atomic_write_json, sha256_file
+from trainers.runtime.files import sha256_file
 from trainers.runtime.results import merge_results, read_results
 from trainers.runtime.rundir import (
     exclusive,
@@ -27,6 +27,7 @@ from trainers.runtime.rundir import (
     resolve_checkpoint,
     single_process_context,
 )
+from trainers.runtime.written import write_result_json
 
 EXPORT_BATCH = 2  # the example the graph is traced with; the checks use other sizes
 CHECK_BATCHES = (1, 7, 64)
@@ -69,7 +70,7 @@ def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-
             "input": {"name": "features", "shape": ["batch", cfg.window, model_info["n_features"]]},
             "output": {"name": "probability", "shape": ["batch"], "meaning": "P(close rises over the horizon)"},
             "preprocessing": results.get("preprocessing")}
-    atomic_write_json(folder / "export.json", info)
+    write_result_json(folder / "export.json", info)
     merge_results(folder, {"export": info})
     return info
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from trainers.lstm.queue import read_marker
 from trainers.runtime import config as cfgmod
 from trainers.runtime.budget import Budget
-from trainers.runtime.files import atomic_write
 from trainers.runtime.info import device_name
 from trainers.runtime.results import merge_results, read_results, run_record
+from trainers.runtime.written import write_result
 
 STOPPED = ("signal", "time_budget", "money_budget")
 
@@ -141,7 +141,7 @@ def refresh_job_summary(job_dir: Path, symbols: list[str] | None = None, log=Non
 
 def _write(job_dir: Path, results: dict, log) -> dict:
     merged = merge_results(job_dir, results, log.warning if log else None)
-    atomic_write(Path(job_dir) / "results.md", lambda f: f.write(markdown(merged)), mode="w")
+    write_result(Path(job_dir) / "results.md", lambda f: f.write(markdown(merged)), mode="w")
     return merged
 
 

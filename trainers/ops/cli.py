@@ -69,4 +69,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("package", help="tarball of a run with SHA256SUMS and the best checkpoint")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--output", default=None, help="tarball path (default: <run-dir>.tar.gz beside the run)")
+    p.add_argument("--allow-edited", action="store_true",
+                   help="pack result files that differ from what the run wrote (edited since: refused without it); "
+                        "the tarball's EDITED.json lists them")
     p.set_defaults(func=_package)

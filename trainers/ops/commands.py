@@ -84,7 +84,7 @@ def plan_command(args) -> int:
 
 
 def package_command(args) -> int:
-    info = package_run(args.run_dir, args.output)
+    info = package_run(args.run_dir, args.output, args.allow_edited)
     for warning in info.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     print(json.dumps(info))

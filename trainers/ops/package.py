@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tarfile
 import tempfile
 from pathlib import Path
@@ -15,6 +16,7 @@ from trainers.runtime.config import check_folder_writable
 from trainers.runtime.files import sha256_file
 from trainers.runtime.lock import describe_holder, held_by_other
 from trainers.runtime.rundir import resolve_checkpoint, single_process_context
+from trainers.runtime.written import edited
 
 REQUIRED = ("config.json", "results.json", "model.onnx")
 PICTURES = "*.png"  # a report's pictures (the forecaster's loss, IC, equity and decile plots; PPO's equity)
@@ -143,7 +145,10 @@ def without_links(run_dir: Path, files: list[Path]) -> tuple[list[Path], list[st
     return kept, warnings
 
 
-def package_run(run_dir: Path, output: Path | None = None) -> dict:
+EDITED = "EDITED.json"  # in a tarball packed with --allow-edited: the files that are not as the run wrote them
+
+
+def package_run(run_dir: Path, output: Path | None = None, allow_edited: bool = False) -> dict:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir} is not a folder")
@@ -158,6 +163,12 @@ def package_run(run_dir: Path, output: Path | None = None) -> dict:
         raise UsageError(f"--run-dir {run_dir} is still being written by {describe_holder(holder)}; package it "
                          f"when that job has ended")
     files, warnings = without_links(run_dir, package_files(run_dir))
+    changed = edited(run_dir, files)  # results, reports, export records: as the run wrote them?
+    if changed and not allow_edited:
+        raise CheckFailed(f"will not pack {changed[0]}{f' (and {len(changed) - 1} more)' if len(changed) > 1 else ''}: "
+                          f"it is not the file the run wrote (edited since?); run the verb that writes it again "
+                          f"(evaluate, export), or pack it as edited with --allow-edited ({EDITED} in the tarball "
+                          f"then lists it)")
     sums = "".join(f"{sha256_file(run_dir / f)}  {f.as_posix()}\n" for f in files)
     root = run_dir.name
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -170,19 +181,25 @@ def package_run(run_dir: Path, output: Path | None = None) -> dict:
         with tarfile.open(tmp, "w:gz") as tar:
             for f in files:
                 tar.add(run_dir / f, arcname=f"{root}/{f.as_posix()}", recursive=False)
-            sums_path = Path(tempfile.mkdtemp()) / "SHA256SUMS"
-            sums_path.write_text(sums)
-            tar.add(sums_path, arcname=f"{root}/SHA256SUMS")
-            sums_path.unlink()
-            sums_path.parent.rmdir()
+            extra = Path(tempfile.mkdtemp())
+            if changed:
+                (extra / EDITED).write_text(json.dumps({"edited_after_the_run": changed, "note": (
+                    "packed with --allow-edited: these files differ from what the run wrote (written.json)")}, indent=1))
+                tar.add(extra / EDITED, arcname=f"{root}/{EDITED}")
+                sums += f"{sha256_file(extra / EDITED)}  {EDITED}\n"
+            (extra / "SHA256SUMS").write_text(sums)
+            tar.add(extra / "SHA256SUMS", arcname=f"{root}/SHA256SUMS")
+            shutil.rmtree(extra)
         os.replace(tmp, output)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     digest = sha256_file(output)
     Path(f"{output}.sha256").write_text(f"{digest}  {output.name}\n")
-    out = {"path": str(output), "bytes": output.stat().st_size, "sha256": digest, "files": len(files) + 1,
-           "root": root}
+    out = {"path": str(output), "bytes": output.stat().st_size, "sha256": digest,
+           "files": len(files) + 1 + bool(changed), "root": root}
+    if changed:
+        out["edited_after_the_run"] = changed
     warning = step_mismatch(read_results_quietly(run_dir))
     warnings += [warning] if warning else []
     if warnings:

@@ -30,9 +30,9 @@ from trainers.ppo.env import DeviceMarket, EnvSpec, fixed_range_env
 from trainers.ppo.features import TRADING_DAYS
 from trainers.ppo.report import EQUITY_PNG, METRICS, markdown, plot_equity
 from trainers.runtime.dist import DistContext, pick_device
-from trainers.runtime.files import atomic_write
 from trainers.runtime.results import merge_results
 from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config, single_process_context
+from trainers.runtime.written import write_result
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -235,10 +235,10 @@ def evaluate_agents(agents, cfg: PpoConfig, data, market, spec, run_dir: Path, c
                   "selection": f"per seed, the update with the best validation {cfg.select_by} (deterministic policy)",
                   "table": result["table"], "verdict": verdict(result["table"], main),
                   "untrained_agents": [f"{a.encoder}/seed{a.seed}" for a in agents.agents if a.updates_done == 0]}
-    (run_dir / "results.md").write_text(markdown(evaluation))
+    write_result(run_dir / "results.md", lambda f: f.write(markdown(evaluation)), mode="w")
     dates = data.dates[test[0]:test[1] + 1]
     png = run_dir / EQUITY_PNG
-    atomic_write(png, lambda f: plot_equity(result["curves"], dates, f, f"test period, net of {cfg.cost_bps:g} bp"))
+    write_result(png, lambda f: plot_equity(result["curves"], dates, f, f"test period, net of {cfg.cost_bps:g} bp"))
     evaluation["equity_curve_png"] = EQUITY_PNG
     print(evaluation["verdict"])
     return evaluation

@@ -20,9 +20,10 @@ from trainers.ppo.build import AgentSet, best_main_agent, chosen
 from trainers.ppo.config import PpoConfig
 from trainers.ppo.features import FEATURES
 from trainers.ppo.model import NormalisedPolicy
-from trainers.runtime.files import atomic_write_json, sha256_file
+from trainers.runtime.files import sha256_file
 from trainers.runtime.results import merge_results, read_results
 from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config
+from trainers.runtime.written import write_result_json
 
 EXPORT_BATCH = 2
 CHECK_BATCHES = (1, 5, 64)
@@ -74,6 +75,6 @@ def export_run(run_dir: Path, checkpoint: str = "latest", tolerance: float = 1e-
                            "h_max": cfg.h_max},
                 "preprocessing": {"features": list(FEATURES), "feature_mean": data.get("feature_mean"),
                                   "feature_std": data.get("feature_std"), "tickers": data.get("tickers")}}
-        atomic_write_json(run_dir / "export.json", info)
+        write_result_json(run_dir / "export.json", info)
         merge_results(run_dir, {"export": info})
         return info

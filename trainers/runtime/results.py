@@ -26,7 +26,7 @@ import socket
 import time
 from pathlib import Path
 
-from trainers.runtime.files import atomic_write_json
+from trainers.runtime.written import write_result_json
 
 RESULTS = "results.json"
 
@@ -55,7 +55,7 @@ def merge_results(run_dir: Path, update: dict, warn=None) -> dict:
     """Merge `update`'s top-level sections into results.json atomically; returns the whole."""
     results = read_results(run_dir, warn)
     results.update(update)
-    atomic_write_json(Path(run_dir) / RESULTS, results)
+    write_result_json(Path(run_dir) / RESULTS, results)  # its hash recorded: package refuses an edited one
     return results
 
 
