@@ -489,6 +489,30 @@ def test_every_bad_request_is_a_4xx_naming_the_field(body, field, gpt_server):
     assert status_code == 422 and isinstance(out.get("detail"), str) and field in out["detail"], (status_code, out)
 
 
+NUMERIC_FIELDS = ("max_new_tokens", "temperature", "top_k", "seed")
+EDGE_NUMBERS = ("NaN", "Infinity", "-Infinity", "1e999", "1e308", "-1e308", str(2**63), str(-2**63), "-0.0", "-0")
+
+
+@pytest.mark.parametrize("field", NUMERIC_FIELDS)
+def test_every_numeric_field_of_the_server_takes_every_edge_number_without_a_500(field, gpt_server):
+    """The probe set's server class, kept: non-finite, huge and negative-zero numbers in every numeric field,
+    as JSON text (json.dumps cannot write them). Each is refused with a 422 naming the field, or served
+    (200) when it is a value the field takes (temperature -0.0 is 0: greedy); never a 500 or a hang."""
+    served = []
+    for number in EDGE_NUMBERS:
+        body = '{"prompt": "ab", "max_new_tokens": 2, "%s": %s}' % (field, number)
+        if field == "max_new_tokens":
+            body = '{"prompt": "ab", "max_new_tokens": %s}' % number
+        status_code, out = post_raw(gpt_server, body)
+        assert status_code in (200, 422), (body, status_code, out)
+        if status_code == 422:
+            assert field in out["detail"], (body, out)
+        else:
+            served.append(number)
+            assert out["tokens"] == 2, (body, out)
+    assert served == {"temperature": ["-0.0", "-0"], "seed": ["-0"]}.get(field, []), (field, served)
+
+
 def test_good_requests_are_still_served(gpt_server):
     for body in ('{"prompt": "ab", "max_new_tokens": 3, "temperature": 2, "top_k": 3, "seed": 5}',
                  '{"prompt": "ab", "max_new_tokens": 3, "temperature": 0.5}'):

@@ -128,3 +128,47 @@ def test_messages_say_what_would_be_accepted(capsys):
     assert run(["forecast", "export", "--run-dir", "x", "--tolerance", "nan"]) == 2
     assert "--tolerance: nan is not allowed: need a finite number > 0" in capsys.readouterr().err
     assert math.isnan(float("nan"))  # (the values above are parsed by Python, which accepts 'nan')
+
+
+# the probe set's options class beside NaN and the infinities (1e308 and 10**20: test_too_large_is_one_line...)
+EDGE_VALUES = {int: [str(2**63), "-0"], float: [str(2**63), "-0.0"]}
+
+
+def parse_only(words: list[str], flag: str, value: str, tmp_path):
+    """What the command would run with: the flag parsed and checked as the CLI does, nothing run."""
+    from trainers.runtime import config as cfgmod
+
+    leaf = build_parser()
+    for w in words:
+        leaf = next(a for a in leaf._actions if a.dest in ("command", "verb")).choices[w]
+    action = next(a for a in leaf._actions if flag in a.option_strings)
+    if hasattr(action.type, "bounds"):  # a plain flag: its type parses and checks
+        return action.type(value)
+    args = leaf.parse_known_args([*required_args(words, tmp_path), f"{flag}={value}"])[0]
+    return getattr(cfgmod.from_args(trainer_module(words[0], "cli").CONFIG, args), action.dest)
+
+
+@pytest.mark.parametrize("words,flag,kind,bounds", FLAGS, ids=[f"{' '.join(w)} {f}" for w, f, _, _ in FLAGS])
+def test_huge_values_and_negative_zero_are_refused_in_one_line_or_read_as_what_they_say(words, flag, kind, bounds,
+                                                                                        tmp_path, capsys, monkeypatch):
+    """2**63 and negative zero at every numeric flag: out of range, one line naming the flag and exit 2 before
+    anything is written; in range, the number the command runs with (negative zero as 0, never recorded as
+    -0.0)."""
+    from trainers.errors import UsageError
+    from trainers.runtime.config import number_problem
+
+    monkeypatch.chdir(tmp_path)
+    for value in EDGE_VALUES[kind]:
+        number = kind(value)
+        if number_problem(number, kind, bounds):
+            argv = [*words, *required_args(words, tmp_path), f"{flag}={value}"]
+            assert run(argv) == 2, argv
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith("error:") and flag in err[0], (argv, err)
+            continue
+        try:
+            parsed = parse_only(words, flag, value, tmp_path)
+        except (UsageError, SystemExit) as exc:  # another rule of the command (e.g. a product of two sizes)
+            raise AssertionError(f"{flag}={value} passes the number rule but not the parse: {exc}") from None
+        assert parsed == number and math.copysign(1.0, parsed) == 1.0, (flag, value, parsed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

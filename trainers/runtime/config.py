@@ -115,7 +115,7 @@ def number(tp: type = float, **bounds) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(f"{text!r} is not {describe_bounds(tp, bounds)}") from None
         if number_problem(value, tp, bounds):
             raise argparse.ArgumentTypeError(f"{text} is not allowed: need {describe_bounds(tp, bounds)}")
-        return value
+        return value + 0.0 if tp is float else value  # -0.0 is 0.0: no '-0.0' in what a run records
     parse.__name__ = tp.__name__  # argparse names the type in its messages
     parse.kind, parse.bounds = tp, bounds  # for the tests that walk every numeric flag
     return parse
@@ -196,6 +196,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
 
 def from_args(cls: type, args: argparse.Namespace):
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+    values = {k: v + 0.0 if isinstance(v, float) else v for k, v in values.items()}  # -0.0 is 0.0
     cfg = cls(**values)
     check_values(cfg)
     return cfg
