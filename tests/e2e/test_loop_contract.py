@@ -157,6 +157,7 @@ def assert_equal_to_reference(c: Contract, got: dict, ref: dict) -> None:
 
 
 @pytest.mark.parametrize("name", CONTRACTS)
+@pytest.mark.resume
 def test_sigkill_of_one_worker_resumes_and_ends_like_an_uninterrupted_run(name, workdir):
     c = CONTRACTS[name]
     ref = read_results(reference(c, workdir))
