@@ -19,6 +19,10 @@ The data and model are shrunk to run in minutes on 2 CPU cores: synthetic bars, 
 
     python bench/lstm_pack.py --out bench/results/lstm_pack_cpu.json
     python bench/lstm_pack.py --steps-only --out bench/results/lstm_step_cpu.json
+    python bench/lstm_pack.py --symbols 64 --cohorts 8,64 --out bench/results/lstm_cohort_cpu.json
+
+Part 3 (--cohorts): the same job, one process, one symbol at a time against cohorts of K symbols
+stacked into one model (trainers.lstm.cohort).
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ SHRUNK = ["--synthetic-days", "800", "--window", "16", "--hidden", "16", "--laye
           "--epochs", "2", "--no-export", "--device", "cpu", "--patience", "0"]
 
 
-def run_job(n: int, workers: int, threads: int, root: Path, label: str) -> dict:
+def run_job(n: int, workers: int, threads: int, root: Path, label: str, extra: tuple[str, ...] = ("--cohort", "1")
+            ) -> dict:
     run_dir = root / f"{label}-{n}"
-    args = ["-m", "trainers", "lstm", "train", "--run-dir", str(run_dir), "--synthetic-tickers", str(n), *SHRUNK]
+    args = ["-m", "trainers", "lstm", "train", "--run-dir", str(run_dir), "--synthetic-tickers", str(n), *SHRUNK,
+            *extra]
     if workers > 1:
         args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={workers}", *args]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
@@ -163,12 +169,40 @@ def step_benchmark(groups: int, steps: int, threads: int) -> dict:
             "model_steps_per_s_grouped": groups * steps / stacked, "grouped_speedup": sequential / stacked}
 
 
+def cohort_benchmark(counts: list[int], cohorts: list[int], out: str | None) -> int:
+    """Part 3: the same job one symbol at a time and in cohorts; the figures the job itself records."""
+    rows = []
+    load_at_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in counts:
+            for k in [1, *cohorts]:
+                row = run_job(n, 1, 1, Path(tmp), f"cohort{k}", ("--cohort", str(k)))
+                row["cohort"] = k
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    by = {(r["symbols"], r["cohort"]): r for r in rows}
+    ratio = {f"{n} symbols, cohort {k}": by[(n, k)]["job_wall_s"] / by[(n, 1)]["job_wall_s"]
+             for n in counts for k in cohorts}
+    record = {"benchmark": "lstm_cohort", "device": "cpu", "shrunk_job": SHRUNK, "jobs": rows,
+              "job_wall_ratio_cohort_vs_one_at_a_time": ratio,
+              "load_average_1_5_15": {"start": load_at_start, "end": os.getloadavg()}}
+    write_record(record, out)
+    print(json.dumps(ratio, indent=1))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--symbols", default="3,16,64")
     p.add_argument("--out", default=None)
     p.add_argument("--steps-only", action="store_true", help="only part 2 (the training step, in this process)")
+    p.add_argument("--cohorts", default=None, metavar="K,K",
+                   help="only part 3: one process (1 thread) training --symbols one at a time (--cohort 1) and in "
+                        "cohorts of each K (trainers.lstm.cohort), the same job otherwise")
     args = p.parse_args()
+    if args.cohorts:
+        return cohort_benchmark([int(n) for n in args.symbols.split(",")], [int(k) for k in args.cohorts.split(",")],
+                                args.out)
     if args.steps_only:
         record = {"benchmark": "lstm_step", "device": "cpu", "load_average_1_5_15_start": os.getloadavg(),
                   "training_step": [step_benchmark(g, 10, 1) for g in (3, 16, 64)],

@@ -48,7 +48,7 @@ CASES = {
                       *QUIET], steps=16),
     "gnn": Case(["--epochs", "3", "--nodes-per-batch", "150", "--hidden", "16", "--layers", "2", "--search-iters",
                  "200", *QUIET], steps=12, prepare="gnn"),
-    "lstm": Case(["--synthetic-tickers", "2", "--synthetic-days", "800", "--window", "16", "--hidden", "8",
+    "lstm": Case(["--synthetic-tickers", "4", "--synthetic-days", "800", "--window", "16", "--hidden", "8",
                   "--batch-size", "64", "--epochs", "2", "--eval-every", "1000", *QUIET], steps=10),
     "ppo": Case(["--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days", "600", "--window", "8",
                  "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64", "--hidden",
@@ -105,6 +105,8 @@ def test_trains_on_the_fake_accelerator(trained, trainer):
     assert results["training"]["stop_reason"] == "completed"
     one_run = read_results(run.run_dir / "symbols" / "SYN000") if trainer == "lstm" else results
     assert one_run["training"]["deterministic"] is True
+    if trainer == "lstm":  # on an accelerator each worker trains its 2 symbols as one cohort (--cohort auto)
+        assert one_run["training"]["cohort"] == 2
     assert sorted(r["rank"] for r in workers(run.log_dir)) == [0, 1]  # both ran under the fake, left a record
 
 

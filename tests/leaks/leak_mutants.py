@@ -243,4 +243,11 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/device/test_device_search.py::test_the_population_search_runs_on_the_device_as_on_the_host",),
            "a09b8e2's population search: a draw from the device's generator without device= (dead at its first "
            "TabuCol block on CUDA)"),
+    Mutant("cohort_rows_of_another_symbol", "LSTM", "trainers/lstm/cohort.py",
+           (("        x, y = m.data.gather(anchors)\n        xs.append(x)\n        ys.append(torch.nan_to_num(y))  # (every",
+             "        x, y = members[0].data.gather(anchors)\n"
+             "        xs.append(x)\n        ys.append(torch.nan_to_num(y))  # (every"),),
+           ("tests/lstm/test_lstm_cohort.py::test_a_cohort_job_trains_what_the_one_at_a_time_job_trains",),
+           "a cohort step that feeds every member the first member's windows: each model trains on another "
+           "symbol's data"),
 )

@@ -160,6 +160,10 @@ class LstmConfig(RunOptions):
     eval_batch_size: int = option(1024, "windows per evaluation batch", resume_safe=True, min=1)
     export: bool = option(True, "export each finished symbol's ONNX in its worker (parallel; `trainers lstm "
                           "export` does the rest)", resume_safe=True)
+    cohort: int | None = option(None, "symbols a worker trains at once as one stacked model, each still its own run "
+                                "(folder, checkpoints, early stop, results); 1: one at a time with nn.LSTM "
+                                "(default: 1 on CPU, where stacking does not pay; on a GPU as many as the plan "
+                                "fits, at most 256)", resume_safe=True, min=1, max=4096)
     jobs_per_gpu: int = option(1, "workers sharing one GPU: start torchrun with K x GPUs workers per node "
                                "(deploy_8gpu.sh does); worker r uses GPU r // K", resume_safe=True, min=1)
 

@@ -4,7 +4,7 @@ and the bytes autograd saves per sample (trainers.ops.plan.saved_bytes_per_item)
 
 from __future__ import annotations
 
-from trainers.lstm.config import LstmConfig
+from trainers.lstm.config import LstmConfig, n_features
 from trainers.ops.plan import Workload, forward_flops, saved_bytes_per_item
 
 DEFAULT_SYMBOLS = 3  # the seed's BTC-USD, ETH-USD, SOL-USD when none are named
@@ -33,3 +33,33 @@ def workload(cfg: LstmConfig) -> Workload:
         shape={"hidden": cfg.hidden, "layers": cfg.layers, "window": cfg.window, "symbols": symbols},
         notes=[f"{symbols} independent models, {k} at a time per GPU (no gradient traffic between them); about "
                f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs)"])
+
+
+MAX_AUTO_COHORT = 256  # past this a step's kernels are already wide; more only delays each symbol's first result
+COHORT_MEMORY_SHARE = 0.5  # of the GPU's memory, for the cohort's saved activations (the rest: data, workers)
+
+
+def cohort_size(cfg: LstmConfig, timeframes: list, device) -> int:
+    """Symbols a worker trains at once (`--cohort`): the user's number, else 1 on a CPU (a stacked step
+    is no faster there: tests/lstm/lstm_cohort_cpu.json) and on a GPU as many cohort members as half its
+    memory holds for their activations (shared by the workers on it), at most MAX_AUTO_COHORT."""
+    from trainers.runtime import device as device_mod
+
+    if cfg.cohort is not None:
+        return cfg.cohort
+    total = device_mod.total_memory(device)
+    if not total:  # a CPU
+        return 1
+    per_member = cfg.batch_size * stacked_saved_bytes_per_sample(cfg, n_features(len(timeframes)))
+    fits = int(total * COHORT_MEMORY_SHARE / max(1, cfg.jobs_per_gpu) // max(per_member, 1.0))
+    return max(1, min(MAX_AUTO_COHORT, fits))
+
+
+def stacked_saved_bytes_per_sample(cfg: LstmConfig, features: int) -> float:
+    """Bytes autograd saves per sample of one cohort member (measured on a stack of one, on the CPU)."""
+    import torch
+
+    from trainers.lstm.stacked import StackedLSTM
+
+    model = StackedLSTM(1, features, cfg.hidden, cfg.layers, cfg.dropout).train()
+    return saved_bytes_per_item(model, lambda b: (torch.randn(1, b, cfg.window, features),))

@@ -25,6 +25,7 @@ import time
 import torch
 
 from trainers.lstm.build import build_model
+from trainers.lstm.cohort import train_cohort
 from trainers.lstm.config import LstmConfig
 from trainers.lstm.evaluate import evaluate_symbol, log_symbol_summary, validation_loss
 from trainers.lstm.features import SymbolData
@@ -47,7 +48,7 @@ def train(cfg: LstmConfig) -> int:
         # NCCL would refuse two workers on one GPU (--jobs-per-gpu).
         with distributed("cpu", cfg.collective_timeout_s) as ctx:
             try:
-                return run_job(cfg, ctx, started_at, train_symbol)
+                return run_job(cfg, ctx, started_at, train_symbol, train_cohort)
             finally:
                 close_job_logger(ctx.rank)
     finally:

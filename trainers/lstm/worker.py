@@ -5,6 +5,9 @@ in: this module never imports the training script).
     run_job      checks, the attempt's pending list (rank 0, broadcast), claims until the queue is
                  empty or the job stops; rank 0 waits for the others and writes the summary
     work_on      one symbol: its loop (a second try after an error), its export, its done marker
+    work_on_cohort  the symbols of one claim trained together (trainers.lstm.cohort, `--cohort`), each
+                 then finished as work_on finishes one; a symbol that raised in the cohort is tried
+                 again alone
     Worker       one worker's rank, device, queue, the job's clock and budget, its signal flag, log
 
 A symbol that raises is tried once more (from its last checkpoint), then recorded as failed with its
@@ -34,6 +37,7 @@ from trainers.lstm.config import LstmConfig
 from trainers.lstm.export import export_symbol
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
+from trainers.lstm.size import cohort_size
 from trainers.lstm.summary import write_job_summary
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
@@ -133,16 +137,18 @@ class Worker:
 
 
 TrainSymbol = Callable[[LstmConfig, SymbolData, Worker, int], SymbolOutcome]
+# the symbols' outcomes, or the error that took one out of the cohort
+TrainCohort = Callable[[LstmConfig, list[SymbolData], Worker, int], dict[str, "SymbolOutcome | BaseException"]]
 
 
-def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_symbol: TrainSymbol
-            ) -> SymbolOutcome | None:
+def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_symbol: TrainSymbol,
+            first_try: int = 1, started: float | None = None) -> SymbolOutcome | None:
     """Train `symbol` (a second try after an error), export it, write its done marker. Returns the
-    outcome, or None when it failed twice."""
-    started = time.perf_counter()
+    outcome, or None when it failed twice. (`first_try` 2: its first try failed in a cohort.)"""
+    started = time.perf_counter() if started is None else started
     scfg = symbol_config(cfg, symbol)
     folder = symbol_dir(Path(cfg.run_dir), symbol)
-    for attempt in (1, 2):
+    for attempt in range(first_try, 3):
         try:
             cfgmod.check_run_dir_compatible(folder, scfg)
             data = build_symbol_data(plan.bars[symbol], scfg, plan.timeframes)
@@ -162,6 +168,13 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
             jobqueue.write_marker(folder, _marker(worker, symbol, "failed", attempt, started,
                                                  error=error, traceback=traceback.format_exc()[-4000:]))
             return None
+    return finished(symbol, outcome, attempt, started, cfg, worker)
+
+
+def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, cfg: LstmConfig, worker: Worker
+             ) -> SymbolOutcome:
+    """A trained symbol's end in the job: stopped (a new run resumes it), or exported and marked done."""
+    folder = symbol_dir(Path(cfg.run_dir), symbol)
     if outcome.reason in (StopReason.SIGNAL, StopReason.TIME_BUDGET, StopReason.MONEY_BUDGET):
         worker.log.info("%s: stopped at step %d (%s); a new run resumes it", symbol, outcome.steps,
                         outcome.reason.name.lower())
@@ -183,6 +196,62 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
                     worker.device, outcome.steps, "n/a" if best is None else f"{best:.4f}",
                     test.get("skill", {}).get("verdict", "n/a"))
     return outcome
+
+
+def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: Worker, train_symbol: TrainSymbol,
+                   train_cohort: TrainCohort) -> dict[str, SymbolOutcome | None]:
+    """Train `symbols` together (those of one model shape in one cohort), then finish each as work_on
+    does. A symbol whose data or check fails goes to work_on (its own tries and failure record); one that
+    raised inside the cohort is tried a second time alone, from its last checkpoint."""
+    started = time.perf_counter()
+    outcomes: dict[str, SymbolOutcome | None] = {}
+    shapes: dict[int, list[SymbolData]] = {}
+    alone, again = [], []
+    for symbol in symbols:
+        try:
+            scfg = symbol_config(cfg, symbol)
+            cfgmod.check_run_dir_compatible(symbol_dir(Path(cfg.run_dir), symbol), scfg)
+            data = build_symbol_data(plan.bars[symbol], scfg, plan.timeframes)
+        except Exception:  # noqa: BLE001 - work_on tries it again and records the failure
+            alone.append(symbol)
+            continue
+        shapes.setdefault(data.n_features, []).append(data)
+    for group in shapes.values():
+        if len(group) == 1:
+            alone.append(group[0].symbol)
+            continue
+        for symbol, outcome in train_cohort(cfg, group, worker, 1).items():
+            if isinstance(outcome, SymbolOutcome):
+                outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker)
+            elif worker.stopping():
+                worker.log.warning("%s: %s while the job was stopping; not counted as a failure, a new run resumes "
+                                   "it", symbol, f"{type(outcome).__name__}: {outcome}")
+                outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
+            else:
+                worker.log.warning("%s: try 1 failed in its cohort (%s: %s); trying again alone from its last "
+                                   "checkpoint", symbol, type(outcome).__name__, outcome)
+                again.append(symbol)
+    for symbol, first_try in [(s, 1) for s in alone] + [(s, 2) for s in again]:
+        if worker.stopping():  # a stopped job starts nothing new; the next run takes these up
+            outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
+            continue
+        outcomes[symbol] = work_on(symbol, cfg, plan, worker, train_symbol, first_try, started)
+    return outcomes
+
+
+def claim_cohort(queue: jobqueue.JobQueue, size: int, world_size: int) -> list[tuple[int, str]]:
+    """Up to `size` claims, one after another (each an atomic take from the queue), and never more than
+    this worker's share of what was left at its first claim: the last symbols are spread over the
+    workers, not piled on one."""
+    claims: list[tuple[int, str]] = []
+    while len(claims) < size:
+        claim = queue.claim()
+        if claim is None:
+            break
+        if not claims:
+            size = min(size, -(-(len(queue.pending) - claim[0]) // world_size))
+        claims.append(claim)
+    return claims
 
 
 def _marker(worker: Worker, symbol: str, status: str, tries: int, started: float, **extra) -> dict:
@@ -228,7 +297,8 @@ def close_job_logger(rank: int) -> None:
         handler.close()
 
 
-def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol) -> int:
+def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol,
+            train_cohort: TrainCohort | None = None) -> int:
     # Everything that can reject the input happens before the first write into the job folder.
     job_dir = Path(cfg.run_dir)
     fix_date_range(cfg, cfgmod.saved_config(job_dir))
@@ -244,14 +314,14 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
     # inside work_on, whose per-symbol handler would record it as that symbol's failure.
     lock = take_run_folder(job_dir, ctx, "lstm", None)
     try:
-        return _attempt(cfg, ctx, started_at, train_symbol, plan, device)
+        return _attempt(cfg, ctx, started_at, train_symbol, train_cohort, plan, device)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol, plan: JobPlan,
-             device: torch.device) -> int:
+def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol,
+             train_cohort: TrainCohort | None, plan: JobPlan, device: torch.device) -> int:
     """One torchrun attempt of the job, its folder locked: the pending list, the claims, the summary."""
     job_dir = Path(cfg.run_dir)
     devices = ctx.world_size // cfg.jobs_per_gpu if device.type == "cuda" else ctx.world_size
@@ -284,6 +354,9 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         # outright (SIGKILL to every process) writes nothing at its end.
         summary()
 
+    cohort = 1 if train_cohort is None else cohort_size(cfg, plan.timeframes, device)
+    if ctx.is_main and cohort > 1:
+        log.info("lstm job: up to %d symbols at a time per worker, stacked into one model (--cohort)", cohort)
     next_summary = time.monotonic() + SUMMARY_EVERY_S
     with faults.as_worker(ctx.rank):
         while True:
@@ -295,14 +368,20 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
             if over != StopReason.NONE:  # no new symbol once the job's time or money is spent
                 worker.publish_stop(over.name.lower(), None, None, None)
                 break
-            claim = queue.claim()
-            if claim is None:
+            claims = claim_cohort(queue, cohort, ctx.world_size)
+            if not claims:
                 break
-            index, symbol = claim
-            log.info("%s: claimed (%d of %d pending)", symbol, index + 1, len(queue.pending))
-            outcome = work_on(symbol, cfg, plan, worker, train_symbol)
+            for index, symbol in claims:
+                log.info("%s: claimed (%d of %d pending)%s", symbol, index + 1, len(queue.pending),
+                         f" in a cohort of {len(claims)}" if len(claims) > 1 else "")
+            if len(claims) == 1:
+                outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
+            else:
+                outcome = list(work_on_cohort([s for _, s in claims], cfg, plan, worker, train_symbol,
+                                              train_cohort).values())[-1]
             if worker.signalled is not None and queue.stop_record(force=True) is None:  # as a rule published at
-                worker.publish_stop("signal", symbol, outcome.steps if outcome else None, worker.signalled)  # the step
+                worker.publish_stop("signal", claims[-1][1], outcome.steps if outcome else None,  # the step
+                                    worker.signalled)
             if ctx.is_main and time.monotonic() >= next_summary:  # progress for whoever watches results.md;
                 summary()  # by the clock: rebuilding it reads every symbol's folder
                 next_summary = time.monotonic() + SUMMARY_EVERY_S

@@ -50,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from after_import import when_imported
 
 HOST = -1
+FAKE_MEMORY_BYTES = 16 << 30  # what runtime.device.total_memory answers for a fake device (sizes --cohort auto)
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 aten = torch.ops.aten
@@ -456,6 +457,9 @@ class FakeAccelerator:
                 self._patch(device_mod, "accelerator_available", lambda: True)
                 self._patch(device_mod, "accelerator", lambda index=0: torch.device("cpu", index))
                 self._patch(device_mod, "pinnable", lambda device: _target_index(device) not in (None, HOST))
+                real_memory = device_mod.total_memory
+                self._patch(device_mod, "total_memory", lambda device: FAKE_MEMORY_BYTES
+                            if _target_index(device) not in (None, HOST) else real_memory(device))
                 real_synchronize = device_mod.synchronize
 
                 def synchronize(device=None):  # a wait on purpose (a phase's edge): counted like any other
@@ -522,18 +526,20 @@ def _instrument(acc: FakeAccelerator) -> None:
     def should_log(self, step):
         due = real["should_log"](self, step)
         if due:
-            acc.label = f"log {step}"
+            acc.label = self._fake_waits = f"log {step}"
         return due
 
     def should_eval(self, step, *a, **k):
         due = real["should_eval"](self, step, *a, **k)
         if due:
-            acc.label = f"evaluation {step}"
+            acc.label = self._fake_waits = f"evaluation {step}"
         return due
 
     def step_done(self, step, *a, **k):
-        if acc.label not in (f"log {step}", f"evaluation {step}"):  # a log or evaluation step waits on purpose
-            acc.label = f"step_done {step}"
+        # a log or evaluation step waits on purpose; asked of the run itself (an LSTM cohort's runs take
+        # their steps in turn, so the last label set may be another run's)
+        waits = getattr(self, "_fake_waits", None)
+        acc.label = waits if waits in (f"log {step}", f"evaluation {step}") else f"step_done {step}"
         reason = real["step_done"](self, step, *a, **k)
         acc.label = f"body {step + 1}"
         acc.mark("step_done", step)

@@ -1,0 +1,198 @@
+"""Cohorts (`--cohort`, trainers.lstm.cohort): K symbols trained at once as one stacked model, each still
+its own run. The stacked pieces equal the per-model ones; a cohort job equals the one-at-a-time job
+(dropout 0: nn.LSTM's own masks come from the global stream); with dropout a symbol's training does
+not depend on which symbols share its cohort; a symbol stopped in a cohort resumes alone or in another
+cohort; a symbol that raises is tried again alone while the others finish."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from trainers.cli import main
+from trainers.lstm.model import DirectionLSTM
+from trainers.lstm.stacked import StackedAdamW, StackedLSTM, adamw_param_groups, clip_per_model
+
+TINY = ["--source", "synthetic", "--synthetic-tickers", "5", "--synthetic-days", "600", "--window", "16",
+        "--hidden", "8", "--batch-size", "64", "--epochs", "4", "--eval-every", "1", "--patience", "1", "--no-export"]
+
+
+def models(k: int, features: int = 5, hidden: int = 8, layers: int = 2, dropout: float = 0.0) -> list[DirectionLSTM]:
+    out = []
+    for seed in range(k):
+        torch.manual_seed(seed)
+        out.append(DirectionLSTM(features, hidden, layers, dropout))
+    return out
+
+
+def test_the_stack_computes_what_each_model_computes_also_for_a_subset_of_rows():
+    ms = models(4)
+    stack = StackedLSTM.of(ms)
+    x = torch.randn(4, 7, 12, 5)
+    with torch.no_grad():
+        want = torch.stack([m.eval()(x[k]) for k, m in enumerate(ms)])
+        assert torch.allclose(stack.eval()(x), want, atol=1e-5)
+        rows = torch.tensor([3, 1])
+        assert torch.allclose(stack(x[rows], rows=rows), want[rows], atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(stack.model(2).state_dict().values(), ms[2].state_dict().values()))
+
+
+def test_stacked_adamw_and_per_model_clipping_are_adamw_and_clip_grad_norm_per_model():
+    """Twelve steps of each model alone (AdamW, clip_grad_norm_) against the stack; model 1 leaves after
+    step 4 and stays exactly as it was, moments too, while the others go on; at step 8 model 3 leaves
+    too and the stack shrinks to models 0 and 2 (the cohort's shrink), which train on."""
+    ms, lr, clip = models(4), 3e-3, 0.05
+    stack = StackedLSTM.of(ms)
+    opt = StackedAdamW(list(stack.parameters()), lr, 0.01)
+    alone = [torch.optim.AdamW(m.parameters(), lr=lr, weight_decay=0.01) for m in ms]
+    torch.manual_seed(7)
+    rows = [0, 1, 2, 3]  # which model sits in each row of the stack
+    for step in range(12):
+        if step == 8:
+            keep = torch.tensor([0, 2])
+            stack.keep(keep)
+            opt.keep(keep, list(stack.parameters()))
+            rows = [0, 2]
+        x, y = torch.randn(len(rows), 16, 6, 5), torch.randint(0, 2, (len(rows), 16)).float()
+        active = torch.tensor([k != 3 and (k != 1 or step < 4) for k in rows])
+        for r, k in enumerate(rows):
+            if active[r]:
+                alone[k].zero_grad()
+                torch.nn.functional.binary_cross_entropy_with_logits(ms[k].train()(x[r]), y[r]).backward()
+                torch.nn.utils.clip_grad_norm_(ms[k].parameters(), clip)
+                alone[k].step()
+        opt.zero_grad()
+        losses = torch.nn.functional.binary_cross_entropy_with_logits(stack.train()(x), y, reduction="none").mean(1)
+        losses.sum().backward()
+        clip_per_model(list(stack.parameters()), clip, active)
+        opt.step(active)
+        if step == 4:
+            frozen = {n: t.clone() for n, t in stack.model_state(1).items()}
+        if step == 7:
+            assert all(torch.equal(frozen[n], t) for n, t in stack.model_state(1).items())
+    assert stack.k == 2
+    for r, k in enumerate(rows):
+        for name, t in stack.model_state(r).items():
+            assert torch.allclose(t, ms[k].state_dict()[name], atol=2e-5), (k, name)
+    # a model's optimizer state is AdamW's own: loaded into torch's AdamW, the next step is the same
+    saved = opt.model_state(1, adamw_param_groups(ms[2], lr, 0.01))
+    assert float(saved["state"][0]["step"]) == 12
+    again = DirectionLSTM(5, 8, 2, 0.0)
+    again.load_state_dict(stack.model_state(1))
+    theirs = torch.optim.AdamW(again.parameters(), lr=lr, weight_decay=0.01)
+    theirs.load_state_dict(saved)
+    assert torch.equal(theirs.state_dict()["state"][3]["exp_avg"], alone[2].state_dict()["state"][3]["exp_avg"]) or \
+        torch.allclose(theirs.state_dict()["state"][3]["exp_avg"], alone[2].state_dict()["state"][3]["exp_avg"],
+                       atol=1e-6)
+
+
+def test_a_models_dropout_masks_do_not_depend_on_its_neighbours():
+    gen = torch.Generator()
+    alone = StackedLSTM.of(models(1, dropout=0.3)).dropout_masks([11], [5], 4, 6, gen)
+    shared = StackedLSTM.of(models(3, dropout=0.3)).dropout_masks([2, 11, 3], [9, 5, 0], 4, 6, gen)
+    assert set(alone) == {"layer0", "head"}
+    for name in alone:
+        assert torch.equal(alone[name][0], shared[name][1])
+        assert not torch.equal(shared[name][0], shared[name][1])
+    later = StackedLSTM.of(models(1, dropout=0.3)).dropout_masks([11], [6], 4, 6, gen)
+    assert not torch.equal(later["head"], alone["head"])  # a new step draws new masks
+
+
+def train(run_dir, *extra, env: dict | None = None) -> int:
+    old = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        return main(["lstm", "train", "--run-dir", str(run_dir), *TINY, *extra])
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def symbol_results(run_dir) -> dict[str, dict]:
+    return {d.name: json.loads((d / "results.json").read_text()) for d in sorted((run_dir / "symbols").iterdir())
+            if (d / "results.json").exists()}
+
+
+def assert_same_training(a: dict, b: dict, tol: float = 1e-4) -> None:
+    """The same steps, stop, best step and values (to `tol`) and the same test figures."""
+    ta, tb = a["training"], b["training"]
+    assert (ta["steps"], ta["stop_reason"], ta["best_val"]["step"]) == (tb["steps"], tb["stop_reason"],
+                                                                         tb["best_val"]["step"])
+    assert ta["best_val"]["value"] == pytest.approx(tb["best_val"]["value"], abs=tol)
+    for split in ("val", "test"):
+        ea, eb = a["evaluation"][split]["model"], b["evaluation"][split]["model"]
+        for key in ("log_loss", "accuracy", "roc_auc", "brier"):
+            assert ea[key] == pytest.approx(eb[key], abs=tol), (split, key)
+
+
+def test_a_cohort_job_trains_what_the_one_at_a_time_job_trains(tmp_path):
+    """Dropout 0: the same weights to 1e-4, the same early stops (patience 2 stops some symbols before
+    their last step), the same test figures; SYN002 raises at step 2 in the cohort, is tried again alone
+    and finishes like the others; SYN004 raises on every try and is recorded failed."""
+    faults = {"TRAINERS_FAULT_RAISE": "SYN002@step2:once,SYN004@step3:always"}
+    assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1", env=faults) == 1  # a failed symbol: exit 1
+    assert train(tmp_path / "cohort", "--dropout", "0", "--cohort", "5", env=faults) == 1
+    alone, cohort = symbol_results(tmp_path / "alone"), symbol_results(tmp_path / "cohort")
+    assert sorted(alone) == sorted(cohort) == ["SYN000", "SYN001", "SYN002", "SYN003"]
+    stops = {s: r["training"]["stop_reason"] for s, r in alone.items()}
+    assert "early_stop" in stops.values(), stops  # the comparison covers a symbol that stopped early
+    for s in alone:
+        assert_same_training(alone[s], cohort[s])
+    assert cohort["SYN000"]["training"]["cohort"] == 5
+    assert cohort["SYN002"]["training"]["try"] == 2 and "cohort" not in cohort["SYN002"]["training"]
+    job = json.loads((tmp_path / "cohort" / "results.json").read_text())
+    assert job["symbols"]["SYN004"]["status"] == "failed" and job["symbols"]["SYN004"]["tries"] == 2
+    log = (tmp_path / "cohort" / "training.log").read_text()
+    assert "in a cohort of 5" in log and "SYN002: try 1 failed in its cohort" in log
+
+
+def test_with_dropout_a_symbol_trains_the_same_whichever_symbols_share_its_cohort(tmp_path):
+    """...and under --gpu-defaults (what a GPU deploy turns on: checkpoints written behind the loop)."""
+    assert train(tmp_path / "two", "--symbols", "SYN000,SYN001", "--cohort", "2") == 0
+    assert train(tmp_path / "three", "--symbols", "SYN003,SYN000,SYN002", "--cohort", "3", "--gpu-defaults") == 0
+    assert_same_training(symbol_results(tmp_path / "two")["SYN000"], symbol_results(tmp_path / "three")["SYN000"])
+
+
+@pytest.fixture
+def restore_sigterm():
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_cohort_stopped_by_a_signal_resumes_alone_or_in_another_cohort(tmp_path, restore_sigterm):
+    """SIGTERM at step 3 stops every member with a checkpoint; run again, each symbol resumes from its own
+    and ends where the uninterrupted run ends: in a cohort with dropout (its masks are its own stream),
+    and alone with nn.LSTM at dropout 0 (a member's checkpoint is a DirectionLSTM's and AdamW's)."""
+    symbols = ["--symbols", "SYN000,SYN001,SYN003", "--patience", "0"]
+    stop = {"TRAINERS_FAULT": "sigterm@rank0:step3"}
+    for name, extra, resume_with in (("dropout", [], ["--cohort", "3"]),
+                                     ("plain", ["--dropout", "0"], ["--cohort", "1"])):
+        assert train(tmp_path / f"{name}_whole", *symbols, *extra, "--cohort", "3") == 0
+        assert train(tmp_path / f"{name}_cut", *symbols, *extra, "--cohort", "3", env=stop) == 0
+        cut = json.loads((tmp_path / f"{name}_cut" / "results.json").read_text())
+        assert cut["training"]["stop_reason"] == "signal" and cut["training"]["symbols"]["ok"] == 0
+        assert train(tmp_path / f"{name}_cut", *symbols, *extra, *resume_with) == 0
+        whole, resumed = symbol_results(tmp_path / f"{name}_whole"), symbol_results(tmp_path / f"{name}_cut")
+        assert sorted(resumed) == ["SYN000", "SYN001", "SYN003"]
+        for s in whole:
+            assert_same_training(whole[s], resumed[s])
+        log = (tmp_path / f"{name}_cut" / "training.log").read_text()
+        assert "SYN001: resumed from checkpoint step" in log
+
+
+def test_the_cohort_option_is_checked_and_auto_is_one_on_a_cpu(tmp_path, capsys):
+    assert main(["lstm", "train", "--run-dir", str(tmp_path / "x"), "--cohort", "0"]) == 2
+    assert "--cohort" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    from trainers.lstm.config import LstmConfig, parse_timeframes
+    from trainers.lstm.size import cohort_size
+
+    tfs = parse_timeframes("1d,1w,1M")
+    assert cohort_size(LstmConfig(), tfs, torch.device("cpu")) == 1
+    assert cohort_size(LstmConfig(cohort=7), tfs, torch.device("cpu")) == 7

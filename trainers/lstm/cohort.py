@@ -1,0 +1,357 @@
+"""Train a cohort of symbols at once: K symbols' models stacked into one (trainers.lstm.stacked), each
+symbol still its own run.
+
+Why: one symbol's tiny LSTM cannot fill a GPU; trained one after another, a job is launch-bound (on the
+H200, 8,499 samples/s where a bare step of the same shape ran 87-93k). Stacked, one step trains every
+symbol of the cohort with the kernels one symbol's step launches.
+
+What does not change: each symbol keeps its own run (trainers.runtime.run.Run: its folder, lock, log,
+checkpoints, resume, early stop, evaluation, results, ONNX), its own windows (a cohort step gathers each
+symbol's batch from its own data, padded to the batch size with rows that weigh nothing: never a row of
+another symbol), its own AdamW state and step count, its own seed. A symbol's checkpoint holds exactly
+what a symbol trained alone saves (its DirectionLSTM state dict and its AdamW state), so it resumes alone
+or in another cohort. A symbol that stops (early, budget, signal, its last step) leaves the cohort: the
+stacked models shrink once fewer than half are still training. A symbol whose bookkeeping raises leaves
+with its error (the worker tries it again alone); the others go on.
+
+Equal to training alone (tests/lstm/test_lstm_cohort.py): with --dropout 0, the same weights, metrics and
+early-stop step within 1e-4; with dropout, each symbol's masks come from its own (seed, step) stream, so its
+training does not depend on the other members (nn.LSTM's own masks, drawn from the global stream, differ).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from dataclasses import dataclass, field
+
+import torch
+
+from trainers.lstm.build import build_model
+from trainers.lstm.config import LstmConfig
+from trainers.lstm.evaluate import evaluate_symbol, log_symbol_summary
+from trainers.lstm.features import SymbolData
+from trainers.lstm.job import planned_steps, symbol_config
+from trainers.lstm.model import count_parameters
+from trainers.lstm.stacked import StackedAdamW, StackedLSTM, adamw_param_groups, clip_per_model
+from trainers.lstm.worker import SymbolOutcome, Worker
+from trainers.runtime.budget import StopReason
+from trainers.runtime.run import Run
+from trainers.runtime.rundir import single_process_context
+from trainers.runtime.sampling import EpochCursor
+
+
+@dataclass(eq=False)  # members are told apart by identity (two runs of one symbol never share a cohort)
+class Member:
+    cfg: LstmConfig  # the symbol's own config (its folder, seed)
+    data: SymbolData
+    total_steps: int
+    run: Run | None = None
+    exit: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    cursor: EpochCursor | None = None
+    step: int = 0
+    window_loss: torch.Tensor | None = None
+    window_count: int = 0
+    loss: torch.Tensor | None = None  # this step's, on the device
+    count: int = 0  # this step's real rows
+    end_of_epoch: bool = False
+    outcome: SymbolOutcome | None = None
+    error: BaseException | None = None
+
+    @property
+    def symbol(self) -> str:
+        return self.data.symbol
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None or self.error is not None
+
+
+class Cohort:
+    """The stacked models and their optimizer, and which member sits in which row."""
+
+    def __init__(self, members: list[Member], cfg: LstmConfig, device: torch.device):
+        models = []
+        for m in members:
+            torch.manual_seed(m.cfg.seed)  # each symbol's own init, as when it trains alone
+            models.append(build_model(m.cfg, m.data.n_features))
+        self.parameters = count_parameters(models[0])
+        self.param_groups = adamw_param_groups(models[0], cfg.lr, cfg.weight_decay)
+        self.model = StackedLSTM.of(models).to(device)
+        self.optimizer = StackedAdamW(list(self.model.parameters()), cfg.lr, cfg.weight_decay)
+        self.members = list(members)  # in row order
+        self._rows = {id(m): k for k, m in enumerate(self.members)}
+        self.on_signal = None  # the cohort's handler, once every member's run is entered
+
+    def row(self, member: Member) -> int:
+        return self._rows[id(member)]
+
+    def shrink(self) -> None:
+        """Only the members still training stay in the stack (most have finished): less work per step."""
+        still = [m for m in self.members if not m.done]
+        rows = torch.tensor([self.row(m) for m in still], device=self.model.weights[0].device)
+        self.model.keep(rows)
+        self.optimizer.keep(rows, list(self.model.parameters()))
+        self.members = still
+        self._rows = {id(m): k for k, m in enumerate(self.members)}
+
+    def hold_signals(self) -> None:
+        """A run gives back, when it closes, the handler it found when it opened (another member's run's):
+        the cohort's handler takes SIGTERM and SIGINT back after every member's close."""
+        if self.on_signal is not None:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self.on_signal)
+
+
+class SliceModel:
+    """A member's model, as its run saves and restores it: a DirectionLSTM state dict."""
+
+    def __init__(self, cohort: Cohort, member: Member):
+        self.cohort, self.member = cohort, member
+
+    def state_dict(self) -> dict:
+        return self.cohort.model.model_state(self.cohort.row(self.member))
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cohort.model.load_model_state(self.cohort.row(self.member), state)
+
+
+class SliceOptimizer:
+    """A member's AdamW state, in torch.optim.AdamW's own format for its DirectionLSTM."""
+
+    def __init__(self, cohort: Cohort, member: Member):
+        self.cohort, self.member = cohort, member
+
+    def state_dict(self) -> dict:
+        return self.cohort.optimizer.model_state(self.cohort.row(self.member), self.cohort.param_groups)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cohort.optimizer.load_model_state(self.cohort.row(self.member), state)
+
+
+def padded(anchors: torch.Tensor, fill: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`anchors` padded to `size` with `fill` (an anchor of the same member), and the rows' weights (0 for
+    the padding): every step has one shape, and only the member's own real rows count."""
+    weight = torch.ones(size, device=fill.device)
+    if len(anchors) < size:
+        weight[len(anchors):] = 0.0
+        anchors = torch.cat([anchors, fill[:1].expand(size - len(anchors))])
+    return anchors, weight
+
+
+def batch_of(members: list[Member], size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each member's own windows [K, size, window, F], labels and row weights [K, size]: a member that has
+    finished (still in the stack until it shrinks) gets rows that weigh nothing."""
+    xs, ys, ws = [], [], []
+    for m in members:
+        ids = m.data.ids["train"]
+        if m.done:
+            anchors, weight = padded(ids[:0], ids, size)
+            weight.zero_()
+        else:
+            positions, m.count = m.cursor.batch()
+            anchors, weight = padded(ids[positions], ids, size)
+        x, y = m.data.gather(anchors)
+        xs.append(x)
+        ys.append(torch.nan_to_num(y))  # (every train anchor is labelled; the padding repeats one)
+        ws.append(weight)
+    return torch.stack(xs), torch.stack(ys), torch.stack(ws)
+
+
+def member_losses(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                  pos_weight: torch.Tensor) -> torch.Tensor:
+    """Each member's mean BCE over its real rows, its class weight on the up bars [K] (0 for a member with
+    none: one that has finished)."""
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, pos_weight=pos_weight[:, None],
+                                                                reduction="none")
+    return (loss * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+@torch.no_grad()
+def validation_losses(cohort: Cohort, members: list[Member], batch_size: int) -> list[float]:
+    """Each member's validation loss (the unweighted log loss over its labelled validation windows, as
+    trainers.lstm.evaluate.validation_loss), the members' models run together on their own windows."""
+    was_training = cohort.model.training
+    cohort.model.eval()
+    device = cohort.model.weights[0].device
+    rows = torch.tensor([cohort.row(m) for m in members], device=device)
+    sums = torch.zeros(len(members), dtype=torch.float64, device=device)
+    longest = max(len(m.data.ids["val"]) for m in members)
+    batch_size = min(batch_size, longest)  # padded to the longest member's windows, not to a full batch
+    for start in range(0, longest, batch_size):
+        xs, ys, ws = [], [], []
+        for m in members:
+            ids = m.data.ids["val"]
+            anchors, weight = padded(ids[start:start + batch_size], ids, batch_size)
+            x, y = m.data.gather(anchors)
+            xs.append(x)
+            ys.append(torch.nan_to_num(y))
+            ws.append(weight)
+        logits = cohort.model(torch.stack(xs), rows=rows)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), torch.stack(ys), reduction="none")
+        sums += (loss * torch.stack(ws)).sum(1).double()
+    cohort.model.train(was_training)
+    counts = torch.tensor([float(len(m.data.ids["val"])) for m in members], dtype=torch.float64)
+    return (sums.cpu() / counts).tolist()  # one read for every member's value
+
+
+def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attempt: int
+                 ) -> dict[str, SymbolOutcome | BaseException]:
+    """Train the symbols of `datas` (one model shape) together; per symbol its outcome, or the error that
+    took it out (the worker tries it again alone)."""
+    device = worker.device
+    members = []
+    for data in datas:
+        scfg = symbol_config(cfg, data.symbol)
+        data.to(device)
+        members.append(Member(scfg, data, planned_steps(scfg, len(data.ids["train"]))))
+    cohort = Cohort(members, cfg, device)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        def on_signal(signum, _frame):  # every member stops at its next step, with a checkpoint
+            worker.signalled = signal.Signals(signum).name
+            for m in members:
+                if m.run is not None and not m.done:
+                    m.run.request_stop(StopReason.SIGNAL, worker.signalled)
+        cohort.on_signal = on_signal
+        for m in members:
+            states = {"model": SliceModel(cohort, m), "optimizer": SliceOptimizer(cohort, m)}
+            _guarded(m, cohort, lambda m=m, states=states: _enter(m, states, cfg, worker))
+            cohort.hold_signals()  # (each run installs its own handler as it opens)
+        _train(cfg, members, cohort, worker, attempt)
+    finally:
+        for m in members:
+            _close(m)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return {m.symbol: m.outcome if m.outcome is not None else m.error for m in members}
+
+
+def _enter(m: Member, states: dict, cfg: LstmConfig, worker: Worker) -> None:
+    m.run = m.exit.enter_context(Run(m.cfg, single_process_context(str(worker.device)), "lstm", states,
+                                     m.total_steps, unit="samples", metric_name="loss", eval_every=cfg.eval_every))
+    worker.quiet_console(m.run.log)
+    m.run.quiet_progress()  # one bar per symbol would fill the terminal
+
+
+def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worker, attempt: int) -> None:
+    device = worker.device
+    generator = torch.Generator(device=device)  # reseeded per member and step (stacked.stream_seed)
+    fresh = []
+    for m in members:
+        if not m.done:
+            _guarded(m, cohort, lambda m=m: _start(m, cohort, worker, fresh))
+    _evaluated(cohort, [m for m in fresh if not m.done], cfg.eval_batch_size, initial=True)
+    for m in members:
+        if not m.done and m.step >= m.total_steps:  # resumed at or past its last step
+            _guarded(m, cohort, lambda m=m: _finish(m, cohort, cfg, worker, attempt))
+    cohort.model.train()
+    membership = None
+    while any(not m.done for m in cohort.members):
+        if sum(not m.done for m in cohort.members) <= len(cohort.members) // 2:
+            cohort.shrink()
+        stack = cohort.members
+        if membership != [m.done for m in stack]:  # copied to the device when a member leaves, not every step
+            membership = [m.done for m in stack]
+            training = torch.tensor([not done for done in membership], device=device)
+            pos_weight = torch.tensor([m.data.pos_weight for m in stack], device=device)
+        x, y, w = batch_of(stack, cfg.batch_size)
+        masks = cohort.model.dropout_masks([m.cfg.seed for m in stack], [m.step for m in stack], cfg.batch_size,
+                                           cfg.window, generator)
+        losses = member_losses(cohort.model(x, masks), y, w, pos_weight)
+        cohort.optimizer.zero_grad()
+        losses.sum().backward()  # each member's gradients are its own loss's: the parameters are disjoint
+        clip_per_model(list(cohort.model.parameters()), cfg.grad_clip, training)
+        cohort.optimizer.step(training)
+        stepped = [m for m in stack if not m.done]
+        due = []
+        for m in stepped:
+            _guarded(m, cohort, lambda m=m: _after_step(m, losses[cohort.row(m)].detach(), worker, attempt, due))
+        _evaluated(cohort, [m for m in due if not m.done], cfg.eval_batch_size)
+        for m in stepped:
+            if not m.done:
+                _guarded(m, cohort, lambda m=m: _step_done(m, cohort, cfg, worker, attempt))
+
+
+def _guarded(m: Member, cohort: Cohort, work) -> None:
+    """A member's own bookkeeping: an error there takes that member out, not the cohort."""
+    try:
+        work()
+    except Exception as exc:  # noqa: BLE001 - one symbol's error must not stop the others (the worker retries it)
+        m.error = exc
+        _close(m, cohort)
+
+
+def _close(m: Member, cohort: Cohort | None = None) -> None:
+    if m.run is not None:
+        for handler in list(m.run.log.handlers):  # the next run opens its own training.log
+            handler.close()
+    m.exit.close()
+    if cohort is not None:
+        cohort.hold_signals()
+
+
+def _start(m: Member, cohort: Cohort, worker: Worker, fresh: list[Member]) -> None:
+    start = m.run.resume()
+    if start.resumed:
+        worker.log.info("%s: resumed from checkpoint step %d", m.symbol, start.step)
+    else:
+        fresh.append(m)
+    m.step = start.step
+    m.cursor = EpochCursor(len(m.data.ids["train"]), 1, 0, m.cfg.batch_size, m.cfg.seed, device=worker.device,
+                           **EpochCursor.start(start.position))
+    m.window_loss = torch.zeros((), device=worker.device)
+    m.run.log.info("lstm %s: %s parameters on %s in a cohort of %d; %s", m.symbol, f"{cohort.parameters:,}",
+                   worker.device, len(cohort.members), ", ".join(f"{k} {v}" for k, v in m.data.info()["samples"].items()))
+
+
+def _evaluated(cohort: Cohort, members: list[Member], batch_size: int, initial: bool = False) -> None:
+    if not members:
+        return
+    for m, loss in zip(members, validation_losses(cohort, members, batch_size)):
+        _guarded(m, cohort, lambda m=m, loss=loss: m.run.evaluated(0 if initial else m.step, loss, initial=initial))
+
+
+def _after_step(m: Member, loss: torch.Tensor, worker: Worker, attempt: int, due: list[Member]) -> None:
+    """What a symbol's loop does after its optimizer step (trainers.lstm.train), up to step_done."""
+    m.step += 1
+    m.loss = loss
+    m.window_loss += loss * m.count
+    m.window_count += m.count
+    m.end_of_epoch = m.cursor.advance()
+    if m.run.should_log(m.step):
+        m.run.log_train(m.step, {"loss": float(m.window_loss) / m.window_count, "epoch": m.cursor.epoch})
+        m.window_loss.zero_()
+        m.window_count = 0
+    if m.run.should_eval(m.step, m.end_of_epoch):
+        due.append(m)  # evaluated with the others due at this step, in one pass
+    worker.after_step(m.run, m.symbol, m.step, attempt)  # the job's stops and budget, the tests' raise hook
+
+
+def _step_done(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int) -> None:
+    if m.run.step_done(m.step, m.cursor.position(), m.count, loss=m.loss) != StopReason.NONE:
+        _finish(m, cohort, cfg, worker, attempt)
+
+
+def _finish(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int) -> None:
+    """The member's end, as a symbol trained alone ends: its best checkpoint evaluated beside the baselines,
+    results written. It leaves the cohort (its row stays in the stack, unchanged, until the stack shrinks)."""
+    run, data = m.run, m.data
+
+    def evaluate() -> dict:
+        best = run.restore_best()
+        evaluation = evaluate_symbol(cohort.model.model(cohort.row(m)), data, cfg.eval_batch_size, cfg.cost_bps,
+                                     cfg.calibration_bins)
+        evaluation["checkpoint_step"] = best
+        log_symbol_summary(run.log, data.symbol, evaluation)
+        return evaluation
+
+    summary = {"data": data.info(), "preprocessing": data.preprocessing(),
+               "model": {"n_features": data.n_features, "hidden": cfg.hidden, "layers": cfg.layers,
+                         "parameters": cohort.parameters},
+               "training": {"epoch": m.cursor.epoch, "steps_per_epoch": m.cursor.steps_per_epoch,
+                            "pos_weight": data.pos_weight, "worker": worker.rank, "try": attempt,
+                            "cohort": len(cohort.members)}}
+    results = run.finish(summary, evaluate=evaluate)
+    m.outcome = SymbolOutcome(run.reason, run.signal_name, run.step, results)
+    _close(m, cohort)
