@@ -164,6 +164,16 @@ def build_steps(s: Setup) -> list[Step]:
 
     steps += trainer_runs(s)
 
+    # The LSTM job's cohorts (trainers.lstm.cohort): 64 symbols one at a time and in cohorts, then 500 in
+    # cohorts only (one at a time they would take most of the session). Not named *lstm*gpu*: the plan
+    # reads those as the LSTM's measured MFU.
+    cohort_args = (["--symbols", "4", "--cohorts", "auto", "--epochs", "1", "--device", s.device] if s.dry else
+                   ["--symbols", "64,500", "--cohorts", "auto", "--baseline-max", "64", "--shape", "default",
+                    "--epochs", "5", "--device", "auto"])
+    steps.append(Step("lstm_cohort", "the LSTM job in cohorts vs one symbol at a time (64 symbols; 500 in cohorts)",
+                      [_script(s, "lstm_pack.py", *cohort_args, "--out", out("cohort_packing_gpu.json"))],
+                      "cohort_packing_gpu.json", 120 if s.dry else 540, 150))
+
     # The GNN against gcol's TabuCol (gnn_coloring.py as it is, with the options it has). On the GPU it
     # trains its own model; the dry run exports the model run_gnn trained and colours two graphs with it
     # (gnn_coloring's own training, data and export cost a 2-core CPU 40 s for two graphs).

@@ -19,7 +19,9 @@ The data and model are shrunk to run in minutes on 2 CPU cores: synthetic bars, 
 
     python bench/lstm_pack.py --out bench/results/lstm_pack_cpu.json
     python bench/lstm_pack.py --steps-only --out bench/results/lstm_step_cpu.json
-    python bench/lstm_pack.py --symbols 64 --cohorts 8,64 --out bench/results/lstm_cohort_cpu.json
+    python bench/lstm_pack.py --symbols 64,500 --cohorts 64 --baseline-max 64 --out bench/results/lstm_cohort_cpu.json
+    python bench/lstm_pack.py --symbols 64,500 --cohorts auto --baseline-max 64 --shape default --epochs 5 \
+        --device auto --out bench/results/lstm_cohort_gpu.json         (make bench-gpu's lstm_cohort step)
 
 Part 3 (--cohorts): the same job, one process, one symbol at a time against cohorts of K symbols
 stacked into one model (trainers.lstm.cohort).
@@ -45,10 +47,10 @@ SHRUNK = ["--synthetic-days", "800", "--window", "16", "--hidden", "16", "--laye
           "--epochs", "2", "--no-export", "--device", "cpu", "--patience", "0"]
 
 
-def run_job(n: int, workers: int, threads: int, root: Path, label: str, extra: tuple[str, ...] = ("--cohort", "1")
-            ) -> dict:
+def run_job(n: int, workers: int, threads: int, root: Path, label: str, extra: tuple[str, ...] = ("--cohort", "1"),
+            shape: tuple[str, ...] = tuple(SHRUNK)) -> dict:
     run_dir = root / f"{label}-{n}"
-    args = ["-m", "trainers", "lstm", "train", "--run-dir", str(run_dir), "--synthetic-tickers", str(n), *SHRUNK,
+    args = ["-m", "trainers", "lstm", "train", "--run-dir", str(run_dir), "--synthetic-tickers", str(n), *shape,
             *extra]
     if workers > 1:
         args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={workers}", *args]
@@ -61,11 +63,12 @@ def run_job(n: int, workers: int, threads: int, root: Path, label: str, extra: t
     t = r["training"]
     assert t["symbols"]["ok"] == n, t["symbols"]
     per_symbol = [row["seconds"] for row in r["symbols"].values()]
+    cohorts = [json.loads(p.read_text()).get("cohort", 1) for p in run_dir.glob("symbols/*/done.json")]
     return {"mode": label, "symbols": n, "workers": workers, "threads_per_worker": threads,
             "command_wall_s": wall, "job_wall_s": t["wall_time_s_this_attempt"],
             "sum_symbol_s": t["packing"]["sum_symbol_seconds"], "packing_efficiency": t["packing"]["efficiency"],
             "symbols_per_s": n / wall, "median_symbol_s": sorted(per_symbol)[len(per_symbol) // 2],
-            "steps_per_symbol": t["steps"] // n}
+            "steps_per_symbol": t["steps"] // n, "largest_cohort": max(cohorts)}
 
 
 def time_export(root: Path) -> dict:
@@ -169,21 +172,27 @@ def step_benchmark(groups: int, steps: int, threads: int) -> dict:
             "model_steps_per_s_grouped": groups * steps / stacked, "grouped_speedup": sequential / stacked}
 
 
-def cohort_benchmark(counts: list[int], cohorts: list[int], out: str | None) -> int:
-    """Part 3: the same job one symbol at a time and in cohorts; the figures the job itself records."""
+def cohort_benchmark(counts: list[int], cohorts: list[str], out: str | None, device: str, shape: list[str],
+                     baseline_max: int | None) -> int:
+    """Part 3: the same job one symbol at a time and in cohorts (`auto`: the job's own choice); the
+    figures the job itself records. One symbol at a time is skipped past `baseline_max` symbols."""
     rows = []
     load_at_start = os.getloadavg()
+    shape = [*shape, "--device", device]
     with tempfile.TemporaryDirectory() as tmp:
         for n in counts:
-            for k in [1, *cohorts]:
-                row = run_job(n, 1, 1, Path(tmp), f"cohort{k}", ("--cohort", str(k)))
+            for k in ["1", *cohorts]:
+                if k == "1" and baseline_max is not None and n > baseline_max:
+                    continue
+                row = run_job(n, 1, int(os.environ.get("OMP_NUM_THREADS", "1")), Path(tmp), f"cohort{k}",
+                              () if k == "auto" else ("--cohort", k), tuple(shape))
                 row["cohort"] = k
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     by = {(r["symbols"], r["cohort"]): r for r in rows}
-    ratio = {f"{n} symbols, cohort {k}": by[(n, k)]["job_wall_s"] / by[(n, 1)]["job_wall_s"]
-             for n in counts for k in cohorts}
-    record = {"benchmark": "lstm_cohort", "device": "cpu", "shrunk_job": SHRUNK, "jobs": rows,
+    ratio = {f"{n} symbols, cohort {k}": by[(n, k)]["job_wall_s"] / by[(n, "1")]["job_wall_s"]
+             for n in counts for k in cohorts if (n, "1") in by}
+    record = {"benchmark": "lstm_cohort", "device": device, "job": shape, "jobs": rows,
               "job_wall_ratio_cohort_vs_one_at_a_time": ratio,
               "load_average_1_5_15": {"start": load_at_start, "end": os.getloadavg()}}
     write_record(record, out)
@@ -197,12 +206,22 @@ def main() -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--steps-only", action="store_true", help="only part 2 (the training step, in this process)")
     p.add_argument("--cohorts", default=None, metavar="K,K",
-                   help="only part 3: one process (1 thread) training --symbols one at a time (--cohort 1) and in "
-                        "cohorts of each K (trainers.lstm.cohort), the same job otherwise")
+                   help="only part 3: one process training --symbols one at a time (--cohort 1) and in cohorts of "
+                        "each K (trainers.lstm.cohort; auto: the job's own choice), the same job otherwise")
+    p.add_argument("--device", default="cpu", help="part 3's --device (cpu, auto, cuda)")
+    p.add_argument("--shape", choices=("small", "default"), default="small",
+                   help="part 3's job: the small shape of parts 1 and 2, or the LSTM trainer's default model")
+    p.add_argument("--epochs", type=int, default=None, help="part 3: epochs per symbol (default: the shape's)")
+    p.add_argument("--baseline-max", type=int, default=None,
+                   help="part 3: run --cohort 1 only up to this many symbols (it is the slow one)")
     args = p.parse_args()
     if args.cohorts:
-        return cohort_benchmark([int(n) for n in args.symbols.split(",")], [int(k) for k in args.cohorts.split(",")],
-                                args.out)
+        shape = [a for a in SHRUNK if a not in ("--device", "cpu")] if args.shape == "small" else \
+            ["--no-export", "--patience", "0"]
+        if args.epochs is not None:
+            shape = [*shape, "--epochs", str(args.epochs)]  # (the last --epochs given wins)
+        return cohort_benchmark([int(n) for n in args.symbols.split(",")], args.cohorts.split(","), args.out,
+                                args.device, shape, args.baseline_max)
     if args.steps_only:
         record = {"benchmark": "lstm_step", "device": "cpu", "load_average_1_5_15_start": os.getloadavg(),
                   "training_step": [step_benchmark(g, 10, 1) for g in (3, 16, 64)],

@@ -147,6 +147,9 @@ def test_a_cohort_job_trains_what_the_one_at_a_time_job_trains(tmp_path):
     assert cohort["SYN002"]["training"]["try"] == 2 and "cohort" not in cohort["SYN002"]["training"]
     job = json.loads((tmp_path / "cohort" / "results.json").read_text())
     assert job["symbols"]["SYN004"]["status"] == "failed" and job["symbols"]["SYN004"]["tries"] == 2
+    marker = json.loads((tmp_path / "cohort" / "symbols" / "SYN000" / "done.json").read_text())
+    assert marker["cohort"] == 5 and marker["seconds"] == pytest.approx(marker["cohort_seconds"] / 5)
+    assert job["training"]["packing"]["efficiency"] <= 1.05  # shares of the worker's time, not 5 overlapping spans
     log = (tmp_path / "cohort" / "training.log").read_text()
     assert "in a cohort of 5" in log and "SYN002: try 1 failed in its cohort" in log
 

@@ -76,7 +76,7 @@ def test_every_step_of_the_dry_run_ran_on_the_fake_accelerator(dry):
     mistake in a step (the forecaster's a09b8e2 crash was one) fails here, not on the first GPU lent."""
     assert dry["proc"].returncode == 0, dry["proc"].stderr[-4000:]
     ran = " ".join(" ".join(r["argv"]) for r in read_logs(dry["out"] / "fake-accelerator"))
-    for script in ("matmul.py", "train_throughput.py", "profile_step.py", "checkpoint_save.py"):
+    for script in ("matmul.py", "train_throughput.py", "profile_step.py", "checkpoint_save.py", "lstm_pack.py"):
         assert script in ran, script
     for trainer in ("forecast", "gnn", "lstm", "ppo", "gpt"):
         assert f"{trainer} train" in ran, trainer
@@ -111,6 +111,9 @@ def test_the_dry_runs_figures_are_real_runs(dry):
             assert t["precision"] == "bf16"  # the GPU configuration, rehearsed
         if trainer == "ppo":
             assert t["precision"] == "fp32"  # its policy in fp32 on a GPU too (the ratio), unless asked
+    packing = read("cohort_packing_gpu.json")  # the LSTM job one symbol at a time, then in cohorts (auto)
+    assert [(j["symbols"], j["cohort"], j["largest_cohort"]) for j in packing["jobs"]] == [(4, "1", 1), (4, "auto", 4)]
+    assert packing["job_wall_ratio_cohort_vs_one_at_a_time"]["4 symbols, cohort auto"] > 0
     predictions = read("gpu_plan.json")["predictions"]
     for figure in ("forecast tiny", "gpt d1 fsdp", *(f"run {t}" for t in ("forecast", "gnn", "gpt", "lstm", "ppo"))):
         p = predictions[figure]

@@ -142,10 +142,10 @@ TrainCohort = Callable[[LstmConfig, list[SymbolData], Worker, int], dict[str, "S
 
 
 def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_symbol: TrainSymbol,
-            first_try: int = 1, started: float | None = None) -> SymbolOutcome | None:
+            first_try: int = 1) -> SymbolOutcome | None:
     """Train `symbol` (a second try after an error), export it, write its done marker. Returns the
     outcome, or None when it failed twice. (`first_try` 2: its first try failed in a cohort.)"""
-    started = time.perf_counter() if started is None else started
+    started = time.perf_counter()
     scfg = symbol_config(cfg, symbol)
     folder = symbol_dir(Path(cfg.run_dir), symbol)
     for attempt in range(first_try, 3):
@@ -171,9 +171,11 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
     return finished(symbol, outcome, attempt, started, cfg, worker)
 
 
-def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, cfg: LstmConfig, worker: Worker
-             ) -> SymbolOutcome:
-    """A trained symbol's end in the job: stopped (a new run resumes it), or exported and marked done."""
+def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, cfg: LstmConfig, worker: Worker,
+             cohort: int = 1) -> SymbolOutcome:
+    """A trained symbol's end in the job: stopped (a new run resumes it), or exported and marked done. In a
+    cohort of K its marker's `seconds` is its share of the worker's time (the cohort's span / K; the span
+    itself is `cohort_seconds`): the packing figures keep meaning how busy the workers were."""
     folder = symbol_dir(Path(cfg.run_dir), symbol)
     if outcome.reason in (StopReason.SIGNAL, StopReason.TIME_BUDGET, StopReason.MONEY_BUDGET):
         worker.log.info("%s: stopped at step %d (%s); a new run resumes it", symbol, outcome.steps,
@@ -188,11 +190,14 @@ def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, 
         except Exception as exc:  # noqa: BLE001 - the model trained; `trainers lstm export` can try again
             marker["export_error"] = f"{type(exc).__name__}: {exc}"
             worker.log.warning("%s: export failed (%s)", symbol, marker["export_error"])
-    marker["seconds"] = time.perf_counter() - started
+    span = time.perf_counter() - started
+    marker["seconds"] = span / cohort
+    if cohort > 1:
+        marker.update(cohort=cohort, cohort_seconds=span)
     jobqueue.write_marker(folder, marker)
     test = (outcome.results or {}).get("evaluation", {}).get("test", {})
     best = (outcome.results or {}).get("training", {}).get("best_val", {}).get("value")
-    worker.log.info("%s: done in %.1f s on %s, %d steps, best val loss %s; test %s", symbol, marker["seconds"],
+    worker.log.info("%s: done in %.1f s on %s, %d steps, best val loss %s; test %s", symbol, span,
                     worker.device, outcome.steps, "n/a" if best is None else f"{best:.4f}",
                     test.get("skill", {}).get("verdict", "n/a"))
     return outcome
@@ -222,7 +227,7 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
             continue
         for symbol, outcome in train_cohort(cfg, group, worker, 1).items():
             if isinstance(outcome, SymbolOutcome):
-                outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker)
+                outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, len(group))
             elif worker.stopping():
                 worker.log.warning("%s: %s while the job was stopping; not counted as a failure, a new run resumes "
                                    "it", symbol, f"{type(outcome).__name__}: {outcome}")
@@ -235,7 +240,7 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
         if worker.stopping():  # a stopped job starts nothing new; the next run takes these up
             outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
             continue
-        outcomes[symbol] = work_on(symbol, cfg, plan, worker, train_symbol, first_try, started)
+        outcomes[symbol] = work_on(symbol, cfg, plan, worker, train_symbol, first_try)
     return outcomes
 
 

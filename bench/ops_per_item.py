@@ -1,0 +1,87 @@
+"""Benchmark: aten operations dispatched per trained item, a CPU proxy for a GPU's kernel launches.
+
+On a GPU each aten operation is at least one kernel launch (a few microseconds of host time each), so
+a small model whose step dispatches thousands of them is launch-bound whatever the card. This runs a
+trainer's command in this process under a TorchDispatchMode that counts every operation the main
+thread dispatches (the whole job: data on the device, steps, evaluations, the end), and divides by
+the items the job trained (samples for the LSTM: the sum over its symbols' runs; the runs' own count).
+
+    python bench/ops_per_item.py --out bench/results/lstm_ops_cpu.json -- \\
+        lstm train --synthetic-tickers 16 --epochs 1 --no-export --cohort 1
+    (and the same with --cohort 16)
+
+`--compare A B`: two commands' counts side by side (each a string of the CLI's arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from record import write_record  # noqa: E402
+
+
+def items_trained(run_dir: Path) -> int:
+    """Items the job trained: the run's own count, or the sum over an LSTM job's symbols."""
+    symbols = run_dir / "symbols"
+    files = sorted(symbols.glob("*/results.json")) if symbols.is_dir() else [run_dir / "results.json"]
+    return sum(int(json.loads(f.read_text())["training"]["throughput"]["items_this_attempt"]) for f in files)
+
+
+def count(args: list[str], root: Path) -> dict:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainers.cli import main
+
+    main_thread = threading.main_thread()
+
+    class Counter(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, a=(), kw=None):
+            if threading.current_thread() is main_thread:
+                Counter.ops += 1
+            return func(*a, **(kw or {}))
+
+    run_dir = root / f"run{len(list(root.iterdir()))}"
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    with Counter():
+        code = main([*args, "--run-dir", str(run_dir)])
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise SystemExit(f"{shlex.join(args)} exited {code}")
+    items = items_trained(run_dir)
+    return {"command": shlex.join(["trainers", *args]), "aten_ops": Counter.ops, "items": items,
+            "ops_per_item": Counter.ops / items, "wall_s_counted": wall}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"), required=True,
+                   help="two commands (the CLI's arguments, quoted), counted one after the other")
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [count(shlex.split(c), Path(tmp)) for c in args.compare]
+    record = {"benchmark": "ops_per_item", "device": "cpu", "before": rows[0], "after": rows[1],
+              "ops_per_item_ratio_before_over_after": rows[0]["ops_per_item"] / rows[1]["ops_per_item"]}
+    write_record(record, args.out)
+    print(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
