@@ -324,13 +324,5 @@ def test_the_gpu_configuration_rehearsed_on_a_cpu_keeps_the_contract(variant, wo
     steps = read_results(stopped)["training"]["steps"]  # adaptive agreement: the stop lands at the next agreement
     assert r["training"]["stop_reason"] == "signal" and c.term_step <= steps < c.steps
     assert (stopped / "checkpoints" / f"meta_{steps:08d}.json").exists() and "skipped" in r["evaluation"]
-
-    budget = workdir / f"{variant}-rehearsal-budget"  # a budget stop: a checkpoint and results, evaluated
-    run_torchrun([name, "train", *c.long_args, *flags, *c.prepare(workdir), "--max-hours", "0.0005", "--run-dir",
-                  str(budget)])
-    r = read_results(budget)
-    assert r["training"]["stop_reason"] == "time_budget"
-    stopped = c.run_of(budget, r)
-    one = read_results(stopped)
-    assert (stopped / "checkpoints" / f"meta_{one['training']['steps']:08d}.json").exists()
-    assert "skipped" not in one["evaluation"] and one["evaluation"]["checkpoint_step"] is not None
+    # (A budget stop takes the SIGTERM's path here: a stop requested on one rank, agreed at the next adaptive
+    # agreement, saved once. The plain contract's budget test keeps its own run; this one no longer repeats it.)
