@@ -125,6 +125,9 @@ class ForecastConfig(RunOptions):
     def validate(self) -> None:
         """Cheap checks that need no data; run before anything touches the disk."""
         self.validate_run_options()  # every field's type, range and choices
+        if self.remote is not None and self.walk_forward:
+            raise UsageError(f"--remote with --walk-forward {self.walk_forward} is not supported yet: mirror a plain "
+                             f"run, or put the run folder on a mounted volume")
         from trainers.market.sources import check_source
 
         check_source(self.source)

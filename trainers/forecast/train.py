@@ -38,6 +38,7 @@ from trainers.runtime.precision import (
     maybe_compile,
     precision_for,
 )
+from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import read_results
 from trainers.runtime.run import Run
 from trainers.runtime.sampling import EpochCursor
@@ -111,6 +112,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     """One run (the plain split, or one walk-forward fold): (results on rank 0, the agreed stop)."""
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
+    restore_from_remote(cfg.remote, run_dir, ctx)  # a fresh machine: the remote's run, before anything reads it
     saved = cfgmod.saved_config(run_dir)
     refuse_legacy_resume(run_dir, saved)
     fix_date_range(cfg, saved)

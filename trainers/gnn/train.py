@@ -27,6 +27,7 @@ from trainers.gnn.sampling import NodeBudgetCursor
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.precision import build_adamw
+from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
 from trainers.runtime.written import write_result
@@ -47,6 +48,7 @@ def train(cfg: GnnConfig) -> dict | None:
 
 def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     run_dir = Path(cfg.run_dir)
+    restore_from_remote(cfg.remote, run_dir, ctx)  # a fresh machine: the remote's run, before anything reads it
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     train_split, val_split = GraphSplit(Path(cfg.data_dir), "train"), GraphSplit(Path(cfg.data_dir), "val")
     cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed)

@@ -40,6 +40,7 @@ from trainers.runtime.device import gpu_like, total_memory
 from trainers.runtime.dist import DistContext, all_reduce_max, all_reduce_sum, barrier, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.precision import autocast, build_adamw, enable_tf32, make_grad_scaler, precision_for
+from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
 
@@ -176,6 +177,7 @@ def train(cfg: GptConfig, started_at: float | None = None) -> dict | None:
 def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
     # Every check that can refuse the input runs before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
+    restore_from_remote(cfg.remote, run_dir, ctx)  # a fresh machine: the remote's run, before anything reads it
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     accum = cfg.grad_accum(ctx.world_size)
     precision = precision_for(ctx.device, cfg.precision, cfg.gpu_defaults)

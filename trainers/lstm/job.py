@@ -53,9 +53,10 @@ def symbol_seed(seed: int, symbol: str) -> int:
 
 def symbol_config(cfg: LstmConfig, symbol: str) -> LstmConfig:
     """The config of one symbol's run: its own folder and seed; the job's budget is enforced by the job."""
+    remote = None if cfg.remote is None else f"{cfg.remote.rstrip('/')}/symbols/{symbol}"  # the job's layout
     return dataclasses.replace(cfg, run_dir=str(symbol_dir(Path(cfg.run_dir), symbol)), symbols=symbol,
                                tickers_file=None, seed=symbol_seed(cfg.seed, symbol), max_hours=None,
-                               budget_usd=None)
+                               budget_usd=None, remote=remote)
 
 
 def planned_steps(cfg: LstmConfig, n_train: int) -> int:

@@ -46,6 +46,8 @@ from trainers.runtime.budget import Budget, StopReason
 from trainers.runtime.device import device_count, set_device
 from trainers.runtime.dist import DistContext, broadcast_object, pick_device
 from trainers.runtime.files import atomic_write_json
+from trainers.runtime.remote import start_mirror
+from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import read_results
 from trainers.runtime.rundir import take_run_folder
 
@@ -306,6 +308,7 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
             train_cohort: TrainCohort | None = None) -> int:
     # Everything that can reject the input happens before the first write into the job folder.
     job_dir = Path(cfg.run_dir)
+    restore_from_remote(cfg.remote, job_dir, ctx)  # a fresh machine: the remote's job, before anything reads it
     fix_date_range(cfg, cfgmod.saved_config(job_dir))
     cfgmod.check_run_dir_compatible(job_dir, cfg)
     device = worker_device(cfg, ctx.local_rank)
@@ -319,14 +322,17 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
     # inside work_on, whose per-symbol handler would record it as that symbol's failure.
     lock = take_run_folder(job_dir, ctx, "lstm", None)
     try:
-        return _attempt(cfg, ctx, started_at, train_symbol, train_cohort, plan, device)
+        # --remote: the job's own files (config, summary, each symbol's done marker) mirrored beside the
+        # symbols' runs, which mirror themselves to <remote>/symbols/<symbol>
+        with start_mirror(cfg.remote, job_dir, ctx) as mirror:
+            return _attempt(cfg, ctx, started_at, train_symbol, train_cohort, plan, device, mirror)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol,
-             train_cohort: TrainCohort | None, plan: JobPlan, device: torch.device) -> int:
+             train_cohort: TrainCohort | None, plan: JobPlan, device: torch.device, mirror) -> int:
     """One torchrun attempt of the job, its folder locked: the pending list, the claims, the summary."""
     job_dir = Path(cfg.run_dir)
     devices = ctx.world_size // cfg.jobs_per_gpu if device.type == "cuda" else ctx.world_size
@@ -347,7 +353,9 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
     worker.install_signal_handlers()
 
     def summary() -> dict:
-        return write_job_summary(job_dir, cfg, plan, attempt, ctx, device, queue.stop_record(force=True), log)
+        written = write_job_summary(job_dir, cfg, plan, attempt, ctx, device, queue.stop_record(force=True), log)
+        mirror.sync()
+        return written
 
     if ctx.is_main:
         log.info("lstm job: %d symbols (%d done, %d failed before, %d to train) on %d worker(s), %s%s; base %s, "
@@ -403,7 +411,7 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         log.warning("%d of %d workers did not report done%s; the summary shows what is on disk",
                     ctx.world_size - done, ctx.world_size,
                     f" within {jobqueue.GRACE_S:.0f} s of the signal" if signalled and not queue.lost else "")
-    results = summary()
+    results = mirror.finish(cfg.remote_wait_s, summary())
     counts = results["training"]["symbols"]
     log.info("lstm: %d of %d symbols succeeded, %d failed, %d stopped, %d pending; stop reason %s; %s",
              counts["ok"], len(plan.symbols), counts["failed"], counts["stopped"], counts["pending"],

@@ -32,6 +32,7 @@ from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.precision import Precision, enable_tf32, make_grad_scaler, precision_for
+from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
 
@@ -114,6 +115,7 @@ def train(cfg: PpoConfig) -> dict | None:
 def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
+    restore_from_remote(cfg.remote, run_dir, ctx)  # a fresh machine: the remote's run, before anything reads it
     fix_date_range(cfg, cfgmod.saved_config(run_dir))
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     data, data_info = load_trading_data(cfg, log=print if ctx.is_main else (lambda _msg: None))

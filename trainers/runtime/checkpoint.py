@@ -73,6 +73,7 @@ class CheckpointManager:
         self.ctx = ctx
         self.keep_last = keep_last
         self.log = logger
+        self.on_commit = None  # rank 0: called with the step of each checkpoint made complete (the remote mirror)
 
     # ---- names -------------------------------------------------------------------------------
     def model_path(self, step: int) -> Path:
@@ -184,6 +185,8 @@ class CheckpointManager:
         keep = broadcast_object(self.ctx, self._keep_set() if self.ctx.is_main else None)
         if self.ctx.is_main:
             self._prune(keep)
+            if self.on_commit is not None:
+                self.on_commit(step)
         barrier(self.ctx)
 
     def _save_sharded(self, step: int, sharded: dict[str, Any]) -> dict[str, str]:

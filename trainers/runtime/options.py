@@ -53,6 +53,13 @@ class RunOptions:
                                  "uninterrupted run bit for bit on the same GPU and software, at some cost in speed; "
                                  "an op without a deterministic kernel says so in the log. A CPU run is bitwise "
                                  "repeatable without it", resume_safe=True)
+    remote: str | None = option(None, "mirror the run folder to this fsspec URL as it is written (s3://bucket/prefix, "
+                                "also S3-compatible stores through AWS_ENDPOINT_URL; gs://...; file:///mounted/volume/run; "
+                                "needs pip install 'trainers[remote]'); a run whose local folder is empty resumes from "
+                                "it, so a lost machine costs only the steps since the last checkpoint",
+                                resume_safe=True)
+    remote_wait_s: float = option(300.0, "at the end of a run, wait at most this long for the mirror to catch up "
+                                  "(what is still missing is recorded in results.json)", resume_safe=True, min=0)
     restart: bool = option(False, "start this run folder over from step 0: its checkpoints are moved aside (kept), "
                            "not resumed", resume_safe=True)
 

@@ -11,13 +11,12 @@
             if run.step_done(step, position, items, loss) != StopReason.NONE: break
         return run.finish(summary, evaluate=...)
 
-For every trainer alike: one job per folder, nothing written before every check passed; resume
-restores every state, the run's counters and this rank's RNG and data position; `step_done` saves at
-the cadence and after each evaluation, agrees on a stop with every rank and saves exactly once on a
-stop, never after a non-finite loss; `finish` writes the training results before the evaluation and
-skips it after a signal (SIGKILL follows in 30 s) or a failure. Its parts, one job each:
-`Checkpointer`, `StopAgreement`, `AgreementCadence`, `ValidationRecord`, `FiniteWatch`,
-`ThroughputClock`, `StepLog`, and the run folder's lock, `Heartbeat` and data fingerprint (`rundir`).
+For every trainer alike: one job per folder, nothing written before every check passed; resume restores every
+state, the counters and this rank's RNG and data position; `step_done` saves at the cadence and after each
+evaluation, agrees on a stop with every rank, saves once on a stop, never after a non-finite loss; `finish` writes
+the training results, then the evaluation (skipped after a signal or a failure). Its parts, one job each:
+`Checkpointer`, `StopAgreement`, `AgreementCadence`, `ValidationRecord`, `FiniteWatch`, `ThroughputClock`,
+`StepLog`, the folder's lock, `Heartbeat` and data fingerprint (`rundir`), the --remote mirror (`remote`).
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from trainers.runtime.faults import maybe_inject
 from trainers.runtime.info import run_facts
 from trainers.runtime.logs import StepLog
 from trainers.runtime.options import RunOptions
+from trainers.runtime.remote import SIGNAL_WAIT_S, start_mirror
 from trainers.runtime.results import ending, merge_results, run_record, write_training
 from trainers.runtime.rundir import Heartbeat, open_run_dir, take_run_folder
 from trainers.runtime.stops import AgreementCadence, FiniteWatch, StopAgreement, StopReason, ValidationRecord
@@ -53,22 +53,22 @@ class Run:
         self.states, self.sharded_states = states, sharded_states if sharded_states is not None else {}
         self.metric_name, self.eval_every, self.data_fingerprint = metric_name, eval_every, data_fingerprint
         self.run_dir = Path(cfg.run_dir)
-        self.clock = ThroughputClock(unit, ctx.device, ctx.world_size, flops_per_item,
-                                     started_at if started_at is not None else time.time())
+        self.clock = ThroughputClock(unit, ctx.device, ctx.world_size, flops_per_item, started_at or time.time())
         self.budget_from = self.clock.started_at if budget_includes_startup else None  # the budget's clock starts there
-        self.step, self.reason = 0, StopReason.NONE
-        self._metric_to_save: tuple[int, float] | None = None
+        self.step, self.reason, self._metric_to_save = 0, StopReason.NONE, None  # metric: (step, value) to save
         self._exit = contextlib.ExitStack()
 
     def __enter__(self) -> "Run":
         lock = take_run_folder(self.run_dir, self.ctx, self.trainer, self.data_fingerprint, self.cfg.restart)
         self._exit.callback(lambda: lock is not None and lock.release())
+        self.mirror = self._exit.enter_context(start_mirror(self.cfg.remote, self.run_dir, self.ctx))  # --remote
         self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx, self.data_fingerprint, self.cfg.restart)
         self._exit.callback(self.metrics.close)
         gpu = device_mod.gpu_like(self.ctx.device, self.cfg.gpu_defaults)  # a GPU deploy's defaults, or rehearsed
         self._exit.enter_context(device_mod.deterministic_kernels(self.cfg.deterministic))  # before any step
         self.ckpt = Checkpointer.for_run(self.run_dir, self.ctx, self.cfg, self.log, gpu)
-        self.heartbeat = Heartbeat(self.run_dir, self.ctx, self.trainer, self.total_steps)
+        self.mirror.attach(self.log, self.ckpt.manager)  # each commit uploaded behind the loop; the folder synced
+        self.heartbeat = Heartbeat(self.run_dir, self.ctx, self.trainer, self.total_steps, self.mirror)
         self.val, self.finite = ValidationRecord(self.cfg.patience, self.cfg.min_delta), FiniteWatch()
         self.cadence = AgreementCadence(self.cfg.agree_every, gpu)
         self.stopper = StopAgreement(self.ctx, self.cfg.budget(self.ctx.world_size), counted_from=self.budget_from)
@@ -95,8 +95,7 @@ class Run:
         self.steps.quiet()
 
     def resume(self) -> Start:
-        """Collective. Restores the newest verified checkpoint into `states`, the run's counters and
-        this rank's RNG; on a fresh start seeds this rank's own RNG streams instead."""
+        """Collective: the newest verified checkpoint into `states`, the counters, this rank's RNG (fresh: seeded)."""
         if self.cfg.restart:  # its elapsed time is the old run's
             self.heartbeat.clear()
         start, saved = self.ckpt.resume(self.states, self.sharded_states, self.cfg.restart, self.cfg.seed, self.log)
@@ -242,6 +241,7 @@ class Run:
                 evaluation = evaluate()
             merged = merge_results(self.run_dir, {"evaluation": evaluation}, self.log.warning) if self.ctx.is_main \
                 else None
+        merged = self.mirror.finish(SIGNAL_WAIT_S if self.reason == StopReason.SIGNAL else self.cfg.remote_wait_s, merged)
         self.log.info("results: %s", self.run_dir / "results.json")  # (other ranks log warnings only)
         barrier(self.ctx)
         if self.reason.failed:

@@ -146,8 +146,9 @@ class Heartbeat:
     take from the budget's clock (the checkpoint only knows the time up to its own step). `status`
     reads it too (step, total, pid)."""
 
-    def __init__(self, run_dir: Path, ctx: DistContext, trainer: str, total_steps: int | None):
+    def __init__(self, run_dir: Path, ctx: DistContext, trainer: str, total_steps: int | None, mirror=None):
         self.path = Path(run_dir) / HEARTBEAT
+        self.mirror = mirror  # --remote: its lag goes into each beat, and each beat is uploaded (`status --remote`)
         self.ctx = ctx
         self.trainer = trainer
         self.total_steps = total_steps
@@ -159,12 +160,17 @@ class Heartbeat:
         if not self.ctx.is_main or self.disk_full or (not force and now - self._last < HEARTBEAT_S):
             return
         self._last = now
+        remote = self.mirror.lag() if self.mirror is not None else None
         try:
             atomic_write_json(self.path, {"elapsed_s": elapsed_s, "step": step, "total_steps": self.total_steps,
                                           "world_size": self.ctx.world_size, "trainer": self.trainer,
-                                          "time": time.time(), "pid": os.getpid()})
+                                          "time": time.time(), "pid": os.getpid(),
+                                          **({"remote": remote} if remote is not None else {})})
         except DiskFull as exc:
             self.disk_full = exc
+            return
+        if self.mirror is not None:
+            self.mirror.sync()
 
     def elapsed_including_lost_time(self, checkpoint_elapsed: float, log) -> float:
         """Collective (rank 0 reads, all agree): the elapsed time of an earlier attempt that ran on
