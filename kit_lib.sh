@@ -29,6 +29,7 @@ MAX_RESTARTS="${MAX_RESTARTS:-3}"
 NNODES="${NNODES:-1}"
 NODE_RANK="${NODE_RANK:-0}"
 RDZV_ENDPOINT="${RDZV_ENDPOINT:-}"
+REMOTE="${TRAINERS_REMOTE:-}"  # the job's mirror: the run folder goes to $REMOTE/<trainer>
 SKIP_DATA=0
 DEMO=0
 DRY_RUN=0
@@ -53,6 +54,9 @@ common_usage() {
   --nnodes N             nodes in a multi-node run (default: 1)                     [NNODES]
   --node-rank R          this node's rank, 0..N-1                                   [NODE_RANK]
   --rdzv-endpoint H:P    rendezvous host:port (node 0's address) for --nnodes > 1   [RDZV_ENDPOINT]
+  --remote URL           mirror the run to object storage as it trains (s3://bucket/prefix, gs://..., or
+                         file:///mounted/volume); a fresh machine resumes from it with the same command;
+                         the tarball goes to URL/<trainer>/package/ (needs pip install 'trainers[remote]') [TRAINERS_REMOTE]
   --dry-run              print each phase's commands without running them
   --foreground           stay attached to this terminal (a hang-up then stops the job with a checkpoint);
                          the default when not started from a terminal (container, SLURM, scripts)
@@ -61,6 +65,7 @@ common_usage() {
 Job control (any trainer; --out and --trainer as for the deploy):
   bash deploy_8gpu.sh status [--out DIR] [--trainer NAME] [--json]   where it stands: phase, step, losses,
                          speed, money, ETA, GPUs, alive or not, and the tarball when done
+  bash deploy_8gpu.sh status --remote URL/TRAINER [--json]   the same from any machine, read from the remote
   bash deploy_8gpu.sh attach [--out DIR] [--trainer NAME]            follow the log (Ctrl-C detaches only)
   bash deploy_8gpu.sh stop [--out DIR] [--trainer NAME] [--no-package]
                          stop training with a checkpoint; export and package still run unless --no-package
@@ -82,6 +87,7 @@ common_flag() {  # common_flag ARGS...: parse one common flag; CONSUMED = words 
     --nnodes) need_value "$@"; NNODES="$2" ;;
     --node-rank) need_value "$@"; NODE_RANK="$2" ;;
     --rdzv-endpoint) need_value "$@"; RDZV_ENDPOINT="$2" ;;
+    --remote) need_value "$@"; REMOTE="$2" ;;
     --skip-data|--skip-fetch) SKIP_DATA=1; CONSUMED=1 ;;
     --foreground) [[ "$MODE" == detached ]] || MODE=foreground; CONSUMED=1 ;;
     --detach) [[ "$MODE" == detached ]] || MODE=detach; CONSUMED=1 ;;
@@ -126,6 +132,7 @@ check_common_flags() {
   [[ -z "$MAX_HOURS" ]] || is_positive "$MAX_HOURS" || die "--max-hours '$MAX_HOURS' must be a number > 0, e.g. 1.5"
   [[ -z "$BUDGET_USD" ]] || is_positive "$BUDGET_USD" || die "--budget-usd '$BUDGET_USD' must be a number > 0, e.g. 50"
   [[ -z "$BUDGET_USD" ]] || is_positive "${USD_PER_GPU_HOUR:-0}" || die "--budget-usd needs --usd-per-gpu-hour > 0 to turn hours into money"
+  [[ -z "$REMOTE" || "$REMOTE" =~ ^[a-z][a-z0-9+.-]*://[^[:space:]]+$ ]] || die "--remote '$REMOTE' must be a URL like s3://bucket/prefix or file:///mnt/volume/runs"
   return 0
 }
 
@@ -140,6 +147,7 @@ set_paths() {  # the output folder and everything in it that belongs to this tra
   LOG="$OUT/deploy-$TRAINER.log"
   RUN_DIR="$OUT/$TRAINER"
   TARBALL="$OUT/$TRAINER.tar.gz"
+  RUN_REMOTE="${REMOTE:+${REMOTE%/}/$TRAINER}"  # the run folder's mirror (empty without --remote)
 }
 
 # ---- one deploy per trainer and output folder ----------------------------------------------------
@@ -255,6 +263,7 @@ on_exit() {  # the state says what really happened: finished only when the last 
     elif [[ "$PHASE" != "done" ]]; then how=failed why="ended in phase $PHASE before finishing"; rc=1
     fi
     set_state state "$how" exit_code "$rc" ended "$(date +%s)" reason "$why"
+    push_state
   fi
 }
 
@@ -269,10 +278,18 @@ run() {  # run a command, or print it under --dry-run
 phase() {  # phase NAME FUNCTION: timed, logged
   PHASE="$1"
   set_state phase "$1" phase_started "$(date +%s)"
+  push_state
   local started=$SECONDS
   echo "==> [$1] $(date -u +%H:%M:%S)"
   "$2"
   echo "<== [$1] done in $((SECONDS - started)) s"
+}
+
+push_state() {  # --remote: the deploy's state beside the run, for `status --remote` from any machine
+  [[ -n "$RUN_REMOTE" && "$DRY_RUN" -eq 0 && -n "${PY:-}" ]] || return 0
+  [[ "$PHASE" != preflight && "$PHASE" != install ]] || return 0  # (the kit may not be installed yet)
+  "$PY" -m trainers remote push --state "$OUT/deploy-$TRAINER.state" --remote "$RUN_REMOTE" >/dev/null 2>&1 ||
+    echo "warning: could not upload the deploy's state to $RUN_REMOTE (training goes on; see the run's log)" >&2
 }
 
 on_node0() { [[ "$NODE_RANK" -eq 0 ]]; }
@@ -377,6 +394,7 @@ phase_train() {
   fi
   local args=(--run-dir "$RUN_DIR")
   [[ "$DEMO" -eq 0 ]] || args+=(--device cpu)
+  [[ -z "$RUN_REMOTE" ]] || args+=(--remote "$RUN_REMOTE")
   [[ -z "$USD_PER_GPU_HOUR" ]] || args+=(--usd-per-gpu-hour "$USD_PER_GPU_HOUR")
   [[ -z "$MAX_HOURS" ]] || args+=(--max-hours "$MAX_HOURS")
   [[ -z "$BUDGET_USD" ]] || args+=(--budget-usd "$BUDGET_USD")
@@ -448,6 +466,7 @@ phase_export() {
   on_node0 || { echo "node $NODE_RANK: export runs on node 0"; return; }
   skip_if_no_package && return
   run "$PY" -m trainers "$TRAINER" export --run-dir "$RUN_DIR"
+  [[ -z "$RUN_REMOTE" ]] || run "$PY" -m trainers remote push --run-dir "$RUN_DIR" --remote "$RUN_REMOTE"
 }
 
 phase_package() {
@@ -455,6 +474,9 @@ phase_package() {
   skip_if_no_package && return
   run "$PY" -m trainers package --run-dir "$RUN_DIR" --output "$TARBALL"
   [[ "$DRY_RUN" -eq 1 ]] || (cd "$OUT" && sha256sum -c "$(basename "$TARBALL").sha256")
+  # the tarball and its checksum in the bucket: the deploy is not finished until they are there
+  [[ -z "$RUN_REMOTE" ]] || run "$PY" -m trainers remote push --run-dir "$RUN_DIR" --remote "$RUN_REMOTE" \
+    --file "$TARBALL" --file "$TARBALL.sha256" || die "the tarball is here ($TARBALL) but not in $RUN_REMOTE (above)"
   if [[ "$DRY_RUN" -eq 0 ]] && declare -F trainer_report >/dev/null; then trainer_report; fi
 }
 
@@ -475,6 +497,7 @@ phase_download() {  # the scp line (RunPod's variables when present), also in DO
       echo "  runpodctl send ${TARBALL}"
     fi
     echo "then check it: sha256sum -c $(basename "$TARBALL").sha256 (copy that file too) and tar -xzf $(basename "$TARBALL")"
+    [[ -z "$RUN_REMOTE" ]] || echo "or from the bucket, even once this machine is gone: $RUN_REMOTE/package/$(basename "$TARBALL")"
   } | tee "$OUT/DOWNLOAD-$TRAINER.txt"
   set_state download "$line"
   "$PY" -m trainers status --out "$OUT" --trainer "$TRAINER" | grep -E "plan|real" || true
@@ -531,10 +554,18 @@ job_command() {  # job_command status|attach|stop ARGS...
       --trainer) need_value "$@"; TRAINER="$2"; shift 2 ;;
       --json) want_json=1; shift ;;
       --no-package) NO_PACKAGE=1; shift ;;
+      --remote) need_value "$@"; REMOTE="$2"; shift 2 ;;
       -h|--help) usage_job; exit 0 ;;
       *) die "unknown option '$1' for $verb (see --help)" ;;
     esac
   done
+  if [[ -n "$REMOTE" ]]; then  # from any machine: read from the remote, nothing local needed
+    [[ "$verb" == status ]] || die "--remote works with status only ($verb acts on the machine running the job)"
+    resolve_python
+    local args=(--remote "$REMOTE")
+    [[ "$want_json" -eq 0 ]] || args+=(--json)
+    exec "$PY" -m trainers remote status "${args[@]}"
+  fi
   if [[ -z "$OUT" ]]; then
     if [[ -d /workspace/output ]]; then OUT=/workspace/output; else OUT="$PWD/output"; fi
   fi
@@ -576,6 +607,7 @@ job_command() {  # job_command status|attach|stop ARGS...
 
 usage_job() {
   echo "usage: bash deploy_8gpu.sh status|attach|stop [--out DIR] [--trainer NAME] [--json] [--no-package]"
+  echo "       bash deploy_8gpu.sh status --remote URL/TRAINER [--json]   (from any machine)"
 }
 
 stop_job() {

@@ -314,3 +314,44 @@ def test_an_lstm_job_resumes_from_a_mounted_volume_without_training_its_finished
     again = run_cli([*args, "--run-dir", str(tmp_path / "fresh")])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "0 to train" in again.stderr and read_results(tmp_path / "fresh")["training"]["symbols"]["ok"] == 3
+
+
+@pytest.mark.slow
+def test_a_deploy_with_remote_reaches_a_verified_tarball_in_the_bucket_and_status_reads_it_from_anywhere(s3, tmp_path):
+    import hashlib
+    import subprocess
+    import sys
+    import tarfile
+
+    root = Path(__file__).resolve().parents[2]
+    bucket = s3.bucket()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPOD_", "TRAINERS_FAULT"))}
+    env.update(s3.env, PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin", TRAINERS_PYTHON=sys.executable,
+               OMP_NUM_THREADS="1", TRAINERS_REMOTE=f"s3://{bucket}/jobs")  # the container's way to pass it
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(root / "deploy_8gpu.sh"), "--out", str(out), "--trainer", "forecast", "--demo",
+                           "--", *TINY_DATA, "--epochs", "1"], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"s3://{bucket}/jobs/forecast/package/forecast.tar.gz" in proc.stdout and "deploy finished" in proc.stdout
+    fs = s3.fs()
+    names = remote_names(fs, f"{bucket}/jobs/forecast")
+    assert {"package/forecast.tar.gz", "package/forecast.tar.gz.sha256", "deploy.state", "results.json"} <= set(names)
+    assert any(n.endswith(".onnx") for n in names), names  # the export phase's files went up too
+    tarball = fs.cat_file(f"{bucket}/jobs/forecast/package/forecast.tar.gz")
+    want = fs.cat_file(f"{bucket}/jobs/forecast/package/forecast.tar.gz.sha256").decode().split()[0]
+    assert hashlib.sha256(tarball).hexdigest() == want
+    (tmp_path / "down.tar.gz").write_bytes(tarball)
+    with tarfile.open(tmp_path / "down.tar.gz") as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path / "x" / "forecast", capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    state = dict(line.split("=", 1) for line in fs.cat_file(f"{bucket}/jobs/forecast/deploy.state").decode().splitlines())
+    assert state["state"] == "finished"
+    # status from "a laptop": no output folder, only the URL
+    status = subprocess.run(["bash", str(root / "deploy_8gpu.sh"), "status", "--remote", f"s3://{bucket}/jobs/forecast"],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert "deploy: forecast finished" in status.stdout and "training ended: completed" in status.stdout
+    assert "newest complete checkpoint: step" in status.stdout
+    assert_no_credentials(out, tmp_path / "x")

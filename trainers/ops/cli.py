@@ -1,4 +1,4 @@
-"""`trainers preflight`, `status`, `plan` and `package`: flags only (the work: `commands.py` for plan and
+"""`trainers preflight`, `status`, `plan`, `remote` and `package`: flags only (the work: `commands.py` for plan and
 package, `preflight.py` and `status.py` for theirs)."""
 
 from __future__ import annotations
@@ -33,6 +33,18 @@ def _package(args) -> int:
     return package_command(args)
 
 
+def _remote_push(args) -> int:
+    from trainers.ops.remote import push
+
+    return push(args)
+
+
+def _remote_status(args) -> int:
+    from trainers.ops.remote import status
+
+    return status(args)
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("preflight", help="check GPUs, driver, NCCL bandwidth, /dev/shm, disk and memory for a trainer")
     add_preflight_args(p)
@@ -65,6 +77,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prices", default=None, help="JSON {gpu: USD per GPU-hour} for --compare")
     p.add_argument("--json", default=None, help="also write the plan here as JSON")
     p.set_defaults(func=_plan, accepts_extra=True)
+
+    p = sub.add_parser("remote", help="a run folder and its --remote copy: push files to it, or the job's status "
+                                      "read from it (from any machine)")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="verb")
+    v = verbs.add_parser("push", help="upload the run folder's files (and --file ones under package/), then wait")
+    v.add_argument("--run-dir", default=None)
+    v.add_argument("--remote", required=True, help="the run's --remote URL")
+    v.add_argument("--file", action="append", default=[], help="also upload this file to <remote>/package/")
+    v.add_argument("--state", default=None, help="only this deploy state file, as <remote>/deploy.state")
+    v.add_argument("--wait-s", type=number(float, min=0), default=300.0, help="wait at most this long (default 300)")
+    v.set_defaults(func=_remote_push)
+    v = verbs.add_parser("status", help="phase, step, newest checkpoint and its age, heartbeat, mirror lag")
+    v.add_argument("--remote", required=True, help="the run's --remote URL")
+    v.add_argument("--json", action="store_true", help="one JSON object")
+    v.set_defaults(func=_remote_status)
 
     p = sub.add_parser("package", help="tarball of a run with SHA256SUMS and the best checkpoint")
     p.add_argument("--run-dir", required=True)

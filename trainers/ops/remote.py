@@ -1,0 +1,133 @@
+"""`trainers remote push` and `trainers remote status`: the deploy kit's side of `--remote`.
+
+    trainers remote push --state FILE --remote URL   the deploy's state file, as <remote>/deploy.state
+    trainers remote push --run-dir D --remote URL [--file PATH ...]   the folder's files (after export: the
+                 ONNX files; the checkpoints are the run's own mirror's), and each --file under
+                 <remote>/package/; waits for the uploads, exit 1 with one line when they did not finish
+    trainers remote status --remote URL [--json]   from any machine (a laptop): the deploy's phase, the
+                 step, the newest complete checkpoint and its age, whether the heartbeat is fresh, the
+                 mirror's lag, how training ended
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from trainers.errors import UsageError
+from trainers.runtime.remote import LEASE, META_RE, Mirror, open_remote, put_bytes, redact
+
+FRESH_S = 120.0  # a heartbeat older than this (they come every 30 s) means the job is not running
+
+
+def push(args) -> int:
+    if args.state is not None:  # the deploy's state file alone (no lease: the run's mirror may hold it)
+        fs, root = open_remote(args.remote)
+        put_bytes(fs, f"{root}/deploy.state", Path(args.state).read_bytes())
+        return 0
+    if args.run_dir is None:
+        raise UsageError("trainers remote push needs --run-dir (or --state)")
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is not a folder")
+    files = [Path(f) for f in args.file]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise UsageError(f"--file {', '.join(missing)}: no such file")
+    log = logging.getLogger("trainers.remote")
+    log.addHandler(logging.StreamHandler(sys.stderr))
+    try:
+        mirror = Mirror(args.remote, run_dir, log).start()
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreachable, denied: one line
+        raise UsageError(f"--remote {redact(args.remote)} cannot be written ({type(exc).__name__}: {exc})") from None
+    with mirror:
+        mirror.sync()
+        lag = mirror.close(args.wait_s)
+    for f in files:  # after the folder: the package and its checksum last
+        put_bytes(mirror.fs, f"{mirror.root}/package/{f.name}", f.read_bytes())
+    if not lag["caught_up"]:
+        print(f"error: the remote {lag['url']} is behind: {lag['pending_uploads']} upload(s) not done after "
+              f"{args.wait_s:.0f} s ({lag['last_error']}); everything is in {run_dir}", file=sys.stderr)
+        return 1
+    print(f"pushed {run_dir} to {lag['url']}" + (f" and {', '.join(f.name for f in files)} to package/" if files
+                                                else ""))
+    return 0
+
+
+def remote_status(url: str) -> dict:
+    fs, root = open_remote(url)
+    out: dict = {"remote": redact(url), "now": time.time()}
+
+    def read_json(name: str) -> dict | None:
+        try:
+            value = json.loads(fs.cat_file(f"{root}/{name}"))
+            return value if isinstance(value, dict) else None
+        except (FileNotFoundError, ValueError, UnicodeDecodeError):
+            return None
+
+    def read_state(name: str) -> dict | None:
+        try:
+            text = fs.cat_file(f"{root}/{name}").decode()
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
+        return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+    state = read_state("deploy.state")
+    beat, results, lease = read_json("heartbeat.json"), read_json("results.json"), read_json(LEASE)
+    if state is None and beat is None and results is None:
+        raise UsageError(f"--remote {redact(url)} holds no run (no heartbeat.json, results.json or deploy.state)")
+    out["deploy"] = {k: state.get(k) for k in ("trainer", "state", "phase", "reason", "host")} if state else None
+    if beat:
+        age = time.time() - float(beat.get("time") or 0)
+        out["heartbeat"] = {"step": beat.get("step"), "total_steps": beat.get("total_steps"), "age_s": round(age),
+                            "fresh": age < FRESH_S, "mirror": beat.get("remote")}
+    try:
+        names = [p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/checkpoints", detail=False)]
+    except FileNotFoundError:
+        names = []
+    steps = sorted((int(m.group(1)) for n in names if (m := META_RE.match(n))), reverse=True)
+    if steps:
+        info = fs.info(f"{root}/checkpoints/meta_{steps[0]:08d}.json")
+        modified = info.get("LastModified") or info.get("mtime") or info.get("created")
+        stamp = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
+        out["checkpoint"] = {"step": steps[0], "age_s": round(time.time() - stamp) if stamp else None}
+    if results:
+        t = results.get("training") or {}
+        out["training"] = {"stop_reason": t.get("stop_reason"), "steps": t.get("steps"),
+                           "mirror_caught_up": (results.get("remote") or {}).get("caught_up")}
+    if lease:
+        out["writer"] = {"host": lease.get("host"), "pid": lease.get("pid"),
+                         "said_so_s_ago": round(time.time() - float(lease.get("time") or 0))}
+    return out
+
+
+def status(args) -> int:
+    s = remote_status(args.remote)
+    if args.json:
+        print(json.dumps(s, indent=1))
+        return 0
+    lines = [f"remote {s['remote']}"]
+    d = s.get("deploy")
+    if d:
+        lines.append(f"  deploy: {d.get('trainer')} {d.get('state')}, phase {d.get('phase')}"
+                     + (f" ({d['reason']})" if d.get("reason") else "") + f", on {d.get('host')}")
+    b, t = s.get("heartbeat"), s.get("training")
+    if b:
+        running = b["fresh"] and not t  # (an ended run's last beat says nothing about now)
+        lag = (b.get("mirror") or {}) if running else {}
+        state = "training" if running else "ended" if t else f"not running: no heartbeat for over {FRESH_S:.0f} s"
+        lines.append(f"  step {b['step']} of {b['total_steps']}; last heartbeat {b['age_s']} s ago ({state})"
+                     + (f"; mirror {lag.get('pending_uploads')} upload(s) behind" if lag.get("pending_uploads") else ""))
+    c = s.get("checkpoint")
+    lines.append(f"  newest complete checkpoint: step {c['step']}, {c['age_s']} s old" if c else
+                 "  no complete checkpoint on the remote yet")
+    if t:
+        lines.append(f"  training ended: {t['stop_reason']} at step {t['steps']}; mirror caught up: "
+                     f"{t['mirror_caught_up']}")
+    print("\n".join(lines))
+    return 0
