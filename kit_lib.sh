@@ -132,7 +132,11 @@ check_common_flags() {
   [[ -z "$MAX_HOURS" ]] || is_positive "$MAX_HOURS" || die "--max-hours '$MAX_HOURS' must be a number > 0, e.g. 1.5"
   [[ -z "$BUDGET_USD" ]] || is_positive "$BUDGET_USD" || die "--budget-usd '$BUDGET_USD' must be a number > 0, e.g. 50"
   [[ -z "$BUDGET_USD" ]] || is_positive "${USD_PER_GPU_HOUR:-0}" || die "--budget-usd needs --usd-per-gpu-hour > 0 to turn hours into money"
-  [[ -z "$REMOTE" || "$REMOTE" =~ ^[a-z][a-z0-9+.-]*://[^[:space:]]+$ ]] || die "--remote '$REMOTE' must be a URL like s3://bucket/prefix or file:///mnt/volume/runs"
+  if [[ -n "$REMOTE" ]]; then  # (never echoed when it holds credentials: they would land in the log)
+    local authority="${REMOTE#*://}"; authority="${authority%%/*}"
+    [[ "$authority" != *@* ]] || die "--remote: credentials do not go in the URL (they would be written into the logs); set them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+    [[ "$REMOTE" =~ ^[a-z][a-z0-9+.-]*://[^[:space:]]+$ ]] || die "--remote '$REMOTE' must be a URL like s3://bucket/prefix or file:///mnt/volume/runs"
+  fi
   return 0
 }
 

@@ -167,7 +167,7 @@ def build_steps(s: Setup) -> list[Step]:
     # The LSTM job's cohorts (trainers.lstm.cohort): 64 symbols one at a time and in cohorts, then 500 in
     # cohorts only (one at a time they would take most of the session). Not named *lstm*gpu*: the plan
     # reads those as the LSTM's measured MFU.
-    cohort_args = (["--symbols", "4", "--cohorts", "auto", "--epochs", "1", "--device", s.device] if s.dry else
+    cohort_args = (["--symbols", "2", "--cohorts", "auto", "--epochs", "1", "--device", s.device] if s.dry else
                    ["--symbols", "64,500", "--cohorts", "auto", "--baseline-max", "64", "--shape", "default",
                     "--epochs", "5", "--device", "auto"])
     steps.append(Step("lstm_cohort", "the LSTM job in cohorts vs one symbol at a time (64 symbols; 500 in cohorts)",

@@ -75,7 +75,7 @@ PPO_TINY = ["--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days",
 
 CONTRACTS = {
     "forecast": Contract(
-        "forecast", [*TINY_DATA, "--epochs", "3", "--log-every", "5", "--batch-size", "128"], steps=84,
+        "forecast", [*TINY_DATA, "--epochs", "2", "--log-every", "5", "--batch-size", "128"], steps=56,
         ckpt_every=4, kill_step=10, term_step=5,
         equal=[("training", "best_val", "value"), ("evaluation", "test", "model", "mse")],
         long_args=[*TINY_DATA, "--epochs", "500", "--batch-size", "64", "--patience", "0"]),
@@ -283,7 +283,11 @@ REHEARSAL["gpt-fsdp"] = ["--gpu-defaults", "--parallel", "fsdp", "--activation-c
 # A write behind the loop completes at the next agreement, which adaptive agreement makes rare (about a
 # second of steps): a kill soon after the first save finds no complete checkpoint and rightly starts over.
 # The kill comes late, after evaluations (always agreements) have completed earlier saves.
-LATE_KILL = {"forecast": 80, "gnn": 10, "lstm": 8, "ppo": 14, "gpt": 10}
+LATE_KILL = {"forecast": 50, "gnn": 10, "lstm": 8, "ppo": 14, "gpt": 10}
+# The SIGTERM case once more under adaptive agreement: the stop lands at the next agreement, whichever trainer
+# asks (runtime code): run for a compiled DDP trainer and for FSDP2's sharded saves, not for every variant
+# (each case is a torchrun launch: CI's time on a one-core machine, issue 36).
+TERM_REHEARSED = ("forecast", "gpt-fsdp")
 
 
 @pytest.mark.parametrize("variant", REHEARSAL)
@@ -316,6 +320,8 @@ def test_the_gpu_configuration_rehearsed_on_a_cpu_keeps_the_contract(variant, wo
     assert resumed and all(0 < s < LATE_KILL[name] or s in stopped_at for s, stopped_at in resumed), resumed
     assert_equal_to_reference(c, r, ref)
 
+    if variant not in TERM_REHEARSED:
+        return
     termed = workdir / f"{variant}-rehearsal-term"  # SIGTERM on one rank: every rank stops, with a checkpoint
     run_torchrun([name, "train", *c.args, *flags, *c.prepare(workdir), "--run-dir", str(termed)],
                  env={"TRAINERS_FAULT": f"sigterm@rank1:step{c.term_step}"})

@@ -62,7 +62,7 @@ def s3():
             os.environ[k] = v
 
 
-FORECAST = [*TINY_DATA, "--epochs", "2", "--batch-size", "128", "--log-every", "5"]
+FORECAST = [*TINY_DATA, "--epochs", "2", "--batch-size", "128", "--log-every", "5", "--max-steps", "16"]
 FORECAST_EQUAL = [("training", "best_val", "value"), ("evaluation", "test", "model", "mse")]
 GPT = [*GPT_TINY, "--batch-tokens", "1024", "--max-steps", "12", "--eval-every", "4", "--log-every", "2"]
 GPT_EQUAL = [("training", "best_val", "value"), ("evaluation", "val_loss"), ("training", "stream")]
@@ -178,13 +178,60 @@ def test_a_second_writer_is_refused_until_the_lease_is_stale(s3, tmp_path):
 
 
 def test_bad_remote_urls_are_one_line_and_exit_2(tmp_path):
-    for url, says in (("not-a-url", "is not a URL"), ("nosuchscheme://bucket/x", "nosuchscheme")):
+    """Refused before anything is written, the URL never printed with its credentials."""
+    for url, says in (("not-a-url", "is not a URL"), ("nosuchscheme://bucket/x", "nosuchscheme"),
+                      ("", "is empty"), ("file://", "file:///absolute/path"), ("file://relative/x", "three slashes"),
+                      ("s3://", "names no bucket"), ("memory://user:SECRETVALUE@host/x", "credentials do not go"),
+                      ("KEY:SECRETVALUE@bucket/x", "credentials do not go"), ("s3://K:S@b@bucket/x", "credentials")):
         proc = run_cli(["forecast", "train", *TINY_DATA, "--run-dir", str(tmp_path / "r"), "--remote", url])
-        assert proc.returncode == 2 and "Traceback" not in proc.stderr and says in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and says in proc.stderr, (url, proc.stderr)
+        assert "SECRETVALUE" not in proc.stderr and ":S@" not in proc.stderr
         assert not (tmp_path / "r").exists()
+    for args in (["status", "--remote", "s3://KEYID:SECRETVALUE@bucket/x"], ["status", "--remote", "s3://"],
+                 ["push", "--remote", "file:///nonexistent-volume/x"],
+                 ["push", "--run-dir", str(tmp_path), "--remote", "s3://KEYID:SECRETVALUE@bucket/x"]):
+        proc = run_cli(["remote", *args])
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and "SECRETVALUE" not in proc.stderr, \
+            (args, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     proc = run_cli(["forecast", "train", *TINY_DATA, "--run-dir", str(tmp_path / "r"), "--remote",
-                    "s3://KEYID:SECRETVALUE@bucket/x", "--walk-forward", "2"])
-    assert proc.returncode == 2 and "SECRETVALUE" not in proc.stderr
+                    "s3://bucket/x", "--walk-forward", "2"])
+    assert proc.returncode == 2 and "--walk-forward" in proc.stderr
+
+
+def test_a_remote_that_holds_another_run_is_refused_and_nothing_is_written(tmp_path):
+    """Another config: a fresh folder is not filled with it; a local run behind the remote's newest
+    checkpoint is refused instead of overwriting the remote's history; a meta naming a file outside the
+    run folder is refused; a lease that is JSON of the wrong shape holds nothing."""
+    volume = tmp_path / "volume"
+    url = f"file://{volume}/run"
+    small_forecast(tmp_path, url, {})
+    other = run_cli(["forecast", "train", *TINY_DATA, "--window", "16", "--epochs", "1", "--device", "cpu",
+                     "--run-dir", str(tmp_path / "other"), "--remote", url])
+    assert other.returncode == 2 and "different config" in other.stderr and "window" in other.stderr, other.stderr
+    assert not (tmp_path / "other").exists()
+
+    behind = tmp_path / "behind"  # the same run, its folder copied before the end: the remote is ahead
+    shutil.copytree(tmp_path / "run", behind)
+    for meta in sorted((behind / "checkpoints").glob("meta_*.json"))[-1:]:
+        meta.unlink()
+    newest = max(int(p.stem.split("_")[1]) for p in (volume / "run" / "checkpoints").glob("meta_*.json"))
+    proc = small_forecast(tmp_path, url, {}, name="behind", check=False)
+    assert proc.returncode == 2 and f"holds a newer checkpoint (step {newest})" in proc.stderr, proc.stderr
+    assert max(int(p.stem.split("_")[1]) for p in (volume / "run" / "checkpoints").glob("meta_*.json")) == newest
+
+    meta = volume / "run" / "checkpoints" / f"meta_{newest:08d}.json"
+    record = json.loads(meta.read_text())
+    record["files"]["../../../ESCAPED.txt"] = "0" * 64
+    meta.write_text(json.dumps(record))
+    (volume / "run" / "LEASE.json").write_text('{"time": "yesterday"}')
+    from trainers.runtime.remote_pull import pull_run
+
+    said = []
+    pull_run(url, tmp_path / "fresh", log=said.append)
+    assert not (tmp_path / "ESCAPED.txt").exists() and not list(tmp_path.rglob("ESCAPED.txt"))
+    assert any("not a checkpoint record" in line for line in said), said
+    assert (volume / "run" / "checkpoints" / f"meta_{newest:08d}.json.unusable").exists()  # set aside, kept
 
 
 class Outage:
@@ -267,7 +314,7 @@ def test_the_store_going_away_mid_run_does_not_stop_training_and_the_mirror_catc
     bucket = s3.bucket()
     fs = s3.fs()
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "trainers", "forecast", "train", *TINY_DATA, "--epochs", "6", "--batch-size", "64",
+    cmd = [sys.executable, "-m", "trainers", "forecast", "train", *TINY_DATA, "--epochs", "4", "--batch-size", "64",
            "--ckpt-every", "20", "--device", "cpu", "--run-dir", str(run_dir), "--remote", f"s3://{bucket}/run",
            "--patience", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -134,7 +134,11 @@ def test_killing_torchruns_agent_still_leaves_the_summary_of_what_finished(tmp_p
     agent = subprocess.Popen(torchrun_cmd(["lstm", "train", *TINY, "--synthetic-tickers", "6", "--epochs", "15",
                                            "--run-dir", str(run_dir)]),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=quiet_env())
-    wait_for(lambda: any(run_dir.glob("symbols/*/done.json")), 120, agent)
+    def one_done_one_training() -> bool:  # killed while a symbol is mid-training (not between two of them)
+        folders = [p for p in run_dir.glob("symbols/*") if p.is_dir()]
+        return any((p / "done.json").exists() for p in folders) and \
+            any(list(p.glob("checkpoints/meta_*.json")) and not (p / "done.json").exists() for p in folders)
+    wait_for(one_done_one_training, 120, agent)
     agent.kill()
     agent.wait()
 

@@ -112,7 +112,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     """One run (the plain split, or one walk-forward fold): (results on rank 0, the agreed stop)."""
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
-    restore_from_remote(cfg.remote, run_dir, ctx)  # a fresh machine: the remote's run, before anything reads it
+    restore_from_remote(cfg.remote, run_dir, ctx, cfg, fix_date_range)  # a fresh machine: the remote's run first
     saved = cfgmod.saved_config(run_dir)
     refuse_legacy_resume(run_dir, saved)
     fix_date_range(cfg, saved)

@@ -48,7 +48,7 @@ def train(cfg: GnnConfig) -> dict | None:
 
 def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     run_dir = Path(cfg.run_dir)
-    restore_from_remote(cfg.remote, run_dir, ctx)  # a fresh machine: the remote's run, before anything reads it
+    restore_from_remote(cfg.remote, run_dir, ctx, cfg)  # a fresh machine: the remote's run first
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     train_split, val_split = GraphSplit(Path(cfg.data_dir), "train"), GraphSplit(Path(cfg.data_dir), "val")
     cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed)

@@ -177,7 +177,7 @@ def train(cfg: GptConfig, started_at: float | None = None) -> dict | None:
 def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
     # Every check that can refuse the input runs before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
-    restore_from_remote(cfg.remote, run_dir, ctx)  # a fresh machine: the remote's run, before anything reads it
+    restore_from_remote(cfg.remote, run_dir, ctx, cfg)  # a fresh machine: the remote's run first
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     accum = cfg.grad_accum(ctx.world_size)
     precision = precision_for(ctx.device, cfg.precision, cfg.gpu_defaults)

@@ -51,12 +51,18 @@ def symbol_seed(seed: int, symbol: str) -> int:
     return seed + zlib.crc32(symbol.encode()) % 1_000_000
 
 
+# A symbol's run waits this long at its end for its mirror (the job's own end waits --remote-wait-s): a store
+# that is down must not hold every symbol of the job for the whole wait.
+SYMBOL_REMOTE_WAIT_S = 30.0
+
+
 def symbol_config(cfg: LstmConfig, symbol: str) -> LstmConfig:
     """The config of one symbol's run: its own folder and seed; the job's budget is enforced by the job."""
     remote = None if cfg.remote is None else f"{cfg.remote.rstrip('/')}/symbols/{symbol}"  # the job's layout
     return dataclasses.replace(cfg, run_dir=str(symbol_dir(Path(cfg.run_dir), symbol)), symbols=symbol,
                                tickers_file=None, seed=symbol_seed(cfg.seed, symbol), max_hours=None,
-                               budget_usd=None, remote=remote)
+                               budget_usd=None, remote=remote,
+                               remote_wait_s=min(cfg.remote_wait_s, SYMBOL_REMOTE_WAIT_S))
 
 
 def planned_steps(cfg: LstmConfig, n_train: int) -> int:

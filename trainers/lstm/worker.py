@@ -308,7 +308,7 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
             train_cohort: TrainCohort | None = None) -> int:
     # Everything that can reject the input happens before the first write into the job folder.
     job_dir = Path(cfg.run_dir)
-    restore_from_remote(cfg.remote, job_dir, ctx)  # a fresh machine: the remote's job, before anything reads it
+    restore_from_remote(cfg.remote, job_dir, ctx, cfg, fix_date_range)  # a fresh machine: the remote's job first
     fix_date_range(cfg, cfgmod.saved_config(job_dir))
     cfgmod.check_run_dir_compatible(job_dir, cfg)
     device = worker_device(cfg, ctx.local_rank)
@@ -324,7 +324,7 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
     try:
         # --remote: the job's own files (config, summary, each symbol's done marker) mirrored beside the
         # symbols' runs, which mirror themselves to <remote>/symbols/<symbol>
-        with start_mirror(cfg.remote, job_dir, ctx) as mirror:
+        with start_mirror(cfg.remote, job_dir, ctx, cfg) as mirror:
             return _attempt(cfg, ctx, started_at, train_symbol, train_cohort, plan, device, mirror)
     finally:
         if lock is not None:

@@ -18,12 +18,31 @@ import time
 from pathlib import Path
 
 from trainers.errors import UsageError
-from trainers.runtime.remote import LEASE, META_RE, Mirror, open_remote, put_bytes, redact
+from trainers.runtime.remote import Mirror
+from trainers.runtime.remote_store import LEASE, META_RE, check_remote_url, open_remote, put_bytes, redact
 
 FRESH_S = 120.0  # a heartbeat older than this (they come every 30 s) means the job is not running
 
 
+def _one_line(url: str, what: str, call):
+    """`call()`, with a storage error as one line naming the (redacted) URL: exit 2, no traceback."""
+    try:
+        return call()
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every backend's errors: unreachable, denied, malformed
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise UsageError(f"--remote {redact(url)} cannot be {what} ({type(exc).__name__}: "
+                         f"{first.replace(url, redact(url))}); check the URL, the endpoint (AWS_ENDPOINT_URL) and "
+                         f"the credentials") from None
+
+
 def push(args) -> int:
+    check_remote_url(args.remote)
+    return _one_line(args.remote, "written", lambda: _push(args))
+
+
+def _push(args) -> int:
     if args.state is not None:  # the deploy's state file alone (no lease: the run's mirror may hold it)
         fs, root = open_remote(args.remote)
         put_bytes(fs, f"{root}/deploy.state", Path(args.state).read_bytes())
@@ -39,12 +58,7 @@ def push(args) -> int:
         raise UsageError(f"--file {', '.join(missing)}: no such file")
     log = logging.getLogger("trainers.remote")
     log.addHandler(logging.StreamHandler(sys.stderr))
-    try:
-        mirror = Mirror(args.remote, run_dir, log).start()
-    except UsageError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - unreachable, denied: one line
-        raise UsageError(f"--remote {redact(args.remote)} cannot be written ({type(exc).__name__}: {exc})") from None
+    mirror = Mirror(args.remote, run_dir, log).start()
     with mirror:
         mirror.sync()
         lag = mirror.close(args.wait_s)
@@ -60,6 +74,15 @@ def push(args) -> int:
 
 
 def remote_status(url: str) -> dict:
+    check_remote_url(url)
+    return _one_line(url, "read", lambda: _remote_status(url))
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _remote_status(url: str) -> dict:
     fs, root = open_remote(url)
     out: dict = {"remote": redact(url), "now": time.time()}
 
@@ -82,8 +105,8 @@ def remote_status(url: str) -> dict:
     if state is None and beat is None and results is None:
         raise UsageError(f"--remote {redact(url)} holds no run (no heartbeat.json, results.json or deploy.state)")
     out["deploy"] = {k: state.get(k) for k in ("trainer", "state", "phase", "reason", "host")} if state else None
-    if beat:
-        age = time.time() - float(beat.get("time") or 0)
+    if beat and _number(beat.get("time")) is not None:
+        age = max(time.time() - _number(beat["time"]), 0.0)
         out["heartbeat"] = {"step": beat.get("step"), "total_steps": beat.get("total_steps"), "age_s": round(age),
                             "fresh": age < FRESH_S, "mirror": beat.get("remote")}
     try:
@@ -92,7 +115,10 @@ def remote_status(url: str) -> dict:
         names = []
     steps = sorted((int(m.group(1)) for n in names if (m := META_RE.match(n))), reverse=True)
     if steps:
-        info = fs.info(f"{root}/checkpoints/meta_{steps[0]:08d}.json")
+        try:
+            info = fs.info(f"{root}/checkpoints/meta_{steps[0]:08d}.json")
+        except FileNotFoundError:  # pruned between the listing and now: a newer one is there
+            info = {}
         modified = info.get("LastModified") or info.get("mtime") or info.get("created")
         stamp = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
         out["checkpoint"] = {"step": steps[0], "age_s": round(time.time() - stamp) if stamp else None}
@@ -100,9 +126,9 @@ def remote_status(url: str) -> dict:
         t = results.get("training") or {}
         out["training"] = {"stop_reason": t.get("stop_reason"), "steps": t.get("steps"),
                            "mirror_caught_up": (results.get("remote") or {}).get("caught_up")}
-    if lease:
+    if lease and _number(lease.get("time")) is not None:
         out["writer"] = {"host": lease.get("host"), "pid": lease.get("pid"),
-                         "said_so_s_ago": round(time.time() - float(lease.get("time") or 0))}
+                         "said_so_s_ago": round(max(time.time() - _number(lease["time"]), 0.0))}
     return out
 
 

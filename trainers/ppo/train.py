@@ -115,7 +115,7 @@ def train(cfg: PpoConfig) -> dict | None:
 def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
-    restore_from_remote(cfg.remote, run_dir, ctx)  # a fresh machine: the remote's run, before anything reads it
+    restore_from_remote(cfg.remote, run_dir, ctx, cfg, fix_date_range)  # a fresh machine: the remote's run first
     fix_date_range(cfg, cfgmod.saved_config(run_dir))
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     data, data_info = load_trading_data(cfg, log=print if ctx.is_main else (lambda _msg: None))

@@ -66,6 +66,9 @@ class RunOptions:
     def validate_run_options(self) -> None:
         """Every field's type, range and choices (one rule for every trainer), then the budget."""
         check_values(self)
+        from trainers.runtime.remote_store import check_remote_url  # (no fsspec import: string checks only)
+
+        check_remote_url(self.remote)
         self.budget(1)  # --budget-usd without a price is checked by Budget itself
 
     def budget(self, billed_devices: int) -> Budget:

@@ -22,118 +22,34 @@ results.json what is still missing. A fresh machine resumes from the remote: tra
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 import logging
 import os
 import queue
 import re
-import socket
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from trainers.errors import UsageError
-from trainers.runtime.files import atomic_write
+from trainers.runtime.remote_store import (
+    LEASE,
+    LEASE_REFRESH_S,
+    LEASE_STALE_S,
+    META_RE,
+    Lease,
+    bounded,
+    open_remote,
+    put_bytes,
+    redact,
+    sha256_bytes,
+)
 
-LEASE = "LEASE.json"
-LEASE_STALE_S = 120.0  # a holder silent this long has gone (its machine was lost): the lease may be taken over
-LEASE_REFRESH_S = 30.0
 SIGNAL_WAIT_S = 20.0  # after a SIGTERM the platform's SIGKILL follows in about 30 s: the mirror gets this long
+FINAL_CALL_S = 5.0  # the last direct calls (results.json, the lease): a store that hangs is not waited for longer
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 60.0
-META_RE = re.compile(r"^meta_(\d{8})\.json$")
 FAULT_ENV = "TRAINERS_FAULT_REMOTE"  # tests: "kill-before-meta@stepN" SIGKILLs the process between data and meta
-
-
-def redact(url: str) -> str:
-    """The URL without a user:password part (s3://KEY:SECRET@bucket/x -> s3://bucket/x)."""
-    return re.sub(r"^([a-z0-9+.-]+://)[^/@]*@", r"\1", url, flags=re.I)
-
-
-def open_remote(url: str):
-    """(filesystem, root path) of a remote URL; one line naming what is missing when it cannot be used."""
-    try:
-        import fsspec
-    except ImportError:
-        raise UsageError(f"--remote {redact(url)} needs fsspec and the backend for its scheme: pip install "
-                         f"'trainers[remote]' (fsspec, s3fs); gcsfs for gs://, huggingface_hub for hf://") from None
-    if "://" not in url:
-        raise UsageError(f"--remote {url!r} is not a URL: give s3://bucket/prefix, gs://bucket/prefix or "
-                         f"file:///mounted/volume/run")
-    try:
-        fs, root = fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as exc:
-        raise UsageError(f"--remote {redact(url)}: {str(exc).splitlines()[0]} (install the backend for its scheme: "
-                         f"s3fs for s3://, gcsfs for gs://)") from None
-    return fs, root.rstrip("/")
-
-
-def put_bytes(fs, path: str, data: bytes) -> None:
-    """One object/file of the remote, all or nothing: an object store's put is atomic; on a mounted
-    volume (file://) the bytes go to a temp name first, then are renamed into place."""
-    if "file" in _protocols(fs):
-        local = Path(fs._strip_protocol(path))
-        local.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(local, lambda f: f.write(data))
-    else:
-        fs.pipe_file(path, data)
-
-
-def _protocols(fs) -> tuple:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-class Lease:
-    """Who writes a remote run: one machine at a time (taken over only when the holder is silent)."""
-
-    def __init__(self, fs, root: str, run_dir: Path, url: str):
-        self.fs, self.path, self.url = fs, f"{root}/{LEASE}", url
-        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "run_dir": str(run_dir),
-                   "token": uuid.uuid4().hex[:12]}
-
-    def take(self) -> None:
-        held = self.read()
-        if held is not None and held.get("token") != self.me["token"] and not self._holder_gone(held):
-            age = time.time() - float(held.get("time") or 0)
-            if age < LEASE_STALE_S:
-                raise UsageError(f"--remote {self.url} is being written by {held.get('host')} "
-                                 f"(pid {held.get('pid')}, {held.get('run_dir')}), which said so {age:.0f} s ago: "
-                                 f"stop that run first, or wait {LEASE_STALE_S - age:.0f} s for its lease to go stale "
-                                 f"(its machine was lost)")
-        self.refresh()
-
-    @staticmethod
-    def _holder_gone(held: dict) -> bool:
-        """A holder on this very machine whose process has ended (killed, crashed): no need to wait."""
-        if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
-            return False
-        try:
-            os.kill(held["pid"], 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # alive, another user's
-            pass
-        return False
-
-    def read(self) -> dict | None:
-        try:
-            return json.loads(self.fs.cat_file(self.path))
-        except (FileNotFoundError, ValueError, UnicodeDecodeError):  # none, or garbled: it holds nothing
-            return None
-
-    def refresh(self) -> None:
-        put_bytes(self.fs, self.path, json.dumps({**self.me, "time": time.time()}).encode())
-
-    def release(self) -> None:
-        held = self.read()
-        if held is not None and held.get("token") == self.me["token"]:
-            self.fs.rm_file(self.path)
 
 
 class Mirror:
@@ -147,7 +63,8 @@ class Mirror:
         self._jobs, self._lock, self._stop = queue.Queue(), threading.Lock(), threading.Event()
         self._pending, self._oldest = 0, {}  # jobs not done yet, and when each was queued
         self.mirrored_step, self.uploaded_files, self.failures, self.last_error = None, 0, 0, None
-        self._thread, self._lease_at, self._closed = None, 0.0, False
+        self._thread, self._closed, self._ids = None, False, itertools.count()
+        self.lost_lease = False  # another writer took the remote over: nothing more is uploaded
         self._synced: dict[str, tuple[int, int]] = {}  # name -> (size, mtime_ns) as last uploaded
 
     # ---- the run's side -----------------------------------------------------------------------------
@@ -176,28 +93,58 @@ class Mirror:
         self.put_now("results.json")
         return merged
 
-    def start(self) -> "Mirror":
+    def start(self, cfg=None) -> "Mirror":
+        """Refuse a remote that holds another run (another config, or checkpoints newer than this folder's:
+        its history would be overwritten), or another live writer; then start uploading."""
+        self._check_remote_run(cfg)
         self.lease.take()  # refuses a second writer before anything is uploaded
-        self._lease_at = time.monotonic()
         self._thread = threading.Thread(target=self._work, name="remote-mirror", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._keep_lease, name="remote-lease", daemon=True).start()
         return self
+
+    def _check_remote_run(self, cfg) -> None:
+        from trainers.runtime import config as cfgmod
+
+        try:
+            saved = json.loads(self.fs.cat_file(f"{self.root}/config.json"))
+        except FileNotFoundError:
+            saved = None
+        except (ValueError, UnicodeDecodeError):
+            saved = {}
+        if saved is not None and cfg is not None:
+            diffs = cfgmod.incompatible_fields(saved, cfg) if isinstance(saved, dict) else ["not a config"]
+            if diffs:
+                raise UsageError(f"--remote {self.url} holds a run with a different config ({'; '.join(diffs[:3])}); "
+                                 f"give this run another --remote")
+        try:
+            remote = [int(m.group(1)) for p in self.fs.ls(f"{self.root}/checkpoints", detail=False)
+                      if (m := META_RE.match(p.rsplit("/", 1)[-1]))]
+        except FileNotFoundError:
+            remote = []
+        folder = self.run_dir / "checkpoints"
+        local = [int(m.group(1)) for p in folder.iterdir() if (m := META_RE.match(p.name))] if folder.is_dir() else []
+        if remote and max(remote) > max(local, default=-1):
+            raise UsageError(f"--remote {self.url} holds a newer checkpoint (step {max(remote)}) than {self.run_dir} "
+                             f"({'step ' + str(max(local)) if local else 'none'}): to resume from the remote, start "
+                             f"with an empty --run-dir; to go on from this folder, give another --remote")
 
     def sync(self) -> None:
         """Upload every file of the run folder but the checkpoints that changed since its last upload
         (config, data record, the trainer's own files, metrics, logs, heartbeat, results, exports)."""
-        self._put(("sync", None))
+        self._put("sync", None)
 
     def checkpoint(self, step: int) -> None:
         """Upload a committed checkpoint (data, verified, then meta), then prune the remote."""
-        self._put(("checkpoint", step))
+        self._put("checkpoint", step)
 
     def lag(self) -> dict:
         with self._lock:
             oldest = min(self._oldest.values()) if self._oldest else None
             return {"url": self.url, "pending_uploads": self._pending,
                     "oldest_pending_s": None if oldest is None else round(time.monotonic() - oldest, 1),
-                    "mirrored_step": self.mirrored_step, "failures": self.failures, "last_error": self.last_error}
+                    "mirrored_step": self.mirrored_step, "failures": self.failures, "last_error": self.last_error,
+                    **({"lost_lease": True} if self.lost_lease else {})}
 
     def close(self, wait_s: float) -> dict:
         """Wait at most `wait_s` for the queue to drain, stop the thread, release the lease (only when
@@ -213,28 +160,26 @@ class Mirror:
         lag = self.lag()
         lag["caught_up"] = lag["pending_uploads"] == 0
         if lag["caught_up"]:
-            try:
-                self.lease.release()
-            except Exception as exc:  # noqa: BLE001 - the lease goes stale on its own
-                self.log.warning("remote: could not release %s (%s); it goes stale in %.0f s", LEASE, exc,
-                                 LEASE_STALE_S)
+            if not bounded(self.lease.release, FINAL_CALL_S):
+                self.log.warning("remote: could not release %s; it goes stale in %.0f s", LEASE, LEASE_STALE_S)
         else:
             self.log.warning("remote %s is behind: %d upload(s) not done after waiting %.0f s (last error: %s); the "
                              "local folder has everything", self.url, lag["pending_uploads"], wait_s, lag["last_error"])
         return lag
 
     def put_now(self, name: str) -> None:
-        """One direct upload of a file of the run folder, after `close` (its final version); a failure is
+        """One direct upload of a file of the run folder, after `close` (its final version), at most
+        FINAL_CALL_S long (a store that hangs must not hold the process after a SIGTERM); a failure is
         logged, not raised (the local folder has it)."""
-        try:
-            put_bytes(self.fs, f"{self.root}/{name}", (self.run_dir / name).read_bytes())
-        except Exception as exc:  # noqa: BLE001 - storage errors of every backend
-            self.log.warning("remote %s: could not upload the final %s (%s: %s)", self.url, name, type(exc).__name__, exc)
+        if self.lost_lease or not bounded(lambda: put_bytes(self.fs, f"{self.root}/{name}",
+                                                            (self.run_dir / name).read_bytes()), FINAL_CALL_S):
+            self.log.warning("remote %s: the final %s was not uploaded (the local folder has it)", self.url, name)
 
-    def _put(self, job) -> None:
+    def _put(self, kind: str, arg) -> None:
+        job = (next(self._ids), kind, arg)
         with self._lock:
             self._pending += 1
-            self._oldest[id(job)] = time.monotonic()
+            self._oldest[job[0]] = time.monotonic()
         self._jobs.put(job)
 
     # ---- the thread --------------------------------------------------------------------------------
@@ -259,19 +204,26 @@ class Mirror:
                     delay = min(delay * 2, RETRY_MAX_S)
             with self._lock:
                 self._pending -= 1
-                self._oldest.pop(id(job), None)
-            if time.monotonic() - self._lease_at > LEASE_REFRESH_S:
-                self._refresh_lease()
+                self._oldest.pop(job[0], None)
 
-    def _refresh_lease(self) -> None:
-        try:
-            self.lease.refresh()
-            self._lease_at = time.monotonic()
-        except Exception as exc:  # noqa: BLE001 - retried at the next job
-            self.last_error = f"lease: {type(exc).__name__}: {exc}"[:300]
+    def _keep_lease(self) -> None:
+        """Its own thread: the lease refreshed every LEASE_REFRESH_S whatever the uploads are doing (a long
+        upload must not let it go stale); a lease another writer took over stops the uploads."""
+        while not self._stop.wait(LEASE_REFRESH_S):
+            try:
+                if not self.lease.still_mine():
+                    self.lost_lease = True
+                    self.log.error("remote %s was taken over by another writer (this one was silent for over %.0f s): "
+                                   "nothing more is uploaded; the local folder has everything", self.url, LEASE_STALE_S)
+                    return
+                self.lease.refresh()
+            except Exception as exc:  # noqa: BLE001 - retried at the next refresh
+                self.last_error = f"lease: {type(exc).__name__}: {exc}"[:300]
 
     def _do(self, job) -> None:
-        kind, arg = job
+        _id, kind, arg = job
+        if self.lost_lease:
+            return
         if kind == "sync":
             self._sync()
         else:
@@ -285,11 +237,11 @@ class Mirror:
                 continue
             try:
                 st = path.stat()
+                if self._synced.get(name) == (st.st_size, st.st_mtime_ns):
+                    continue
                 data = path.read_bytes()
             except FileNotFoundError:
                 continue  # replaced or removed meanwhile: the next sync takes the new one
-            if self._synced.get(name) == (st.st_size, st.st_mtime_ns):
-                continue
             put_bytes(self.fs, f"{self.root}/{name}", data)
             self._synced[name] = (st.st_size, st.st_mtime_ns)
             self.uploaded_files += 1
@@ -299,13 +251,18 @@ class Mirror:
         meta_path = folder / f"meta_{step:08d}.json"
         try:
             meta_bytes = meta_path.read_bytes()
-        except FileNotFoundError:
-            return  # pruned locally before its turn came (the mirror fell behind): a newer one follows
-        record = json.loads(meta_bytes)
+            record = json.loads(meta_bytes)
+            for name in record["files"]:
+                (folder / name).stat()
+        except FileNotFoundError:  # pruned locally before its turn came: a newer one follows
+            self.log.info("remote %s: checkpoint step %d was pruned here before its upload (the mirror is behind); "
+                          "the next one follows", self.url, step)
+            return
         for name, expected in record["files"].items():
             try:
                 data = (folder / name).read_bytes()
-            except FileNotFoundError:
+            except FileNotFoundError:  # pruned meanwhile: its uploaded files are orphans the next prune removes
+                self.log.info("remote %s: checkpoint step %d was pruned here during its upload", self.url, step)
                 return
             if sha256_bytes(data) != expected:
                 raise OSError(f"local {name} does not match its meta (changed since the commit)")
@@ -316,19 +273,20 @@ class Mirror:
         _fault_before_meta(step)
         put_bytes(self.fs, f"{self.root}/checkpoints/{meta_path.name}", meta_bytes)  # complete on the remote now
         self.mirrored_step = step if self.mirrored_step is None else max(self.mirrored_step, step)
-        self._prune_remote({int(m.group(1)) for p in folder.iterdir() if (m := META_RE.match(p.name))})
+        self._prune_remote(step, {int(m.group(1)) for p in folder.iterdir() if (m := META_RE.match(p.name))})
 
-    def _prune_remote(self, keep: set[int]) -> None:
-        """Remote checkpoints not kept locally: the meta first (never a complete-looking half), then data."""
+    def _prune_remote(self, uploaded: int, keep: set[int]) -> None:
+        """Remote checkpoints older than the one just uploaded and not kept locally, the meta first (never a
+        complete-looking half), then their data; data files left without a meta by a step pruned during its
+        upload, too. Never the one just uploaded, nor anything newer."""
         names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(f"{self.root}/checkpoints", detail=False)]
-        doomed = {int(m.group(1)) for n in names if (m := META_RE.match(n)) and int(m.group(1)) not in keep}
-        if not doomed:
-            return
-        for step in sorted(doomed):
+        metas = {int(m.group(1)) for n in names if (m := META_RE.match(n))}
+        for step in sorted(s for s in metas if s < uploaded and s not in keep):
             self.fs.rm_file(f"{self.root}/checkpoints/meta_{step:08d}.json")
+            metas.discard(step)
         for n in names:
             m = re.match(r"^(?:(?:model|rank\d{3}|consolidated)_(\d{8})\.pt|shards_(\d{8}))$", n)
-            if m and int(m.group(1) or m.group(2)) in doomed:
+            if m and int(m.group(1) or m.group(2)) < uploaded and int(m.group(1) or m.group(2)) not in metas:
                 self.fs.rm(f"{self.root}/checkpoints/{n}", recursive=n.startswith("shards_"))
 
 
@@ -353,17 +311,17 @@ def _fault_before_meta(step: int) -> None:
 
 # ---- what the run boundary calls --------------------------------------------------------------------------
 
-def start_mirror(url: str | None, run_dir: Path, ctx) -> "Mirror | NoMirror":
+def start_mirror(url: str | None, run_dir: Path, ctx, cfg=None) -> "Mirror | NoMirror":
     """Collective: rank 0's mirror, its lease taken (a second writer is refused on every rank); every
     other rank, and every run without --remote, gets a mirror that does nothing."""
     from trainers.runtime.dist import broadcast_object
 
-    if not url:
+    if url is None:
         return NoMirror()
     mirror, problem = NoMirror(), None
     if ctx.is_main:
         try:
-            mirror = Mirror(url, run_dir, logging.getLogger("trainers")).start()
+            mirror = Mirror(url, run_dir, logging.getLogger("trainers")).start(cfg)
         except UsageError as exc:
             problem = str(exc)
         except Exception as exc:  # noqa: BLE001 - unreachable at the start: refused before anything is written

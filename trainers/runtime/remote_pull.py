@@ -3,17 +3,24 @@
 When the local folder holds no run and the remote does, every file but the checkpoints is copied down,
 then the newest checkpoint whose files all match its meta's SHA-256 (and the best one, when older), data
 first and meta last; the run then resumes from the local copy under the usual checks (config, data
-fingerprint, hashes). A remote checkpoint that fails its check is passed over for the one before it.
+fingerprint, hashes). A remote checkpoint that fails its check is passed over for the one before it (and set
+aside on the remote as `.unusable`, as on disk). Everything is first copied into a temp folder beside the
+run's and moved in only once complete: a pull cut short (the network, a kill) leaves the folder empty, and
+the next start pulls again. A remote whose config.json differs from this run's options is refused before
+anything is written; so is a name in a remote meta that would land outside the run folder.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import uuid
 from pathlib import Path
 
 from trainers.errors import UsageError
 from trainers.runtime.files import atomic_write
-from trainers.runtime.remote import LEASE, META_RE, open_remote, redact, sha256_bytes
+from trainers.runtime.remote_store import LEASE, META_RE, open_remote, put_bytes, redact, sha256_bytes
 
 
 def holds_a_run(run_dir: Path) -> bool:
@@ -21,21 +28,61 @@ def holds_a_run(run_dir: Path) -> bool:
         any(run_dir.glob("symbols/*/config.json"))
 
 
-def pull_run(url: str, run_dir: Path, log=print) -> str | None:
+CHECKPOINT_FILE = re.compile(r"^(?:(?:model|rank\d{3}|consolidated)_\d{8}\.pt|shards_\d{8}/[^/]+)$")
+
+
+def safe_name(name: str) -> bool:
+    """A relative path that stays inside the folder it is joined to."""
+    parts = name.split("/")
+    return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
+def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None) -> str | None:
     """Copy a remote run into an empty local folder (module docstring); what was pulled, in words, or None
-    when the remote holds no run."""
+    when the remote holds no run. `cfg`: this run's options, checked against the remote's config first,
+    after `fix(cfg, saved)` (the trainer's own pinning from a saved config, e.g. the date range)."""
+    from trainers.runtime import config as cfgmod
+
     fs, root = open_remote(url)
     if not fs.exists(f"{root}/config.json"):
         return None
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg is not None:
+        try:
+            saved = json.loads(fs.cat_file(f"{root}/config.json"))
+        except (ValueError, UnicodeDecodeError):
+            raise UsageError(f"--remote {redact(url)}: its config.json is not JSON; nothing was changed") from None
+        if isinstance(saved, dict) and fix is not None:
+            fix(cfg, saved)
+        diffs = cfgmod.incompatible_fields(saved, cfg) if isinstance(saved, dict) else ["not a config"]
+        if diffs:
+            raise UsageError(f"--remote {redact(url)} holds a run with a different config ({'; '.join(diffs)}); use "
+                             f"the same settings to resume it, or another --remote; nothing was changed")
     names = [p[len(root) + 1:] for p in fs.find(root)]
-    plain = [n for n in names if n.rsplit("/", 1)[-1] != LEASE and "checkpoints/" not in n]
-    for name in plain:
-        _write(run_dir / name, fs.cat_file(f"{root}/{name}"))
-    pulled = []
-    for folder in sorted({n.rsplit("checkpoints/", 1)[0] for n in names if "checkpoints/" in n}):
-        step = _pull_checkpoints(fs, f"{root}/{folder}checkpoints", run_dir / folder / "checkpoints", log)
-        pulled.append(f"{folder or './'} step {step}" if step is not None else f"{folder or './'} no usable checkpoint")
+    unsafe = [n for n in names if not safe_name(n)]
+    if unsafe:
+        raise UsageError(f"--remote {redact(url)} holds names that would land outside the run folder "
+                         f"({', '.join(unsafe[:3])}); nothing was changed")
+    stage = run_dir.parent / f".{run_dir.name}.pull-{uuid.uuid4().hex[:8]}"
+    try:
+        plain = [n for n in names if n.rsplit("/", 1)[-1] != LEASE and "checkpoints/" not in n]
+        for name in plain:
+            _write(stage / name, fs.cat_file(f"{root}/{name}"))
+        pulled = []
+        for folder in sorted({n.rsplit("checkpoints/", 1)[0] for n in names if "checkpoints/" in n}):
+            step = _pull_checkpoints(fs, f"{root}/{folder}checkpoints", stage / folder / "checkpoints", log)
+            if step is None:
+                raise UsageError(f"--remote {redact(url)}: no checkpoint of {folder or 'the run'} passes its SHA-256 "
+                                 f"check (above); nothing was changed")
+            pulled.append(f"{folder or './'} step {step}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for entry in sorted(stage.iterdir()):  # complete: moved in (the folder held no run)
+            target = run_dir / entry.name
+            if target.is_dir() and entry.is_dir():
+                shutil.copytree(entry, target, dirs_exist_ok=True)
+            else:
+                entry.replace(target)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
     return f"{len(plain)} files and checkpoints ({'; '.join(pulled) or 'none'})"
 
 
@@ -46,31 +93,44 @@ def _pull_checkpoints(fs, remote: str, local: Path, log) -> int | None:
     records = {}
     for step in sorted((int(m.group(1)) for n in names if (m := META_RE.match(n))), reverse=True):
         try:
-            records[step] = json.loads(fs.cat_file(f"{remote}/meta_{step:08d}.json"))
-        except (OSError, ValueError) as exc:
-            log(f"remote checkpoint step {step}: its meta is unreadable ({exc}); not used")
+            record = json.loads(fs.cat_file(f"{remote}/meta_{step:08d}.json"))
+        except (ValueError, UnicodeDecodeError):
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("files"), dict) and \
+                all(isinstance(n, str) and CHECKPOINT_FILE.match(n) for n in record["files"]):
+            records[step] = record
+        else:
+            log(f"remote checkpoint step {step}: its meta is not a checkpoint record; set aside")
+            _set_aside(fs, remote, step)
     scored = sorted((r["metric"], -s, s) for s, r in records.items() if isinstance(r.get("metric"), (int, float))
-                    and r["metric"] == r["metric"])
-    newest = None
+                    and not isinstance(r.get("metric"), bool) and r["metric"] == r["metric"])
+    newest, tried = None, set()
     for step in records:  # newest first
+        tried.add(step)
         if _pull_one(fs, remote, local, step, records[step], log):
             newest = step
             break
     for _metric, _neg, step in scored:
-        if newest is None or step == newest or _pull_one(fs, remote, local, step, records[step], log):
+        if newest is None or step == newest or (step not in tried and
+                                                 _pull_one(fs, remote, local, step, records[step], log)):
             break
     return newest
 
 
 def _pull_one(fs, remote: str, local: Path, step: int, record: dict, log) -> bool:
+    """One checkpoint, if every file is there and matches the meta (a missing or mismatching one sets it aside
+    on the remote; a network error is raised: the pull is not complete)."""
     try:
         blobs = {name: fs.cat_file(f"{remote}/{name}") for name in record["files"]}
-    except (OSError, KeyError, TypeError, AttributeError) as exc:
-        log(f"remote checkpoint step {step} is incomplete ({exc}); trying an older one")
+    except FileNotFoundError as exc:
+        log(f"remote checkpoint step {step} is incomplete ({exc}); set aside, trying an older one")
+        _set_aside(fs, remote, step)
         return False
     bad = [name for name, data in blobs.items() if sha256_bytes(data) != record["files"][name]]
     if bad:
-        log(f"remote checkpoint step {step} fails its SHA-256 check ({', '.join(bad)}); trying an older one")
+        log(f"remote checkpoint step {step} fails its SHA-256 check ({', '.join(bad)}); set aside, trying an older "
+            f"one")
+        _set_aside(fs, remote, step)
         return False
     for name, data in blobs.items():
         _write(local / name, data)
@@ -78,24 +138,34 @@ def _pull_one(fs, remote: str, local: Path, step: int, record: dict, log) -> boo
     return True
 
 
+def _set_aside(fs, remote: str, step: int) -> None:
+    """Out of the remote's complete set, kept for a post-mortem (what a local unusable meta gets)."""
+    meta = f"{remote}/meta_{step:08d}.json"
+    try:
+        put_bytes(fs, meta + ".unusable", fs.cat_file(meta))
+        fs.rm_file(meta)
+    except FileNotFoundError:
+        pass  # set aside or pruned by someone else meanwhile
+
+
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: f.write(data))
 
 
-
-def restore_from_remote(url: str | None, run_dir: Path, ctx) -> str | None:
+def restore_from_remote(url: str | None, run_dir: Path, ctx, cfg=None, fix=None) -> str | None:
     """Collective, before a trainer reads its run folder: rank 0 pulls the remote run into an empty local
-    folder (`pull_run`); every rank gets the same one-line refusal when the remote cannot be read.
-    Returns what was pulled, in words (None: nothing to pull, or a local run is there)."""
+    folder (`pull_run`, after checking the remote's config against `cfg`); every rank gets the same
+    one-line refusal when the remote cannot be read or holds another run. What was pulled, in words (None:
+    nothing to pull, or a local run is there)."""
     from trainers.runtime.dist import broadcast_object
 
-    if not url:
+    if url is None:
         return None
     outcome = None
     if ctx.is_main:
         try:
-            pulled = None if holds_a_run(Path(run_dir)) else pull_run(url, Path(run_dir))
+            pulled = None if holds_a_run(Path(run_dir)) else pull_run(url, Path(run_dir), cfg=cfg, fix=fix)
             outcome = ("ok", pulled)
         except UsageError as exc:
             outcome = ("refused", str(exc))

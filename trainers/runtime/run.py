@@ -61,7 +61,7 @@ class Run:
     def __enter__(self) -> "Run":
         lock = take_run_folder(self.run_dir, self.ctx, self.trainer, self.data_fingerprint, self.cfg.restart)
         self._exit.callback(lambda: lock is not None and lock.release())
-        self.mirror = self._exit.enter_context(start_mirror(self.cfg.remote, self.run_dir, self.ctx))  # --remote
+        self.mirror = self._exit.enter_context(start_mirror(self.cfg.remote, self.run_dir, self.ctx, self.cfg))
         self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx, self.data_fingerprint, self.cfg.restart)
         self._exit.callback(self.metrics.close)
         gpu = device_mod.gpu_like(self.ctx.device, self.cfg.gpu_defaults)  # a GPU deploy's defaults, or rehearsed
