@@ -226,9 +226,8 @@ class Mirror:
             return
         if kind == "sync":
             self._sync()
-        else:
-            self._upload_checkpoint(arg)
-            self._sync()  # the metrics and log up to this checkpoint beside it
+        else:  # (the rest of the folder follows at the next heartbeat: a sync per checkpoint re-sent the
+            self._upload_checkpoint(arg)  # growing metrics and logs every few steps, for nothing)
 
     def _sync(self) -> None:
         for path in sorted(self.run_dir.rglob("*")):

@@ -169,8 +169,8 @@ class Heartbeat:
         except DiskFull as exc:
             self.disk_full = exc
             return
-        if self.mirror is not None:
-            self.mirror.sync()
+        if self.mirror is not None and not force:  # (every HEARTBEAT_S: not at each save's forced beat, which
+            self.mirror.sync()                     # re-sent the growing metrics and logs every few steps)
 
     def elapsed_including_lost_time(self, checkpoint_elapsed: float, log) -> float:
         """Collective (rank 0 reads, all agree): the elapsed time of an earlier attempt that ran on
