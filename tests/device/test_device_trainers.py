@@ -48,7 +48,7 @@ CASES = {
                       *QUIET], steps=16),
     "gnn": Case(["--epochs", "3", "--nodes-per-batch", "150", "--hidden", "16", "--layers", "2", "--search-iters",
                  "200", *QUIET], steps=12, prepare="gnn"),
-    "lstm": Case(["--synthetic-tickers", "4", "--synthetic-days", "800", "--window", "16", "--hidden", "8",
+    "lstm": Case(["--synthetic-tickers", "4", "--synthetic-days", "600", "--window", "8", "--hidden", "8",
                   "--batch-size", "64", "--epochs", "2", "--eval-every", "1000", *QUIET], steps=10),
     "ppo": Case(["--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days", "600", "--window", "8",
                  "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64", "--hidden",
