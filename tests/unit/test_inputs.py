@@ -11,7 +11,7 @@ import math
 import pytest
 
 from trainers.cli import build_parser, main
-from trainers.registry import trainer_module
+from trainers.registry import TRAINERS, trainer_module
 from trainers.runtime.config import FLOAT_MAX, INT_MAX, with_ceiling
 
 # Numeric options that may be negative on purpose (every other one has a lower bound).
@@ -27,7 +27,7 @@ def numeric_flags() -> list[tuple[list[str], str, type, dict]]:
         leaves = [([name, v], p) for v, p in verbs.choices.items()] if verbs else [([name], parser)]
         for words, leaf in leaves:
             fields = {}
-            if len(words) == 2:  # a trainer's verb: `train` (and the GPT's data/size) take its config's flags
+            if len(words) == 2 and words[0] in TRAINERS:  # a trainer's verb: its config's flags (`remote push`: own)
                 cls = trainer_module(words[0], "cli").CONFIG
                 fields = {"--" + f.name.replace("_", "-"): f for f in dataclasses.fields(cls)}
             for action in leaf._actions:
