@@ -19,6 +19,15 @@ sys.path.insert(0, str(FAKES / "accelerator"))  # fake_accelerator: CUDA's place
 signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto` (pyproject's addopts): one worker per CPU this process may run on, so `taskset -c 0` gets
+    one (xdist's own count asks psutil, when installed, for the machine's CPUs and ignores the affinity).
+    At most 8: each worker's tests start 2-process torchrun jobs of their own. PYTEST_XDIST_AUTO_NUM_WORKERS
+    (xdist's own setting) still wins."""
+    asked = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS", "")
+    return int(asked) if asked.isdigit() and int(asked) > 0 else max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
 # A market small enough for CPU tests: 16 tickers x 800 days, window 32, horizon 5.
 TINY_DATA = ["--synthetic-tickers", "16", "--synthetic-days", "800", "--window", "32", "--horizon", "5",
              "--synthetic-momentum", "0.3"]

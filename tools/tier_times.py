@@ -1,18 +1,24 @@
-"""Per-tier wall time of a pytest run, from its JUnit XML: the table .ci/run prints at its end.
+"""Per-tier time of a pytest run, from its JUnit XML: the table .ci/run prints at its end.
 
     python tools/tier_times.py JUNIT.xml [JUNIT2.xml ...] [--wall-s SECONDS ...] [--json OUT]
 
 A tier is the folder under tests/ a test lives in (unit, e2e, forecast, ...). Each test's time in the
 XML is its setup, call and teardown (a module fixture that trains a run counts in the first test that
-uses it), so the tiers' sums are the run's wall time less pytest's own start-up and collection, which
-the last row shows when the run's wall time is given. No dependencies beyond the standard library.
+uses it). Under pytest-xdist the tests of several workers run at once, so the tiers' times add up to
+more than the run's wall time (about workers x wall when the workers stay busy): the last row gives the
+wall time when it is passed, and the JSON records the machine's CPUs and the commit. No dependencies
+beyond the standard library.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
@@ -38,7 +44,7 @@ def tier_times(xml_path: Path) -> dict[str, dict]:
 
 
 def table(name: str, tiers: dict[str, dict], wall_s: float | None) -> str:
-    lines = [f"{name}", f"  {'tier':<10} {'tests':>6} {'failed':>7} {'skipped':>8} {'wall':>10}"]
+    lines = [f"{name}", f"  {'tier':<10} {'tests':>6} {'failed':>7} {'skipped':>8} {'test time':>10}"]
     for tier, row in sorted(tiers.items(), key=lambda kv: -kv[1]["seconds"]):
         lines.append(f"  {tier:<10} {row['tests']:>6} {row['failed']:>7} {row['skipped']:>8} "
                      f"{row['seconds'] / 60:>7.1f} min")
@@ -47,9 +53,21 @@ def table(name: str, tiers: dict[str, dict], wall_s: float | None) -> str:
                  f"{sum(r['failed'] for r in tiers.values()):>7} {sum(r['skipped'] for r in tiers.values()):>8} "
                  f"{total / 60:>7.1f} min")
     if wall_s is not None:
-        lines.append(f"  {'pytest':<10} {'':>6} {'':>7} {'':>8} {wall_s / 60:>7.1f} min  (start-up and collection "
-                     f"{max(wall_s - total, 0.0):.0f} s)")
+        lines.append(f"  {'wall':<10} {'':>6} {'':>7} {'':>8} {wall_s / 60:>7.1f} min  (pytest's, start-up and "
+                     f"collection included; test time / wall {total / wall_s if wall_s else 0.0:.2f})")
     return "\n".join(lines)
+
+
+def provenance() -> dict:
+    """Where the times were measured: the CPUs this process may use (taskset), the machine's, the commit."""
+    try:
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    except OSError:
+        cpu = platform.processor()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {"machine": {"cpu": cpu, "cpus_usable": len(os.sched_getaffinity(0)), "cpus": os.cpu_count(),
+                        "python": platform.python_version()},
+            "git_commit": commit, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(name, tiers, wall))
         out[name] = {"tiers": tiers, "wall_s": wall}
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        args.json.write_text(json.dumps({"runs": out, **provenance()}, indent=2) + "\n")
     return 0
 
 

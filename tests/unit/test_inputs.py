@@ -6,6 +6,7 @@ before anything is written."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -44,12 +45,17 @@ def numeric_flags() -> list[tuple[list[str], str, type, dict]]:
     return out
 
 
-def required_args(words: list[str], tmp_path) -> list[str]:
+@functools.cache
+def required_flags(words: tuple[str, ...]) -> tuple[str, ...]:
+    """The command's required options (built once per command: 945 cases each built the whole CLI)."""
     leaf = build_parser()
     for w in words:
         leaf = next(a for a in leaf._actions if a.dest in ("command", "verb")).choices[w]
-    return [x for a in leaf._actions if a.required and a.option_strings
-            for x in (a.option_strings[0], str(tmp_path / "nonexistent"))]
+    return tuple(a.option_strings[0] for a in leaf._actions if a.required and a.option_strings)
+
+
+def required_args(words: list[str], tmp_path) -> list[str]:
+    return [x for flag in required_flags(tuple(words)) for x in (flag, str(tmp_path / "nonexistent"))]
 
 
 def run(argv: list[str]) -> int:
