@@ -1,6 +1,6 @@
 """Per-tier time of a pytest run, from its JUnit XML: the table .ci/run prints at its end.
 
-    python tools/tier_times.py JUNIT.xml [JUNIT2.xml ...] [--wall-s SECONDS ...] [--json OUT]
+    python tools/tier_times.py JUNIT.xml [JUNIT2.xml ...] [--wall-s SECONDS ...] [--ci-wall-s S] [--json OUT]
 
 A tier is the folder under tests/ a test lives in (unit, e2e, forecast, ...). Each test's time in the
 XML is its setup, call and teardown (a module fixture that trains a run counts in the first test that
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("junit", nargs="+", type=Path)
     p.add_argument("--wall-s", type=float, nargs="*", default=[], help="each run's wall time, in the same order")
     p.add_argument("--name", nargs="*", default=[], help="each run's name, in the same order")
+    p.add_argument("--ci-wall-s", type=float, default=None, help="the whole CI run's wall time, install included")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     out = {}
@@ -86,9 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         wall = args.wall_s[i] if i < len(args.wall_s) else None
         tiers = tier_times(path)
         print(table(name, tiers, wall))
-        out[name] = {"tiers": tiers, "wall_s": wall}
+        out[name] = {"tiers": {t: dict(row, minutes=round(row["seconds"] / 60, 2)) for t, row in tiers.items()},
+                     "wall_s": wall, "wall_min": None if wall is None else round(wall / 60, 2)}
+    ci_min = None if args.ci_wall_s is None else round(args.ci_wall_s / 60, 2)
+    if ci_min is not None:
+        print(f"the whole CI run, install included: {ci_min:.1f} min")
     if args.json:
-        args.json.write_text(json.dumps({"runs": out, **provenance()}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"runs": out, "ci_wall_s": args.ci_wall_s, "ci_wall_min": ci_min,
+                                         **provenance()}, indent=2) + "\n")
     return 0
 
 

@@ -32,7 +32,8 @@ def test_the_table_and_json_give_the_wall_time_beside_the_summed_test_time(tmp_p
     out = tmp_path / "tiers.json"
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "tier_times.py"), str(tmp_path / "main.xml"),
                            str(tmp_path / "missing.xml"), "--name", "python -m pytest -q", "narrowed",
-                           "--wall-s", "63", "10", "--json", str(out)], capture_output=True, text=True)
+                           "--wall-s", "63", "10", "--ci-wall-s", "90", "--json", str(out)],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "python -m pytest -q" and lines[2].split()[:2] == ["e2e", "2"]  # the slowest tier first
@@ -40,4 +41,6 @@ def test_the_table_and_json_give_the_wall_time_beside_the_summed_test_time(tmp_p
     assert "missing.xml: no JUnit XML" in proc.stderr  # a pass that never ran is said, not invented
     record = json.loads(out.read_text())
     assert list(record["runs"]) == ["python -m pytest -q"] and record["runs"]["python -m pytest -q"]["wall_s"] == 63
+    assert record["runs"]["python -m pytest -q"]["tiers"]["e2e"]["minutes"] == 2.0 and record["ci_wall_min"] == 1.5
+    assert "the whole CI run, install included: 1.5 min" in proc.stdout
     assert record["machine"]["cpus_usable"] >= 1 and len(record["git_commit"]) == 40
