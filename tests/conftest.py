@@ -91,3 +91,18 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen) -> None:
 @pytest.fixture
 def tiny_data():
     return list(TINY_DATA)
+
+
+def wait_until_serving(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Poll the server's /health until it answers; fail with its output if it exits or never comes up."""
+    from trainers.gpt.loadtest import get
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            get(url + "/health", timeout=1)
+            return
+        except OSError:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)

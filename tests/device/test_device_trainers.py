@@ -19,13 +19,12 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from conftest import GPT_TINY, TINY_DATA, read_results, run_cli, run_torchrun
+from conftest import GPT_TINY, TINY_DATA, read_results, run_cli, run_torchrun, wait_until_serving
 from fake_accelerator import fake_env, read_logs, steady_step_syncs
 
 pytestmark = pytest.mark.slow
@@ -142,7 +141,7 @@ def test_gpt_samples_and_serves_on_the_fake_accelerator(trained, tmp_path):
     sampled = run_cli(["gpt", "sample", "--run-dir", str(run.run_dir), "--max-new-tokens", "20", "--seed", "1"],
                       env=env)
     assert sampled.returncode == 0, tail(sampled)
-    from trainers.gpt.loadtest import get, post, stream
+    from trainers.gpt.loadtest import post, stream
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -152,15 +151,7 @@ def test_gpt_samples_and_serves_on_the_fake_accelerator(trained, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                get(url + "/health", timeout=1)
-                break
-            except OSError:
-                assert server.poll() is None, server.stdout.read()
-                assert time.monotonic() < deadline, "the server did not come up"
-                time.sleep(0.2)
+        wait_until_serving(url, server)
         status, out = post(url + "/generate", {"prompt": "ab", "max_new_tokens": 12, "seed": 3})
         assert status == 200 and len(out["text"]) >= 2, out
         kind, events = stream(url + "/generate", {"prompt": "ab", "max_new_tokens": 12, "seed": 3})

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import GPT_TINY, read_results, run_cli, run_torchrun
+from conftest import GPT_TINY, read_results, run_cli, run_torchrun, wait_until_serving
 from trainers.cli import main
 
 pytestmark = pytest.mark.slow
@@ -131,17 +131,7 @@ def server(fsdp_run):
                              "--max-prompt-chars", "100", "--max-queue", "16"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    from trainers.gpt.loadtest import get
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            get(url + "/health", timeout=1)
-            break
-        except OSError:
-            assert proc.poll() is None, proc.stdout.read()
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
+    wait_until_serving(url, proc)
     yield url
     proc.terminate()
     proc.wait(timeout=30)

@@ -59,7 +59,8 @@ def guard_env(pkg: Path, report: Path) -> dict:
 
 def run_guards(pkg: Path, guards: tuple[str, ...], report: Path) -> tuple[dict, str]:
     """Run the guards against the package in `pkg`; (the recorder's report, the run's output)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "leak_recorder",
+    # -n 0: in this process, not xdist's workers (pyproject's addopts): the recorder sees the items it runs
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-p", "leak_recorder",
            "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"), *(f"{ROOT}/{g}" for g in guards)]
     proc = subprocess.run(cmd, cwd=pkg, env=guard_env(pkg, report), capture_output=True, text=True, timeout=600)
     output = (proc.stdout + proc.stderr)[-6000:]
