@@ -103,5 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         return UsageError.exit_code
 
 
+def run() -> None:
+    """The `trainers` command and `python -m trainers` (what torchrun starts): main, then the process ends
+    without the interpreter's teardown once torch is loaded (runtime/leave.py says why)."""
+    from trainers.runtime.leave import leave
+
+    leave(main())
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -128,6 +128,7 @@ def test_the_151m_plan_counts_the_default_model():
     assert w.flops_per_item == model_flops(cfg, 5)
 
 
+@pytest.mark.slow  # CLI runs about what a run folder accepts: not float-sensitive (CI's second pass skips it)
 def test_a_run_folder_from_before_the_options_is_evaluated_and_exported_as_its_own_model(tmp_path):
     """A config.json without the model options (written before they existed) is read as the model
     its checkpoints hold, not today's defaults; resuming it is refused in one line."""
@@ -147,6 +148,7 @@ def test_a_run_folder_from_before_the_options_is_evaluated_and_exported_as_its_o
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # CLI runs about what a run folder accepts: not float-sensitive (CI's second pass skips it)
 def test_a_new_option_on_an_existing_run_is_refused_and_the_same_options_resume(tmp_path):
     run = tmp_path / "r"
     base = ["forecast", "train", *TINY_DATA, "--run-dir", str(run), "--linear-skip", "--past-returns", "--readout",

@@ -1,11 +1,6 @@
-"""How a worker process ends (`runtime.dist.exit_process`, called by `python -m trainers`, which torchrun starts).
-
-gloo's worker threads outlive `destroy_process_group` in torch 2.13 (a DDP wrapper keeps the group alive), and
-one that lets go of a collective's tensor after the interpreter's teardown has begun is ended inside a C++
-destructor: SIGABRT after a run that completed ("terminate called without an active exception"; CI, a resumed
-forecast run under load). The race is rare and timing-bound; what is tested here is the exit that removes it:
-a process that ran a group skips the teardown, after doing everything else a normal exit does.
-"""
+"""How a `python -m trainers` process ends (`runtime.leave.leave`, which `trainers.cli.run` calls): once torch is
+loaded, without the interpreter's teardown (runtime/leave.py: 0.8 s of CPU a process, and gloo's threads that
+abort a completed worker when they outlive it), after everything else a normal exit does."""
 
 import socket
 import subprocess
@@ -14,40 +9,74 @@ import sys
 from conftest import _env
 
 SCRIPT = """
-import atexit, os, sys
-from trainers.runtime.dist import all_reduce_sum, distributed, exit_process
+import atexit, os, sys, threading, time
+from trainers.runtime.leave import leave
 
 class Teardown:
     def __del__(self):  # runs only if the interpreter tears down __main__
         os.write(1, b"teardown ran\\n")
 
+def late_writer():
+    time.sleep(0.5)
+    print("non-daemon thread finished")
+
 marker = Teardown()
 atexit.register(lambda: print("atexit ran"))
-if sys.argv[1] == "group":
+mode = sys.argv[1]
+if mode in ("torch", "group"):
+    import torch  # noqa: F401
+if mode == "group":
+    from trainers.runtime.dist import all_reduce_sum, distributed
     with distributed("cpu") as ctx:
         assert ctx.distributed and all_reduce_sum(ctx, [2.0]) == [2.0]
+threading.Thread(target=late_writer).start()
+kept = open(sys.argv[2], "w", buffering=1 << 20)  # never closed: teardown would have flushed it
+kept.write("written before leaving")
 sys.stdout.write("buffered, no newline")
-exit_process(3)
+leave(3)
 """
 
 
-def _run(mode: str) -> subprocess.CompletedProcess:
+def _run(mode: str, tmp_path) -> tuple[subprocess.CompletedProcess, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = _env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
                 "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "exit-test"})
-    return subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, env=env, timeout=120)
+    kept = tmp_path / "kept.txt"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(kept)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    return proc, kept.read_text() if kept.exists() else ""
 
 
-def test_a_process_that_ran_a_group_leaves_without_teardown_after_flushing_and_its_exit_handlers():
-    proc = _run("group")
+def _did_what_an_exit_does(proc: subprocess.CompletedProcess, kept: str) -> None:
     assert proc.returncode == 3, proc.stderr[-3000:]
-    assert "buffered, no newline" in proc.stdout and "atexit ran" in proc.stdout, proc.stdout
+    assert "non-daemon thread finished" in proc.stdout and "atexit ran" in proc.stdout, proc.stdout
+    assert "buffered, no newline" in proc.stdout and kept == "written before leaving", (proc.stdout, kept)
+
+
+def test_a_process_that_ran_a_process_group_leaves_without_teardown(tmp_path):
+    proc, kept = _run("group", tmp_path)
+    _did_what_an_exit_does(proc, kept)
     assert "teardown ran" not in proc.stdout, proc.stdout
 
 
-def test_a_process_without_a_group_exits_the_ordinary_way():
-    proc = _run("none")
-    assert proc.returncode == 3, proc.stderr[-3000:]
-    assert "atexit ran" in proc.stdout and "teardown ran" in proc.stdout, proc.stdout
+def test_a_process_with_torch_loaded_leaves_without_teardown(tmp_path):
+    proc, kept = _run("torch", tmp_path)
+    _did_what_an_exit_does(proc, kept)
+    assert "teardown ran" not in proc.stdout, proc.stdout
+
+
+def test_a_process_without_torch_exits_the_ordinary_way(tmp_path):
+    proc, kept = _run("plain", tmp_path)
+    _did_what_an_exit_does(proc, kept)
+    assert "teardown ran" in proc.stdout, proc.stdout
+
+
+def test_python_m_trainers_ends_through_leave():
+    """The entry points call it: `python -m trainers` (torchrun's) and the `trainers` script (pyproject)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    assert "run()" in (root / "trainers" / "__main__.py").read_text()
+    assert 'trainers = "trainers.cli:run"' in (root / "pyproject.toml").read_text()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import gc
 import os
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -159,7 +157,6 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
         timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend=backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None,
                                 **_fresh_store_after_restart(rank, world_size, timeout))
-        _group_started.set()
     ctx = DistContext(rank, local_rank, world_size, local_world_size, dev, backend)
     try:
         yield ctx
@@ -171,28 +168,6 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
             # returned) but held by reference cycles: collect it while the group still exists.
             gc.collect()
             dist.destroy_process_group()
-
-
-_group_started = threading.Event()  # this process ran a process group: exit_process leaves without teardown
-
-
-def exit_process(code: int | None) -> None:
-    """End this process with `code`. A process that ran a process group leaves without the interpreter's
-    teardown. gloo's worker threads outlive destroy_process_group (a DDP wrapper, even collected, keeps the
-    group alive in torch 2.13), and one still letting go of a collective's tensor when teardown has begun
-    must take the GIL, which a finalizing interpreter answers by ending the thread inside a C++ destructor:
-    std::terminate ("terminate called without an active exception"), SIGABRT, and torchrun fails a run that
-    had completed (CI saw it after a resume under load; a gloo reduce finishing during teardown does it
-    at will). What a normal exit does before teardown still runs here: non-daemon threads joined, the atexit
-    handlers (logging's flush among them), stdout and stderr flushed."""
-    code = 0 if code is None else code
-    if not _group_started.is_set():
-        raise SystemExit(code)
-    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's first step: join non-daemon threads
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
 
 
 def wrap_ddp(module: torch.nn.Module, ctx: DistContext, accumulates: bool = False,
