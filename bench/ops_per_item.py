@@ -11,6 +11,11 @@ the items the job trained (samples for the LSTM: the sum over its symbols' runs;
     (and the same with --cohort 16)
 
 `--compare A B`: two commands' counts side by side (each a string of the CLI's arguments).
+
+Each count is split by where the job was: `setup` (before the loop resumes: data onto the device, the
+model built), `loop` (the training steps and their saves and logs: what a GPU's steps/s depends on),
+`evaluation` (the loop's validations, `Run.timing("evaluation")`) and `finish` (the final evaluation,
+baselines, reports). `loop_ops_per_item` is the training loop's alone.
 """
 
 from __future__ import annotations
@@ -43,8 +48,11 @@ def count(args: list[str], root: Path) -> dict:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from trainers.cli import main
+    from trainers.runtime.run import Run
 
     main_thread = threading.main_thread()
+    phase = ["setup"]
+    by_phase = {"setup": 0, "loop": 0, "evaluation": 0, "finish": 0}
 
     class Counter(TorchDispatchMode):
         ops = 0
@@ -52,19 +60,52 @@ def count(args: list[str], root: Path) -> dict:
         def __torch_dispatch__(self, func, types, a=(), kw=None):
             if threading.current_thread() is main_thread:
                 Counter.ops += 1
+                by_phase[phase[0]] += 1
             return func(*a, **(kw or {}))
+
+    def around(method, during: str, after: str):  # a run's resume ends its set-up; its finish, the run
+        def wrapper(self, *a, **k):
+            phase[0] = during
+            try:
+                return method(self, *a, **k)
+            finally:
+                phase[0] = after
+        return wrapper
+
+    real = {name: getattr(Run, name) for name in ("resume", "finish")}
+    real_timing = Run.timing
+
+    def timing(self, name):  # Run.timing("evaluation") is a context manager: the phase lasts while it is open
+        import contextlib
+
+        @contextlib.contextmanager
+        def labelled():
+            before = phase[0]
+            phase[0] = "evaluation" if name == "evaluation" else before
+            try:
+                with real_timing(self, name):
+                    yield
+            finally:
+                phase[0] = before
+        return labelled()
 
     run_dir = root / f"run{len(list(root.iterdir()))}"
     torch.manual_seed(0)
     started = time.perf_counter()
-    with Counter():
-        code = main([*args, "--run-dir", str(run_dir)])
+    Run.resume, Run.finish = around(real["resume"], "setup", "loop"), around(real["finish"], "finish", "setup")
+    Run.timing = timing
+    try:
+        with Counter():
+            code = main([*args, "--run-dir", str(run_dir)])
+    finally:
+        Run.resume, Run.finish, Run.timing = real["resume"], real["finish"], real_timing
     wall = time.perf_counter() - started
     if code != 0:
         raise SystemExit(f"{shlex.join(args)} exited {code}")
     items = items_trained(run_dir)
     return {"command": shlex.join(["trainers", *args]), "aten_ops": Counter.ops, "items": items,
-            "ops_per_item": Counter.ops / items, "wall_s_counted": wall}
+            "ops_per_item": Counter.ops / items, "ops_by_phase": by_phase, "loop_ops_per_item": by_phase["loop"] / items,
+            "wall_s_counted": wall}
 
 
 def main() -> int:
@@ -77,7 +118,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = [count(shlex.split(c), Path(tmp)) for c in args.compare]
     record = {"benchmark": "ops_per_item", "device": "cpu", "before": rows[0], "after": rows[1],
-              "ops_per_item_ratio_before_over_after": rows[0]["ops_per_item"] / rows[1]["ops_per_item"]}
+              "ops_per_item_ratio_before_over_after": rows[0]["ops_per_item"] / rows[1]["ops_per_item"],
+              "loop_ops_per_item_ratio_before_over_after": rows[0]["loop_ops_per_item"] / rows[1]["loop_ops_per_item"]}
     write_record(record, args.out)
     print(json.dumps(record, indent=1))
     return 0
