@@ -189,7 +189,9 @@ def test_small_models_activation_estimates_extrapolate_to_other_batches(trainer,
         model = build_model(cfg).train()
         inputs = lambda b: (torch.randn(b, cfg.window, cfg.num_stocks, len(FEATURES)),  # noqa: E731
                             torch.randn(b, cfg.num_stocks + 1), torch.randn(b, cfg.num_stocks))
-        predicted = w.activation_bytes(0, False) / cfg.batch_size
+        from trainers.ppo.size import PLAN_GPU_MEMORY, env_batch
+
+        predicted = w.activation_bytes(0, False) / env_batch(cfg, PLAN_GPU_MEMORY)[1]  # the plan's GPU minibatch
     measured = saved_bytes_per_item(model, inputs, batches=(128, 256))  # per item, between much larger batches
     assert predicted == pytest.approx(measured, rel=0.10)
     assert w.parameters == sum(p.numel() for p in model.parameters())

@@ -50,7 +50,9 @@ class PpoConfig(RunOptions):
     # environment
     # each environment's state is a handful of tensors allocated up front (zero-filled: the memory is
     # touched at once, so too many would not fail cleanly but wake the kernel's OOM killer)
-    num_envs: int = option(64, "environments per rank, stepped together as tensors", min=1, max=MAX_ENVS)
+    num_envs: int | None = option(None, "environments per rank, stepped together as tensors (default: 64 on a CPU; "
+                                  "on a GPU as many as a quarter of its memory holds rollouts for, at most 1024: "
+                                  "ppo/size.py)", min=1, max=MAX_ENVS)
     episode_days: int = option(252, "trading days per training episode (each starts at a random training date)",
                                min=1)
     action: str = option("trades", "trades: buy/sell up to --h-max shares per stock; weights: target portfolio weights",
@@ -74,7 +76,8 @@ class PpoConfig(RunOptions):
     num_episodes: int = option(200, "episodes per agent, all ranks together (used when --total-steps is not given)",
                                min=1)
     rollout_steps: int = option(64, "steps per environment per rollout (one PPO update per rollout)", min=1)
-    batch_size: int = option(512, "PPO minibatch: samples per rank per optimizer step", min=1)
+    batch_size: int | None = option(None, "PPO minibatch: samples per rank per optimizer step (default: a rollout in "
+                                    "8 minibatches, 512 at 64 environments x 64 steps)", min=1)
     grad_accum: int = option(1, "micro-batches each minibatch is split into (same gradient, less memory)", min=1)
     update_epochs: int = option(4, "passes over each rollout", min=1)
     lr: float = option(3e-4, "Adam learning rate (annealed linearly to 0 with --anneal-lr)", gt=0)
@@ -115,6 +118,10 @@ class PpoConfig(RunOptions):
             raise UsageError(f"--num-stocks {self.num_stocks} is more than --synthetic-tickers {self.synthetic_tickers}")
         if self.source == "synthetic":
             check_product(self, ("synthetic_tickers", "synthetic_days"), SYNTHETIC_MAX_CELLS, "prices to generate")
+        if self.num_envs is not None and self.batch_size is not None:
+            self.check_rollout()  # both given: refused before anything starts (else once sized for the device)
+
+    def check_rollout(self) -> None:
         rollout = self.num_envs * self.rollout_steps
         if self.batch_size > rollout:  # the minibatch is cut from one rollout: a larger one was silently the rollout
             raise UsageError(f"--batch-size {self.batch_size} is more than one rollout holds (--num-envs "

@@ -9,14 +9,55 @@ from trainers.ops.plan import Workload, forward_flops, saved_bytes_per_item
 from trainers.ppo.config import PpoConfig
 from trainers.ppo.features import FEATURES
 
+CPU_ENVS = 64  # the CPU default: the environments' ~60 small float64 kernels a step are cheap there
+MAX_AUTO_ENVS = 1024  # a GPU's default at most: 16x fewer operations per env step in the training loop than 64
+# environments with the minibatch scaled alike (bench/results/ppo_ops_batch8192_cpu.json); more would also mean
+# fewer updates per env step, whose effect on learning no GPU run has measured yet
+ROLLOUT_MEMORY_SHARE = 0.25  # of a GPU's memory, for the rollout buffer (the rest: features, the update's work)
+MINIBATCHES_PER_EPOCH = 8  # the default minibatch cuts a rollout in this many (512 at 64 x 64, as before)
+PLAN_GPU_MEMORY = 80 * 2**30  # the planner sizes the GPU default for an 80 GB card (the cap holds from ~5 GB)
 SMALL_STEP_S = 0.003  # an eager optimizer step of a small model on a GPU (assumed): launches, not FLOPs
 ACT_STEP_S = 0.001  # one acting forward + one environment step of every environment (assumed)
 
 
+def rollout_bytes_per_env(cfg: PpoConfig) -> int:
+    """One environment's rollout in the buffer: observations, actions and statistics of --rollout-steps steps."""
+    n, f, w = cfg.num_stocks, len(FEATURES), cfg.window
+    return cfg.rollout_steps * (w * n * f + 3 * n + 8) * 4
+
+
+def env_batch(cfg: PpoConfig, memory_bytes: int | None) -> tuple[int, int]:
+    """(environments per rank, minibatch): the user's, else CPU_ENVS on a CPU (`memory_bytes` None) and on a
+    GPU as many as ROLLOUT_MEMORY_SHARE of its memory holds rollouts for (a power of two, CPU_ENVS to
+    MAX_AUTO_ENVS); the minibatch, unless given, cuts a rollout in MINIBATCHES_PER_EPOCH."""
+    envs = cfg.num_envs
+    if envs is None:
+        envs = CPU_ENVS
+        if memory_bytes:
+            fits = max(1, int(memory_bytes * ROLLOUT_MEMORY_SHARE // rollout_bytes_per_env(cfg)))
+            envs = max(CPU_ENVS, min(MAX_AUTO_ENVS, 1 << (fits.bit_length() - 1)))
+    batch = cfg.batch_size if cfg.batch_size is not None else max(1, envs * cfg.rollout_steps // MINIBATCHES_PER_EPOCH)
+    return envs, batch
+
+
+def size_for_device(cfg: PpoConfig, device) -> None:
+    """Fill --num-envs and --batch-size for this device where the user left them (the run's config.json keeps
+    the numbers used), then refuse a minibatch larger than a rollout."""
+    from trainers.runtime import device as device_mod
+
+    cfg.num_envs, cfg.batch_size = env_batch(cfg, device_mod.total_memory(device))
+    cfg.check_rollout()
+
+
 def workload(cfg: PpoConfig) -> Workload:
+    import dataclasses
+
     import torch
 
     from trainers.ppo.build import build_model
+
+    envs, batch = env_batch(cfg, PLAN_GPU_MEMORY)  # what a GPU run of these options uses
+    cfg = dataclasses.replace(cfg, num_envs=envs, batch_size=batch)
 
     policy = build_model(cfg).train()
     n, f, w = cfg.num_stocks, len(FEATURES), cfg.window

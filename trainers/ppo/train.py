@@ -28,6 +28,7 @@ from trainers.ppo.data import env_spec, fix_date_range, load_trading_data
 from trainers.ppo.env import DeviceMarket, VecPortfolioEnv
 from trainers.ppo.evaluate import evaluate_agents, validation_score
 from trainers.ppo.features import FEATURES
+from trainers.ppo.size import size_for_device
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
@@ -115,6 +116,7 @@ def train(cfg: PpoConfig) -> dict | None:
 def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
+    size_for_device(cfg, ctx.device)  # --num-envs and --batch-size for this device, where the user left them
     restore_from_remote(cfg.remote, run_dir, ctx, cfg, fix_date_range)  # a fresh machine: the remote's run first
     fix_date_range(cfg, cfgmod.saved_config(run_dir))
     cfgmod.check_run_dir_compatible(run_dir, cfg)
