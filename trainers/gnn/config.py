@@ -25,8 +25,10 @@ class GnnConfig(RunOptions):
                                       "this (0: the bound; 0.35: down to 0.65 of it)", min=0, lt=1)
     dropout: float = option(0.0, "dropout on the residual branches", min=0, lt=1)
     epochs: int = option(20, "passes over the training graphs", min=1)
-    nodes_per_batch: int = option(4096, "nodes per rank per step: whole graphs, about this many nodes in all "
-                                        "(each graph once per epoch across ranks)", min=1)
+    nodes_per_batch: int | None = option(None, "nodes per rank per step: whole graphs, about this many nodes in all "
+                                               "(each graph once per epoch across ranks; default: 4096 on a CPU, on "
+                                               "a GPU up to 65536 as its memory and 16 steps an epoch allow: "
+                                               "gnn/size.py)", min=1)
     lr: float = option(3e-3, "AdamW learning rate", gt=0)
     weight_decay: float = option(0.0, "AdamW weight decay", min=0)
     grad_clip: float = option(1.0, "clip the gradient norm (0: off)", min=0)

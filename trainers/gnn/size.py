@@ -14,6 +14,12 @@ from trainers.ops.plan import Workload, forward_flops, saved_bytes_per_item
 SAMPLE_GRAPHS = 96  # drawn from the generator to measure bytes and FLOPs per node
 DEPLOY_GRAPHS, DEPLOY_MIN_NODES, DEPLOY_MAX_NODES = 20_000, 20, 300  # what `deploy_8gpu.sh --trainer gnn` generates
 SMALL_STEP_S = 0.004  # an eager step of a small message-passing model on a GPU: launches, not FLOPs (assumed)
+CPU_NODES = 4096  # the CPU default (and the least a GPU gets)
+MAX_AUTO_NODES = 65536  # a GPU's default at most: 10x fewer aten ops per graph in the training loop than 4,096
+# (bench/results/gnn_ops_65536_cpu.json); also fewer optimizer steps an epoch, hence MIN_STEPS_PER_EPOCH
+MIN_STEPS_PER_EPOCH = 16  # a GPU's default never leaves an epoch fewer steps than this (a small dataset)
+ACTIVATION_MEMORY_SHARE = 0.25  # of a GPU's memory, for a step's saved activations
+PLAN_GPU_MEMORY = 80 * 2**30  # the planner sizes the GPU default for an 80 GB card
 DEVICE_BYTES_PER_NODE, DEVICE_BYTES_PER_EDGE = 2 * 4 + 8, 2 * 2 * 4  # degree features + offsets; both directions
 
 
@@ -27,7 +33,8 @@ def dataset_counts(cfg: GnnConfig) -> tuple[int, int, int, str]:
         return 0, 0, 0, ""
 
 
-def workload(cfg: GnnConfig) -> Workload:
+def _measured(cfg: GnnConfig) -> tuple[float, float, int, list]:
+    """(saved bytes per node, FLOPs per node, parameters, the sample graphs): the real model on the CPU."""
     import torch
 
     from trainers.gnn.batch import make_batch
@@ -44,9 +51,31 @@ def workload(cfg: GnnConfig) -> Workload:
     # saved_bytes_per_item's slope runs between 32 and 96 graphs: per graph of that stretch, then per node
     per_graph = saved_bytes_per_item(model, inputs, batches=(32, SAMPLE_GRAPHS))
     per_node = per_graph * (SAMPLE_GRAPHS - 32) / sum(g.n for g in sample[32:])
+    flops_per_node = 3 * forward_flops(model, inputs(SAMPLE_GRAPHS)) / sum(g.n for g in sample)
+    return per_node, flops_per_node, sum(p.numel() for p in model.parameters()), sample
+
+
+def nodes_per_step(cfg: GnnConfig, memory_bytes: int | None, world_size: int, per_node: float | None = None) -> int:
+    """--nodes-per-batch: the user's, else CPU_NODES on a CPU (`memory_bytes` None) and on a GPU the largest
+    power of two that ACTIVATION_MEMORY_SHARE of its memory holds, at most MAX_AUTO_NODES and at most what
+    leaves the dataset's epoch MIN_STEPS_PER_EPOCH steps, never below CPU_NODES."""
+    if cfg.nodes_per_batch is not None:
+        return cfg.nodes_per_batch
+    if not memory_bytes:
+        return CPU_NODES
+    most = MAX_AUTO_NODES
+    nodes = dataset_counts(cfg)[1]
+    if nodes:
+        most = min(most, nodes // (world_size * MIN_STEPS_PER_EPOCH))
+    per_node = _measured(cfg)[0] if per_node is None else per_node
+    most = min(most, int(memory_bytes * ACTIVATION_MEMORY_SHARE // max(per_node, 1.0)))
+    return max(CPU_NODES, 1 << (max(most, 1).bit_length() - 1))
+
+
+def workload(cfg: GnnConfig) -> Workload:
+    per_node, flops_per_node, parameters, sample = _measured(cfg)
+    nodes_per_batch = nodes_per_step(cfg, PLAN_GPU_MEMORY, 1, per_node)  # what a GPU run of these options uses
     sample_nodes = sum(g.n for g in sample)
-    flops_per_node = 3 * forward_flops(model, inputs(SAMPLE_GRAPHS)) / sample_nodes
-    parameters = sum(p.numel() for p in model.parameters())
 
     graphs, nodes, edges, source = dataset_counts(cfg)
     if not graphs:
@@ -58,9 +87,9 @@ def workload(cfg: GnnConfig) -> Workload:
     on_device = nodes * DEVICE_BYTES_PER_NODE + edges * DEVICE_BYTES_PER_EDGE  # the split lives on the GPU
     return Workload(
         trainer="gnn", parameters=parameters, n_blocks=1, block_parameters=parameters, unit="nodes",
-        items_per_micro=cfg.nodes_per_batch, grad_accum=1, flops_per_item=flops_per_node,
+        items_per_micro=nodes_per_batch, grad_accum=1, flops_per_item=flops_per_node,
         activation_bytes=lambda micro, _ck: int(per_node * micro), kind="small", strategies=("ddp",),
         items_total=float(nodes * cfg.epochs), extra_bytes=on_device, min_step_s=SMALL_STEP_S,
-        shape={"hidden": cfg.hidden, "layers": cfg.layers, "max_colors": cfg.max_colors},
+        shape={"hidden": cfg.hidden, "layers": cfg.layers, "max_colors": cfg.max_colors, "nodes_per_step": nodes_per_batch},
         notes=[f"{graphs:,} training graphs, {nodes:,} nodes, {edges:,} edges ({source}); {cfg.epochs} epochs; "
                f"the final evaluation's tabu search runs on the CPU and is not counted"])

@@ -1,0 +1,36 @@
+"""The GNN's nodes per step by device (issue 33): 4,096 on a CPU as before; on a GPU up to 65,536 as its memory
+and the dataset allow (an epoch keeps at least 16 steps), unless the user says."""
+
+import json
+
+from trainers.gnn.config import GnnConfig
+from trainers.gnn.size import CPU_NODES, MAX_AUTO_NODES, MIN_STEPS_PER_EPOCH, nodes_per_step, workload
+
+GIB = 2**30
+
+
+def _dataset(tmp_path, nodes: int) -> str:
+    (tmp_path / "metadata.json").write_text(json.dumps({"splits": {"train": {"graphs": 10, "nodes": nodes,
+                                                                             "edges": 3 * nodes}}}))
+    return str(tmp_path)
+
+
+def test_a_cpu_keeps_todays_default_and_a_gpu_with_a_large_dataset_gets_the_cap(tmp_path):
+    cfg = GnnConfig(data_dir=_dataset(tmp_path, 10_000_000))
+    assert nodes_per_step(cfg, None, 2, per_node=1000.0) == CPU_NODES == 4096
+    assert nodes_per_step(cfg, 16 * GIB, 2, per_node=1000.0) == MAX_AUTO_NODES == 65536
+
+
+def test_a_small_dataset_keeps_its_steps_per_epoch_and_memory_bounds_the_step(tmp_path):
+    cfg = GnnConfig(data_dir=_dataset(tmp_path, 600_000))  # 600,000 / (2 ranks x 16) = 18,750 -> 16,384
+    assert nodes_per_step(cfg, 80 * GIB, 2, per_node=1000.0) == 16384
+    assert 600_000 // (2 * 16384) >= MIN_STEPS_PER_EPOCH
+    big = GnnConfig(data_dir=_dataset(tmp_path, 10_000_000))  # a quarter of 1 GiB holds 8,947 nodes -> 8,192
+    assert nodes_per_step(big, GIB, 1, per_node=30_000.0) == 8192
+    assert nodes_per_step(big, GIB // 64, 1, per_node=30_000.0) == CPU_NODES  # never below the CPU's
+
+
+def test_the_users_number_is_kept_and_the_plan_describes_the_gpu_default(tmp_path):
+    assert nodes_per_step(GnnConfig(nodes_per_batch=777), 80 * GIB, 1, per_node=1.0) == 777
+    w = workload(GnnConfig(data_dir=str(tmp_path / "none"), hidden=16, layers=2))  # no dataset: the deploy's
+    assert w.items_per_micro == w.shape["nodes_per_step"] == MAX_AUTO_NODES
