@@ -227,8 +227,11 @@ def trainer_runs(s: Setup) -> list[Step]:
 
     p_shape = (["--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days", "600", "--window", "8",
                 "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64",
-                "--hidden", "16", "--total-steps", "2048"] if dry else ["--total-steps", "65536"])
-    p_loop = ["--eval-every", "4", "--random-runs", "2"] if dry else ["--log-every", "4", "--eval-every", "8"]
+                "--hidden", "16", "--total-steps", "2048"] if dry else
+               # the GPU's own default environment batch (ppo/size.py: 1,024 x 64 steps on a card of 5 GB or
+               # more): 8 updates per agent, so the steady rate has updates to average over
+               ["--total-steps", str(8 * 1024 * 64)])
+    p_loop = ["--eval-every", "4", "--random-runs", "2"] if dry else ["--log-every", "1", "--eval-every", "4"]
 
     def run(name):
         return ["--run-dir", str(w / f"run_{name}"), *rehearse]
