@@ -15,7 +15,9 @@ the items the job trained (samples for the LSTM: the sum over its symbols' runs;
 Each count is split by where the job was: `setup` (before the loop resumes: data onto the device, the
 model built), `loop` (the training steps and their saves and logs: what a GPU's steps/s depends on),
 `evaluation` (the loop's validations, `Run.timing("evaluation")`) and `finish` (the final evaluation,
-baselines, reports). `loop_ops_per_item` is the training loop's alone.
+baselines, reports). `loop_ops_per_item` is the training loop's alone.  The phases follow one `Run` at a time (its
+resume, timing and finish): an LSTM cohort, several runs stepping together, has no single phase, so for it only
+the whole-job count means something.
 """
 
 from __future__ import annotations
