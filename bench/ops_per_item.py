@@ -14,8 +14,8 @@ the items the job trained (samples for the LSTM: the sum over its symbols' runs;
 
 Each count is split by where the job was: `setup` (before the loop resumes: data onto the device, the
 model built), `loop` (the training steps and their saves and logs: what a GPU's steps/s depends on),
-`evaluation` (the loop's validations, `Run.timing("evaluation")`) and `finish` (the final evaluation,
-baselines, reports). `loop_ops_per_item` is the training loop's alone.  The phases follow one `Run` at a time (its
+`evaluation` (the loop's validations and the final evaluation: `Run.timing("evaluation")`, which `Run.finish`
+runs it in) and `finish` (the rest of the finish: restoring the best checkpoint, reports; often none). `loop_ops_per_item` is the training loop's alone.  The phases follow one `Run` at a time (its
 resume, timing and finish): an LSTM cohort, several runs stepping together, has no single phase, so for it only
 the whole-job count means something.
 """

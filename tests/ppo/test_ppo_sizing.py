@@ -1,46 +1,76 @@
-"""PPO's environment batch and minibatch by device (issue 33): today's 64 x 512 on a CPU; on a GPU a thousand
-environments and a minibatch scaled alike, unless the user says; a minibatch larger than a rollout refused."""
+"""PPO's environment batch and minibatch by device (issue 33): today's 64 x 512 on a CPU; on a GPU up to a
+thousand environments and a minibatch scaled alike, as long as each agent keeps 16 updates, unless the user
+says; a resume keeps the run folder's numbers; a minibatch larger than a rollout refused (by the plan too)."""
 
 import pytest
 
 from trainers.errors import UsageError
 from trainers.ppo.config import PpoConfig
-from trainers.ppo.size import CPU_ENVS, MAX_AUTO_ENVS, env_batch, rollout_bytes_per_env, size_for_device, workload
+from trainers.ppo.size import (
+    CPU_ENVS,
+    MAX_AUTO_ENVS,
+    MIN_UPDATES_PER_AGENT,
+    env_batch,
+    rollout_bytes_per_env,
+    size_for_device,
+    workload,
+)
 from trainers.runtime import device as device_mod
 
 GIB = 2**30
+LONG = 1024 * 64 * MIN_UPDATES_PER_AGENT * 8  # env steps an agent: 16 updates of 1,024 x 64 on 8 GPUs
 
 
-def test_a_cpu_keeps_todays_defaults_and_a_gpu_gets_a_thousand_environments():
-    cfg = PpoConfig()
-    assert env_batch(cfg, None) == (CPU_ENVS, 512) == (64, 512)
-    assert env_batch(cfg, 16 * GIB) == (MAX_AUTO_ENVS, MAX_AUTO_ENVS * cfg.rollout_steps // 8) == (1024, 8192)
+def test_a_cpu_keeps_todays_defaults_and_a_gpu_gets_a_thousand_environments_for_a_long_job():
+    assert env_batch(PpoConfig(), None) == (CPU_ENVS, 512) == (64, 512)
+    assert env_batch(PpoConfig(total_steps=LONG), 16 * GIB, 8) == (MAX_AUTO_ENVS, 8192) == (1024, 1024 * 64 // 8)
+
+
+def test_a_job_keeps_its_updates_per_agent():
+    """The 8-GPU deploy's 504,000 env steps an agent: 1,024 environments would leave one update; 64 leave 15."""
+    deploy = PpoConfig(num_episodes=2000)
+    assert env_batch(deploy, 80 * GIB, 8)[0] == CPU_ENVS
+    assert env_batch(deploy, 80 * GIB, 1)[0] == 256  # 504,000 / (64 steps x 16 updates) = 492 -> 256
+    envs = env_batch(PpoConfig(total_steps=LONG), 80 * GIB, 8)[0]
+    assert LONG // (8 * envs * 64) >= MIN_UPDATES_PER_AGENT
 
 
 def test_a_small_card_gets_the_power_of_two_its_memory_holds_and_never_fewer_than_a_cpu():
-    cfg = PpoConfig(num_stocks=30, window=60, rollout_steps=256)
+    cfg = PpoConfig(num_stocks=30, window=60, rollout_steps=256, total_steps=10**9)
     per_env = rollout_bytes_per_env(cfg)
-    envs, batch = env_batch(cfg, 4 * 300 * per_env)  # a quarter of it holds 300 environments' rollouts
-    assert (envs, batch) == (256, 256 * 256 // 8)
+    assert env_batch(cfg, 4 * 300 * per_env) == (256, 256 * 256 // 8)  # a quarter holds 300 environments' rollouts
     assert env_batch(cfg, 10 * per_env)[0] == CPU_ENVS
 
 
 def test_the_users_numbers_are_kept():
-    assert env_batch(PpoConfig(num_envs=8), 80 * GIB) == (8, 8 * 64 // 8)
-    assert env_batch(PpoConfig(batch_size=100), 80 * GIB) == (1024, 100)
+    assert env_batch(PpoConfig(num_envs=8, total_steps=10**9), 80 * GIB) == (8, 8 * 64 // 8)
+    assert env_batch(PpoConfig(batch_size=100, total_steps=10**9), 80 * GIB) == (1024, 100)
 
 
-def test_sizing_for_the_device_fills_the_config_and_refuses_a_minibatch_larger_than_a_rollout(monkeypatch):
-    monkeypatch.setattr(device_mod, "total_memory", lambda _device: 16 * GIB)
-    cfg = PpoConfig()
-    size_for_device(cfg, "cuda:0")
-    assert (cfg.num_envs, cfg.batch_size) == (1024, 8192)  # what the run's config.json records
-    cfg = PpoConfig(batch_size=100_000)
+def test_a_resume_keeps_the_folders_numbers_on_any_device(monkeypatch):
+    """A folder begun with --rollout-steps 16 before the minibatch followed the rollout saved 512: the same
+    command resumes it (it was refused as another config), and a GPU resumes a CPU's run with its 64."""
+    saved = {"num_envs": 64, "batch_size": 512}
+    cfg = PpoConfig(rollout_steps=16)
+    size_for_device(cfg, "cpu", 1, saved)
+    assert (cfg.num_envs, cfg.batch_size) == (64, 512)
+    monkeypatch.setattr(device_mod, "total_memory", lambda _device: 80 * GIB)
+    cfg = PpoConfig(total_steps=LONG)
+    size_for_device(cfg, "cuda:0", 8, saved)
+    assert (cfg.num_envs, cfg.batch_size) == (64, 512)
+    cfg = PpoConfig(total_steps=LONG)
+    size_for_device(cfg, "cuda:0", 8, None)  # a fresh run: the device's
+    assert (cfg.num_envs, cfg.batch_size) == (1024, 8192)
+
+
+def test_a_minibatch_larger_than_a_rollout_is_refused_by_the_run_and_the_plan(monkeypatch):
     monkeypatch.setattr(device_mod, "total_memory", lambda _device: None)
     with pytest.raises(UsageError, match="--batch-size 100000 is more than one rollout holds"):
-        size_for_device(cfg, "cpu")
+        size_for_device(PpoConfig(batch_size=100_000), "cpu", 1, None)
+    with pytest.raises(UsageError, match="--batch-size 100000 is more than one rollout holds"):
+        workload(PpoConfig(batch_size=100_000, num_stocks=4, window=6, hidden=16))
 
 
-def test_the_plan_describes_the_gpu_default():
-    w = workload(PpoConfig(num_stocks=4, window=6, hidden=16))
+def test_the_plan_describes_one_gpus_default():
+    w = workload(PpoConfig(num_stocks=4, window=6, hidden=16, total_steps=LONG))
     assert w.shape["envs"] == MAX_AUTO_ENVS and w.items_per_micro == MAX_AUTO_ENVS * 64

@@ -5,6 +5,7 @@ abort a completed worker when they outlive it), after everything else a normal e
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import _env
 
@@ -73,10 +74,29 @@ def test_a_process_without_torch_exits_the_ordinary_way(tmp_path):
     assert "teardown ran" in proc.stdout, proc.stdout
 
 
-def test_python_m_trainers_ends_through_leave():
-    """The entry points call it: `python -m trainers` (torchrun's) and the `trainers` script (pyproject)."""
-    from pathlib import Path
+def test_a_file_that_cannot_be_written_out_is_named_and_the_exit_is_not_0():
+    """Normal teardown would print "Exception ignored" and still exit 0 for a file whose last buffer could not be
+    written: here the file is named and a successful run's exit becomes 1."""
+    script = ("import torch, sys\nfrom trainers.runtime.leave import leave\n"
+              "full = open('/dev/full', 'w', buffering=1 << 16)\nfull.write('x')\nleave(0)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_env(), timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip() == "error: could not write out /dev/full: No space left on device"
 
-    root = Path(__file__).resolve().parents[2]
-    assert "run()" in (root / "trainers" / "__main__.py").read_text()
-    assert 'trainers = "trainers.cli:run"' in (root / "pyproject.toml").read_text()
+
+def test_python_m_trainers_ends_through_leave_and_a_reader_leaving_is_not_an_error():
+    """Both entry points: `python -m trainers` (torchrun's) and the `trainers` script. `plan` loads torch; its
+    table written to a full device is named and exits 1 (teardown's way: exit 120 and a traceback), and written
+    into a pipe whose reader has gone exits 0 like any other `trainers ... | head`."""
+    import shutil
+
+    env = {k: v for k, v in _env().items() if k != "PYTHONUNBUFFERED"}  # the table stays buffered to the end
+    script = shutil.which("trainers", path=str(Path(sys.executable).parent))
+    for command in ([sys.executable, "-m", "trainers"], [script]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([*command, "plan", "--trainer", "ppo", "--gpus", "1"], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+        assert proc.returncode == 1 and "could not write out <stdout>: No space left" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    reader = subprocess.run(["bash", "-c", f"{sys.executable} -m trainers plan --trainer ppo --gpus 1 | true; "
+                             "echo ${PIPESTATUS[0]}"], capture_output=True, text=True, env=env, timeout=120)
+    assert reader.stdout.strip() == "0" and "Traceback" not in reader.stderr, reader.stderr

@@ -55,8 +55,15 @@ def _measured(cfg: GnnConfig) -> tuple[float, float, int, list]:
     return per_node, flops_per_node, sum(p.numel() for p in model.parameters()), sample
 
 
+def keep_saved_step(cfg: GnnConfig, saved: dict | None) -> None:
+    """--nodes-per-batch left out takes the run folder's saved one: a resume goes on with the number it began
+    with, on another device or number of GPUs too (the device's default could differ)."""
+    if cfg.nodes_per_batch is None and saved and isinstance(saved.get("nodes_per_batch"), int):
+        cfg.nodes_per_batch = saved["nodes_per_batch"]
+
+
 def nodes_per_step(cfg: GnnConfig, memory_bytes: int | None, world_size: int, per_node: float | None = None) -> int:
-    """--nodes-per-batch: the user's, else CPU_NODES on a CPU (`memory_bytes` None) and on a GPU the largest
+    """--nodes-per-batch: the user's (or keep_saved_step's), else CPU_NODES on a CPU (`memory_bytes` None) and on a GPU the largest
     power of two that ACTIVATION_MEMORY_SHARE of its memory holds, at most MAX_AUTO_NODES and at most what
     leaves the dataset's epoch MIN_STEPS_PER_EPOCH steps, never below CPU_NODES."""
     if cfg.nodes_per_batch is not None:
@@ -74,7 +81,7 @@ def nodes_per_step(cfg: GnnConfig, memory_bytes: int | None, world_size: int, pe
 
 def workload(cfg: GnnConfig) -> Workload:
     per_node, flops_per_node, parameters, sample = _measured(cfg)
-    nodes_per_batch = nodes_per_step(cfg, PLAN_GPU_MEMORY, 1, per_node)  # what a GPU run of these options uses
+    nodes_per_batch = nodes_per_step(cfg, PLAN_GPU_MEMORY, 1, per_node)  # what one 80 GB GPU's run uses
     sample_nodes = sum(g.n for g in sample)
 
     graphs, nodes, edges, source = dataset_counts(cfg)

@@ -24,7 +24,7 @@ from trainers.gnn.config import GnnConfig
 from trainers.gnn.evaluate import EVAL_SEED, evaluate, markdown_table, validation_loss
 from trainers.gnn.graphs import GraphSplit
 from trainers.gnn.sampling import NodeBudgetCursor
-from trainers.gnn.size import nodes_per_step
+from trainers.gnn.size import keep_saved_step, nodes_per_step
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
@@ -50,9 +50,10 @@ def train(cfg: GnnConfig) -> dict | None:
 
 def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     run_dir = Path(cfg.run_dir)
-    # --nodes-per-batch for this device where the user left it (the run's config.json records the number used)
+    restore_from_remote(cfg.remote, run_dir, ctx, cfg, keep_saved_step)  # a fresh machine: the remote's run first
+    # --nodes-per-batch where the user left it: the folder's, else this device's (config.json records it)
+    keep_saved_step(cfg, cfgmod.saved_config(run_dir))
     cfg.nodes_per_batch = nodes_per_step(cfg, device_mod.total_memory(ctx.device), ctx.world_size)
-    restore_from_remote(cfg.remote, run_dir, ctx, cfg)  # a fresh machine: the remote's run first
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     train_split, val_split = GraphSplit(Path(cfg.data_dir), "train"), GraphSplit(Path(cfg.data_dir), "val")
     cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed)

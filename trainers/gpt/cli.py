@@ -51,23 +51,7 @@ def _train(args) -> int:
     from trainers.gpt.train import train
 
     train(cfgmod.from_args(GptConfig, args), started_at)
-    leave_now_if_a_program()
-    return 0
-
-
-def leave_now_if_a_program() -> None:
-    """Run as a program (`python -m trainers`, torchrun, the `trainers` script), the process ends
-    here, everything written, closed and flushed: Python's own teardown of torch takes 0.5-2 s the
-    budget would pay for nothing. Called in-process (tests), it returns."""
-    import os
-    import sys
-
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if (spec is not None and spec.name == "trainers.__main__") or os.path.basename(sys.argv[0]) == "trainers":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    return 0  # the process then ends without torch's teardown (runtime/leave.py): the budget pays for none of it
 
 
 def _evaluate(args) -> int:

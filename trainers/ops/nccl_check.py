@@ -47,4 +47,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from trainers.runtime.leave import leave
+
+    leave(main())  # a torchrun worker: ends like every trainer's (runtime/leave.py)

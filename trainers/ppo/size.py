@@ -13,6 +13,9 @@ CPU_ENVS = 64  # the CPU default: the environments' ~60 small float64 kernels a 
 MAX_AUTO_ENVS = 1024  # a GPU's default at most: 16x fewer operations per env step in the training loop than 64
 # environments with the minibatch scaled alike (bench/results/ppo_ops_batch8192_cpu.json); more would also mean
 # fewer updates per env step, whose effect on learning no GPU run has measured yet
+MIN_UPDATES_PER_AGENT = 16  # a GPU's default never leaves an agent fewer PPO updates than this: more environments
+# per update means fewer updates for the same env steps (the 8-GPU deploy default of 504,000 env steps an agent
+# had 15 at 64 environments; 1,024 would have left it 1)
 ROLLOUT_MEMORY_SHARE = 0.25  # of a GPU's memory, for the rollout buffer (the rest: features, the update's work)
 MINIBATCHES_PER_EPOCH = 8  # the default minibatch cuts a rollout in this many (512 at 64 x 64, as before)
 PLAN_GPU_MEMORY = 80 * 2**30  # the planner sizes the GPU default for an 80 GB card (the cap holds from ~5 GB)
@@ -26,26 +29,41 @@ def rollout_bytes_per_env(cfg: PpoConfig) -> int:
     return cfg.rollout_steps * (w * n * f + 3 * n + 8) * 4
 
 
-def env_batch(cfg: PpoConfig, memory_bytes: int | None) -> tuple[int, int]:
+SIZES = ("num_envs", "batch_size")
+
+
+def keep_saved_sizes(cfg: PpoConfig, saved: dict | None) -> None:
+    """A size the user left out takes the run folder's saved one: a resume goes on with the numbers it began
+    with, on another device or number of GPUs too (the device's default could differ)."""
+    for name in SIZES:
+        if getattr(cfg, name) is None and saved and isinstance(saved.get(name), int):
+            setattr(cfg, name, saved[name])
+
+
+def env_batch(cfg: PpoConfig, memory_bytes: int | None, world_size: int = 1) -> tuple[int, int]:
     """(environments per rank, minibatch): the user's, else CPU_ENVS on a CPU (`memory_bytes` None) and on a
-    GPU as many as ROLLOUT_MEMORY_SHARE of its memory holds rollouts for (a power of two, CPU_ENVS to
-    MAX_AUTO_ENVS); the minibatch, unless given, cuts a rollout in MINIBATCHES_PER_EPOCH."""
+    GPU as many as ROLLOUT_MEMORY_SHARE of its memory holds rollouts for and the job leaves each agent
+    MIN_UPDATES_PER_AGENT updates with (a power of two, CPU_ENVS to MAX_AUTO_ENVS); the minibatch, unless
+    given, cuts a rollout in MINIBATCHES_PER_EPOCH."""
     envs = cfg.num_envs
     if envs is None:
         envs = CPU_ENVS
         if memory_bytes:
-            fits = max(1, int(memory_bytes * ROLLOUT_MEMORY_SHARE // rollout_bytes_per_env(cfg)))
-            envs = max(CPU_ENVS, min(MAX_AUTO_ENVS, 1 << (fits.bit_length() - 1)))
+            fits = int(memory_bytes * ROLLOUT_MEMORY_SHARE // rollout_bytes_per_env(cfg))
+            by_job = cfg.steps_per_agent() // (world_size * cfg.rollout_steps * MIN_UPDATES_PER_AGENT)
+            most = max(1, min(fits, by_job))
+            envs = max(CPU_ENVS, min(MAX_AUTO_ENVS, 1 << (most.bit_length() - 1)))
     batch = cfg.batch_size if cfg.batch_size is not None else max(1, envs * cfg.rollout_steps // MINIBATCHES_PER_EPOCH)
     return envs, batch
 
 
-def size_for_device(cfg: PpoConfig, device) -> None:
-    """Fill --num-envs and --batch-size for this device where the user left them (the run's config.json keeps
-    the numbers used), then refuse a minibatch larger than a rollout."""
+def size_for_device(cfg: PpoConfig, device, world_size: int, saved: dict | None) -> None:
+    """Fill --num-envs and --batch-size where the user left them: the run folder's `saved` config's, else this
+    device's (the run's config.json keeps the numbers used); then refuse a minibatch larger than a rollout."""
     from trainers.runtime import device as device_mod
 
-    cfg.num_envs, cfg.batch_size = env_batch(cfg, device_mod.total_memory(device))
+    keep_saved_sizes(cfg, saved)
+    cfg.num_envs, cfg.batch_size = env_batch(cfg, device_mod.total_memory(device), world_size)
     cfg.check_rollout()
 
 
@@ -56,8 +74,9 @@ def workload(cfg: PpoConfig) -> Workload:
 
     from trainers.ppo.build import build_model
 
-    envs, batch = env_batch(cfg, PLAN_GPU_MEMORY)  # what a GPU run of these options uses
+    envs, batch = env_batch(cfg, PLAN_GPU_MEMORY)  # what a run of these options uses on one 80 GB GPU
     cfg = dataclasses.replace(cfg, num_envs=envs, batch_size=batch)
+    cfg.check_rollout()  # the run would refuse it: so does the plan
 
     policy = build_model(cfg).train()
     n, f, w = cfg.num_stocks, len(FEATURES), cfg.window

@@ -183,7 +183,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
         default_text = ("auto" if tp is bool else "off") if f.default is None else f.default
         choices = f"; one of: {', '.join(meta['choices'])}" if meta.get("choices") else ""
         bounds = f"; {describe_bounds(tp, meta['bounds'])}" if meta.get("bounds") else ""
-        help_text = f"{meta.get('help', '')}{choices}{bounds} (default: {default_text})"
+        says_default = "(default:" in meta.get("help", "")  # a default that depends on the device says itself
+        help_text = f"{meta.get('help', '')}{choices}{bounds}" + ("" if says_default else f" (default: {default_text})")
         flags = (flag_of(f.name), *meta.get("aliases", ()))
         if tp is bool:
             parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,

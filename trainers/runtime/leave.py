@@ -19,6 +19,7 @@ freed them); a file that cannot be flushed is named and the exit status is not 0
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import io
 import os
@@ -30,15 +31,27 @@ _BUFFERED = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
 
 
 def flush_open_files() -> list[str]:
-    """Flush every open Python file object (the standard streams among them); the names that failed."""
-    failed = []
+    """Flush every open Python file object (the standard streams among them), then C's stdio (what a library
+    printed through it); the files that could not be flushed, named once each. A standard stream whose reader
+    has gone (`trainers ... | head`) is not a failure of ours."""
+    failed = {}
     for obj in gc.get_objects():
-        if type(obj) in _BUFFERED and not obj.closed and obj.writable():
-            try:
-                obj.flush()
-            except OSError as exc:
-                failed.append(f"{getattr(obj, 'name', '?')}: {exc.strerror or exc}")
-    return failed
+        if type(obj) not in _BUFFERED:
+            continue
+        try:
+            if obj.closed or not obj.writable():
+                continue
+        except ValueError:  # a detached wrapper: its buffer is flushed on its own
+            continue
+        try:
+            obj.flush()
+        except BrokenPipeError:
+            if getattr(obj, "name", None) not in ("<stdout>", "<stderr>", 1, 2):
+                failed[str(getattr(obj, "name", "?"))] = "the reader closed the pipe"
+        except OSError as exc:
+            failed[str(getattr(obj, "name", "?"))] = exc.strerror or str(exc)
+    ctypes.CDLL(None).fflush(None)
+    return [f"{name}: {why}" for name, why in failed.items()]
 
 
 def leave(code: int | None) -> NoReturn:
