@@ -229,8 +229,8 @@ def trainer_runs(s: Setup) -> list[Step]:
                 "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64",
                 "--hidden", "16", "--total-steps", "2048"] if dry else
                # the GPU's own default environment batch (ppo/size.py: 1,024 x 64 steps on a card of 5 GB or
-               # more): 8 updates per agent, so the steady rate has updates to average over
-               ["--total-steps", str(8 * 1024 * 64)])
+               # more, for a job long enough to leave the agent 16 updates); one agent, the throughput's
+               ["--total-steps", str(16 * 1024 * 64), "--no-baseline-mlp"])
     p_loop = ["--eval-every", "4", "--random-runs", "2"] if dry else ["--log-every", "1", "--eval-every", "4"]
 
     def run(name):
