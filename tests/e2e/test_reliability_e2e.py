@@ -125,8 +125,11 @@ def test_a_full_disk_ends_the_run_once_as_disk_full_non_zero_and_no_restart_trai
                         timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "error: the disk filled up at step" in proc.stderr and not worker_traceback(proc.stderr)
-    assert proc.stderr.count("error: an earlier attempt of this job ended for good, so this restart does not "
-                             "train: the disk filled up at step") == 2 * 3  # each rank of each of the 3 restarts
+    # each of the 3 restarts says so: its first rank at least (the agent stops the other once one has exited;
+    # a worker now exits the moment it has said it, runtime/leave.py), each rank at most
+    said = proc.stderr.count("error: an earlier attempt of this job ended for good, so this restart does not "
+                             "train: the disk filled up at step")
+    assert 3 <= said <= 2 * 3, said
     t = read_results(run_dir)["training"]  # written by the first attempt only: no restart trained or wrote
     assert t["stop_reason"] == "disk_full" and t["restarts"] == 0 and 1 <= t["steps"] < 500
     ckpt = CheckpointManager(run_dir / "checkpoints", single_process_context(), 1, logging.getLogger("test"))
@@ -163,7 +166,8 @@ def test_a_diverged_run_exits_non_zero_from_torchrun_and_no_restart_trains(tmp_p
                         timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.count("error: training diverged") == 2 and not worker_traceback(proc.stderr)
-    assert proc.stderr.count("this restart does not train: training diverged") == 2 * 2
+    said = proc.stderr.count("this restart does not train: training diverged")
+    assert 2 <= said <= 2 * 2, said  # each restart's first rank at least, each rank at most (see the disk test)
     t = read_results(run_dir)["training"]
     assert t["stop_reason"] == "diverged" and t["restarts"] == 0 and t["steps"] < 30
     log = (run_dir / "training.log").read_text()
