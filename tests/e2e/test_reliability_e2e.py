@@ -165,7 +165,8 @@ def test_a_diverged_run_exits_non_zero_from_torchrun_and_no_restart_trains(tmp_p
                          str(run_dir), "--max-steps", "30", "--lr", "1e30"], extra=["--max-restarts=2"], check=False,
                         timeout=300)
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.count("error: training diverged") == 2 and not worker_traceback(proc.stderr)
+    # every rank stops at the agreed step and says why; the agent may stop the slower one once the first exits
+    assert 1 <= proc.stderr.count("error: training diverged") <= 2 and not worker_traceback(proc.stderr)
     said = proc.stderr.count("this restart does not train: training diverged")
     assert 2 <= said <= 2 * 2, said  # each restart's first rank at least, each rank at most (see the disk test)
     t = read_results(run_dir)["training"]
