@@ -3,8 +3,8 @@
 Two reasons, both measured:
 
 - The teardown of an interpreter holding torch (and the torch._dynamo that every optimizer imports) costs about
-  0.8 s of CPU a process on the development machine (`python -c "import torch, torch._dynamo, pandas"`: 3.2 s of
-  user+sys, 2.4 s ending in os._exit); a deploy starts a process per phase and per worker, CI hundreds.
+  0.8 s of CPU a process on the development machine (`python -c "import torch, torch._dynamo, pandas"`: 3.3 s of
+  user+sys, 2.5 s ending in os._exit; three runs each); a deploy starts a process per phase and per worker, CI hundreds.
 - gloo's worker threads outlive destroy_process_group (a DDP wrapper, even collected, keeps the group alive
   in torch 2.13), and one still letting go of a collective's tensor once teardown has begun must take the GIL,
   which a finalizing interpreter answers by ending the thread inside a C++ destructor: std::terminate
