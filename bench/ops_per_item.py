@@ -23,6 +23,7 @@ the whole-job count means something.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -78,8 +79,6 @@ def count(args: list[str], root: Path) -> dict:
     real_timing = Run.timing
 
     def timing(self, name):  # Run.timing("evaluation") is a context manager: the phase lasts while it is open
-        import contextlib
-
         @contextlib.contextmanager
         def labelled():
             before = phase[0]

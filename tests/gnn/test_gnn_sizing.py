@@ -4,7 +4,8 @@ and the dataset allow (an epoch keeps at least 16 steps), unless the user says."
 import json
 
 from trainers.gnn.config import GnnConfig
-from trainers.gnn.size import CPU_NODES, MAX_AUTO_NODES, MIN_STEPS_PER_EPOCH, keep_saved_step, nodes_per_step, workload
+from trainers.gnn.size import CPU_NODES, MAX_AUTO_NODES, MIN_STEPS_PER_EPOCH, nodes_per_step, workload
+from trainers.gnn.train import pin_from_saved
 
 GIB = 2**30
 
@@ -38,8 +39,8 @@ def test_the_users_number_is_kept_and_the_plan_describes_the_gpu_default(tmp_pat
 
 def test_a_resume_keeps_the_folders_number_on_any_device_or_world_size(tmp_path):
     cfg = GnnConfig(data_dir=_dataset(tmp_path, 10_000_000))
-    keep_saved_step(cfg, {"nodes_per_batch": 4096})  # begun on a CPU, resumed on 8 GPUs
+    pin_from_saved(cfg, {"nodes_per_batch": 4096})  # begun on a CPU, resumed on 8 GPUs
     assert nodes_per_step(cfg, 80 * GIB, 8, per_node=1000.0) == 4096
     fresh = GnnConfig(data_dir=cfg.data_dir)
-    keep_saved_step(fresh, None)
+    pin_from_saved(fresh, None)
     assert nodes_per_step(fresh, 80 * GIB, 8, per_node=1000.0) == MAX_AUTO_NODES

@@ -15,6 +15,7 @@ from trainers.ppo.size import (
     size_for_device,
     workload,
 )
+from trainers.ppo.train import pin_from_saved
 from trainers.runtime import device as device_mod
 
 GIB = 2**30
@@ -47,26 +48,32 @@ def test_the_users_numbers_are_kept():
     assert env_batch(PpoConfig(batch_size=100, total_steps=10**9), 80 * GIB) == (1024, 100)
 
 
+def sized(cfg: PpoConfig, device: str, world_size: int, saved: dict | None) -> None:
+    """What training does before its config check: the folder's saved numbers, then the device's."""
+    pin_from_saved(cfg, saved)
+    size_for_device(cfg, device, world_size)
+
+
 def test_a_resume_keeps_the_folders_numbers_on_any_device(monkeypatch):
     """A folder begun with --rollout-steps 16 before the minibatch followed the rollout saved 512: the same
     command resumes it (it was refused as another config), and a GPU resumes a CPU's run with its 64."""
     saved = {"num_envs": 64, "batch_size": 512}
     cfg = PpoConfig(rollout_steps=16)
-    size_for_device(cfg, "cpu", 1, saved)
+    sized(cfg, "cpu", 1, saved)
     assert (cfg.num_envs, cfg.batch_size) == (64, 512)
     monkeypatch.setattr(device_mod, "total_memory", lambda _device: 80 * GIB)
     cfg = PpoConfig(total_steps=LONG)
-    size_for_device(cfg, "cuda:0", 8, saved)
+    sized(cfg, "cuda:0", 8, saved)
     assert (cfg.num_envs, cfg.batch_size) == (64, 512)
     cfg = PpoConfig(total_steps=LONG)
-    size_for_device(cfg, "cuda:0", 8, None)  # a fresh run: the device's
+    sized(cfg, "cuda:0", 8, None)  # a fresh run: the device's
     assert (cfg.num_envs, cfg.batch_size) == (1024, 8192)
 
 
 def test_a_minibatch_larger_than_a_rollout_is_refused_by_the_run_and_the_plan(monkeypatch):
     monkeypatch.setattr(device_mod, "total_memory", lambda _device: None)
     with pytest.raises(UsageError, match="--batch-size 100000 is more than one rollout holds"):
-        size_for_device(PpoConfig(batch_size=100_000), "cpu", 1, None)
+        sized(PpoConfig(batch_size=100_000), "cpu", 1, None)
     with pytest.raises(UsageError, match="--batch-size 100000 is more than one rollout holds"):
         workload(PpoConfig(batch_size=100_000, num_stocks=4, window=6, hidden=16))
 

@@ -55,15 +55,11 @@ def _measured(cfg: GnnConfig) -> tuple[float, float, int, list]:
     return per_node, flops_per_node, sum(p.numel() for p in model.parameters()), sample
 
 
-def keep_saved_step(cfg: GnnConfig, saved: dict | None) -> None:
-    """--nodes-per-batch left out takes the run folder's saved one: a resume goes on with the number it began
-    with, on another device or number of GPUs too (the device's default could differ)."""
-    if cfg.nodes_per_batch is None and saved and isinstance(saved.get("nodes_per_batch"), int):
-        cfg.nodes_per_batch = saved["nodes_per_batch"]
+SIZES = ("nodes_per_batch",)  # decided by the device when left out (a resume keeps the folder's)
 
 
 def nodes_per_step(cfg: GnnConfig, memory_bytes: int | None, world_size: int, per_node: float | None = None) -> int:
-    """--nodes-per-batch: the user's (or keep_saved_step's), else CPU_NODES on a CPU (`memory_bytes` None) and on a GPU the largest
+    """--nodes-per-batch: the user's (or the run folder's, SIZES), else CPU_NODES on a CPU (`memory_bytes` None) and on a GPU the largest
     power of two that ACTIVATION_MEMORY_SHARE of its memory holds, at most MAX_AUTO_NODES and at most what
     leaves the dataset's epoch MIN_STEPS_PER_EPOCH steps, never below CPU_NODES."""
     if cfg.nodes_per_batch is not None:

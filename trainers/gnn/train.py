@@ -24,7 +24,7 @@ from trainers.gnn.config import GnnConfig
 from trainers.gnn.evaluate import EVAL_SEED, evaluate, markdown_table, validation_loss
 from trainers.gnn.graphs import GraphSplit
 from trainers.gnn.sampling import NodeBudgetCursor
-from trainers.gnn.size import keep_saved_step, nodes_per_step
+from trainers.gnn.size import SIZES, nodes_per_step
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
@@ -41,6 +41,11 @@ def feature_seed(cfg: GnnConfig, epoch: int, step_in_epoch: int, rank: int) -> i
     return ((cfg.seed * 1_000_003 + epoch) * 100_003 + step_in_epoch) * 1_009 + rank
 
 
+def pin_from_saved(cfg: GnnConfig, saved: dict | None) -> None:
+    """What a saved config fixes in options left out: the nodes per step."""
+    cfgmod.keep_saved_sizes(cfg, saved, SIZES)
+
+
 def train(cfg: GnnConfig) -> dict | None:
     started_at = time.time()
     cfg.validate()
@@ -50,9 +55,8 @@ def train(cfg: GnnConfig) -> dict | None:
 
 def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     run_dir = Path(cfg.run_dir)
-    restore_from_remote(cfg.remote, run_dir, ctx, cfg, keep_saved_step)  # a fresh machine: the remote's run first
-    # --nodes-per-batch where the user left it: the folder's, else this device's (config.json records it)
-    keep_saved_step(cfg, cfgmod.saved_config(run_dir))
+    restore_from_remote(cfg.remote, run_dir, ctx, cfg, pin_from_saved)  # a fresh machine: the remote's run first
+    pin_from_saved(cfg, cfgmod.saved_config(run_dir))  # --nodes-per-batch: the folder's, else this device's
     cfg.nodes_per_batch = nodes_per_step(cfg, device_mod.total_memory(ctx.device), ctx.world_size)
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     train_split, val_split = GraphSplit(Path(cfg.data_dir), "train"), GraphSplit(Path(cfg.data_dir), "val")

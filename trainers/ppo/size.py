@@ -29,15 +29,7 @@ def rollout_bytes_per_env(cfg: PpoConfig) -> int:
     return cfg.rollout_steps * (w * n * f + 3 * n + 8) * 4
 
 
-SIZES = ("num_envs", "batch_size")
-
-
-def keep_saved_sizes(cfg: PpoConfig, saved: dict | None) -> None:
-    """A size the user left out takes the run folder's saved one: a resume goes on with the numbers it began
-    with, on another device or number of GPUs too (the device's default could differ)."""
-    for name in SIZES:
-        if getattr(cfg, name) is None and saved and isinstance(saved.get(name), int):
-            setattr(cfg, name, saved[name])
+SIZES = ("num_envs", "batch_size")  # decided by the device when left out (a resume keeps the folder's)
 
 
 def env_batch(cfg: PpoConfig, memory_bytes: int | None, world_size: int = 1) -> tuple[int, int]:
@@ -57,12 +49,11 @@ def env_batch(cfg: PpoConfig, memory_bytes: int | None, world_size: int = 1) -> 
     return envs, batch
 
 
-def size_for_device(cfg: PpoConfig, device, world_size: int, saved: dict | None) -> None:
-    """Fill --num-envs and --batch-size where the user left them: the run folder's `saved` config's, else this
+def size_for_device(cfg: PpoConfig, device, world_size: int) -> None:
+    """Fill --num-envs and --batch-size where they are still left out (after the run folder's, SIZES) with this
     device's (the run's config.json keeps the numbers used); then refuse a minibatch larger than a rollout."""
     from trainers.runtime import device as device_mod
 
-    keep_saved_sizes(cfg, saved)
     cfg.num_envs, cfg.batch_size = env_batch(cfg, device_mod.total_memory(device), world_size)
     cfg.check_rollout()
 

@@ -28,7 +28,7 @@ from trainers.ppo.data import env_spec, fix_date_range, load_trading_data
 from trainers.ppo.env import DeviceMarket, VecPortfolioEnv
 from trainers.ppo.evaluate import evaluate_agents, validation_score
 from trainers.ppo.features import FEATURES
-from trainers.ppo.size import keep_saved_sizes, size_for_device
+from trainers.ppo.size import SIZES, size_for_device
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
@@ -109,7 +109,7 @@ def policy_precision(device: torch.device, requested: str, rehearse: bool = Fals
 def pin_from_saved(cfg: PpoConfig, saved: dict | None) -> None:
     """What a saved config fixes in options left out: the date range, the environment batch."""
     fix_date_range(cfg, saved)
-    keep_saved_sizes(cfg, saved)
+    cfgmod.keep_saved_sizes(cfg, saved, SIZES)
 
 
 def train(cfg: PpoConfig) -> dict | None:
@@ -123,9 +123,8 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
     restore_from_remote(cfg.remote, run_dir, ctx, cfg, pin_from_saved)  # a fresh machine: the remote's run first
-    saved = cfgmod.saved_config(run_dir)
-    fix_date_range(cfg, saved)
-    size_for_device(cfg, ctx.device, ctx.world_size, saved)  # --num-envs, --batch-size where the user left them
+    pin_from_saved(cfg, cfgmod.saved_config(run_dir))
+    size_for_device(cfg, ctx.device, ctx.world_size)  # --num-envs, --batch-size where still left out
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     data, data_info = load_trading_data(cfg, log=print if ctx.is_main else (lambda _msg: None))
     spec = env_spec(cfg)

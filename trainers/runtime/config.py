@@ -220,6 +220,14 @@ def incompatible_fields(saved: dict[str, Any], current: Any) -> list[str]:
     return diffs
 
 
+def keep_saved_sizes(cfg: Any, saved: dict[str, Any] | None, names: tuple[str, ...]) -> None:
+    """Sizes the user left out (None: the device decides them) take the run folder's `saved` config's: a resume
+    goes on with the numbers it began with, on another device or number of GPUs too."""
+    for name in names:
+        if getattr(cfg, name) is None and saved and isinstance(saved.get(name), int):
+            setattr(cfg, name, saved[name])
+
+
 def saved_config(run_dir: Path) -> dict[str, Any] | None:
     path = Path(run_dir) / "config.json"
     if not path.exists():
