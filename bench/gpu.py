@@ -169,7 +169,7 @@ def build_steps(s: Setup) -> list[Step]:
     # reads those as the LSTM's measured MFU.
     cohort_args = (["--symbols", "2", "--cohorts", "auto", "--epochs", "1", "--device", s.device] if s.dry else
                    ["--symbols", "64,500", "--cohorts", "auto", "--baseline-max", "64", "--shape", "default",
-                    "--epochs", "5", "--device", "auto"])
+                    "--epochs", "5", "--device", "auto", "--keep", out("lstm_cohort_jobs")])
     steps.append(Step("lstm_cohort", "the LSTM job in cohorts vs one symbol at a time (64 symbols; 500 in cohorts)",
                       [_script(s, "lstm_pack.py", *cohort_args, "--out", out("cohort_packing_gpu.json"))],
                       "cohort_packing_gpu.json", 120 if s.dry else 540, 150))

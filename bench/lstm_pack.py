@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,7 +49,7 @@ SHRUNK = ["--synthetic-days", "800", "--window", "16", "--hidden", "16", "--laye
 
 
 def run_job(n: int, workers: int, threads: int, root: Path, label: str, extra: tuple[str, ...] = ("--cohort", "1"),
-            shape: tuple[str, ...] = tuple(SHRUNK)) -> dict:
+            shape: tuple[str, ...] = tuple(SHRUNK), keep: Path | None = None) -> dict:
     run_dir = root / f"{label}-{n}"
     args = ["-m", "trainers", "lstm", "train", "--run-dir", str(run_dir), "--synthetic-tickers", str(n), *shape,
             *extra]
@@ -60,6 +61,10 @@ def run_job(n: int, workers: int, threads: int, root: Path, label: str, extra: t
     subprocess.run([sys.executable, *args], check=True, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     r = json.loads((run_dir / "results.json").read_text())
+    if keep is not None:  # the job's own record (per-symbol times, packing) and log, beside the benchmark's JSON
+        keep.mkdir(parents=True, exist_ok=True)
+        for name in ("results.json", "training.log"):
+            shutil.copyfile(run_dir / name, keep / f"{label}-{n}-{name}")
     t = r["training"]
     assert t["symbols"]["ok"] == n, t["symbols"]
     per_symbol = [row["seconds"] for row in r["symbols"].values()]
@@ -173,7 +178,7 @@ def step_benchmark(groups: int, steps: int, threads: int) -> dict:
 
 
 def cohort_benchmark(counts: list[int], cohorts: list[str], out: str | None, device: str, shape: list[str],
-                     baseline_max: int | None) -> int:
+                     baseline_max: int | None, keep: Path | None = None) -> int:
     """Part 3: the same job one symbol at a time and in cohorts (`auto`: the job's own choice); the
     figures the job itself records. One symbol at a time is skipped past `baseline_max` symbols."""
     rows = []
@@ -185,7 +190,7 @@ def cohort_benchmark(counts: list[int], cohorts: list[str], out: str | None, dev
                 if k == "1" and baseline_max is not None and n > baseline_max:
                     continue
                 row = run_job(n, 1, int(os.environ.get("OMP_NUM_THREADS", "1")), Path(tmp), f"cohort{k}",
-                              () if k == "auto" else ("--cohort", k), tuple(shape))
+                              () if k == "auto" else ("--cohort", k), tuple(shape), keep)
                 row["cohort"] = k
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -214,6 +219,8 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=None, help="part 3: epochs per symbol (default: the shape's)")
     p.add_argument("--baseline-max", type=int, default=None,
                    help="part 3: run --cohort 1 only up to this many symbols (it is the slow one)")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="part 3: copy each job's results.json and training.log into DIR (the run folders are deleted)")
     args = p.parse_args()
     if args.cohorts:
         shape = [a for a in SHRUNK if a not in ("--device", "cpu")] if args.shape == "small" else \
@@ -221,7 +228,7 @@ def main() -> int:
         if args.epochs is not None:
             shape = [*shape, "--epochs", str(args.epochs)]  # (the last --epochs given wins)
         return cohort_benchmark([int(n) for n in args.symbols.split(",")], args.cohorts.split(","), args.out,
-                                args.device, shape, args.baseline_max)
+                                args.device, shape, args.baseline_max, Path(args.keep) if args.keep else None)
     if args.steps_only:
         record = {"benchmark": "lstm_step", "device": "cpu", "load_average_1_5_15_start": os.getloadavg(),
                   "training_step": [step_benchmark(g, 10, 1) for g in (3, 16, 64)],
