@@ -77,6 +77,9 @@ def chosen(agent) -> tuple[torch.nn.Module, torch.nn.ModuleList | None, int | No
         return agent.policy, agent.norms, None, None
     policy = copy.deepcopy(agent.policy)
     policy.load_state_dict(agent.best["policy"])
+    for module in policy.modules():  # a copy's LSTM weights are separate tensors: cuDNN would compact them at
+        if isinstance(module, torch.nn.LSTM):  # every call (the H100's evaluation warned so); once here
+            module.flatten_parameters()
     norms = None
     if agent.norms is not None:
         norms = copy.deepcopy(agent.norms)
