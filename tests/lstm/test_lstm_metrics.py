@@ -114,3 +114,42 @@ def test_persistence_and_linear_baselines_on_the_same_rows():
 def test_an_auc_clearly_below_one_half_is_called_worse_than_a_coin():
     verdict = skill_verdict({"log_loss": 0.70, "roc_auc": 0.40, "roc_auc_se": 0.02}, {"base_rate": {"log_loss": 0.69}})
     assert "AUC 0.400 +- 0.039 is below 0.5 (worse than a coin)" in verdict["verdict"]
+
+
+def test_the_linear_baseline_is_fitted_to_the_optimum_of_the_models_own_loss():
+    """Newton's method on the host (trainers.lstm.evaluate.newton_logistic) against torch's L-BFGS on
+    direction_loss + l2 |w|^2 (what the fit replaced): the same weights, an objective no higher, a
+    gradient of zero; a split of one class only ends with finite weights."""
+    import torch
+
+    from trainers.lstm.evaluate import logistic_objective, newton_logistic
+    from trainers.lstm.model import direction_loss
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(800, 6))
+    y = (rng.random(800) < 1 / (1 + np.exp(-x @ rng.normal(size=6)))).astype(float)
+    pos_weight, l2 = float((1 - y).sum() / y.sum()), 1e-3
+    theta = newton_logistic(x, y, pos_weight, l2, 50)
+    value, gradient, _ = logistic_objective(theta, x, y, pos_weight, l2)
+    assert np.abs(gradient).max() < 1e-9
+
+    linear = torch.nn.Linear(6, 1).double()
+    torch.nn.init.zeros_(linear.weight)
+    torch.nn.init.zeros_(linear.bias)
+    xt, yt = torch.tensor(x), torch.tensor(y)
+    optimizer = torch.optim.LBFGS(linear.parameters(), lr=1.0, max_iter=500, tolerance_grad=1e-12,
+                                  tolerance_change=1e-15, line_search_fn="strong_wolfe")
+
+    def objective():
+        optimizer.zero_grad()
+        loss = direction_loss(linear(xt).squeeze(-1), yt, torch.tensor(pos_weight)) + l2 * linear.weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(objective)
+    lbfgs = np.r_[linear.weight.detach().numpy()[0], linear.bias.detach().numpy()]
+    assert value <= logistic_objective(lbfgs, x, y, pos_weight, l2)[0] + 1e-12
+    assert np.abs(theta - lbfgs).max() < 1e-5
+
+    one_class = newton_logistic(x, np.ones(800), 1.0, l2, 50)
+    assert np.isfinite(one_class).all() and (x @ one_class[:-1] + one_class[-1]).min() > 0  # every row says up

@@ -9,7 +9,7 @@ import torch
 
 from trainers.lstm.features import SymbolData
 from trainers.lstm.metrics import classification_metrics, long_flat_strategy
-from trainers.lstm.model import DirectionLSTM, direction_loss
+from trainers.lstm.model import DirectionLSTM
 
 
 @torch.no_grad()
@@ -29,28 +29,60 @@ def validation_loss(model: DirectionLSTM, data: SymbolData, batch_size: int) -> 
     return float(torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), data.label[anchors]))
 
 
-def fit_logistic_regression(data: SymbolData, l2: float = 1e-3, iters: int = 200) -> torch.nn.Linear:
+def fit_logistic_regression(data: SymbolData, l2: float = 1e-3, iters: int = 50) -> torch.nn.Linear:
     """The linear anchor: logistic regression on the last bar's (normalised) features, class-weighted
-    like the model, fitted on the training split by L-BFGS from zeros (deterministic). On the host,
-    whatever the model's device: L-BFGS reads the loss every iteration, a wait on the GPU each time, for
-    a model of a few weights."""
+    like the model (direction_loss) plus `l2` times the weights' squared norm, fitted on the training
+    split on the host. Newton's method in float64 with step halving: the problem is convex and has a few
+    weights, so it converges in a handful of (F+1)x(F+1) solves (the L-BFGS it replaces took about a
+    hundred closures: 14 ms of a symbol's ~100 ms of bookkeeping on a CPU)."""
     anchors = data.ids["train"]
-    x, y = data.features[anchors].cpu(), data.label[anchors].cpu()
+    x = data.features[anchors].double().cpu().numpy()
+    y = data.label[anchors].double().cpu().numpy()
+    weights = newton_logistic(x, y, float(data.pos_weight), l2, iters)
     linear = torch.nn.Linear(data.n_features, 1)
-    torch.nn.init.zeros_(linear.weight)
-    torch.nn.init.zeros_(linear.bias)
-    pos_weight = torch.tensor(data.pos_weight)
-    optimizer = torch.optim.LBFGS(linear.parameters(), lr=1.0, max_iter=iters, line_search_fn="strong_wolfe")
-
-    def closure():
-        optimizer.zero_grad()
-        loss = direction_loss(linear(x).squeeze(-1), y, pos_weight) + l2 * linear.weight.pow(2).sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        optimizer.step(closure)
+    with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(weights[:-1])[None])
+        linear.bias.fill_(float(weights[-1]))
     return linear
+
+
+def logistic_objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, pos_weight: float, l2: float
+                       ) -> tuple[float, np.ndarray, np.ndarray]:
+    """direction_loss + l2 |w|^2 at theta = [w, b]: its value, gradient and Hessian."""
+    z = x @ theta[:-1] + theta[-1]
+    scale = pos_weight * y + (1 - y)  # the positive rows' weight
+    log_sigmoid, log_one_minus = -np.logaddexp(0.0, -z), -np.logaddexp(0.0, z)
+    n = len(y)
+    value = float(-(pos_weight * y * log_sigmoid + (1 - y) * log_one_minus).mean() + l2 * theta[:-1] @ theta[:-1])
+    p = np.exp(log_sigmoid)
+    d1, d2 = scale * p - pos_weight * y, scale * p * (1 - p)  # d/dz and d2/dz2 of each row's loss
+    xa = np.hstack([x, np.ones((n, 1))])
+    ridge = np.full(len(theta), 2 * l2)
+    ridge[-1] = 0.0  # (the bias is not penalised, as in the L-BFGS fit it replaced)
+    gradient = xa.T @ d1 / n + ridge * theta
+    hessian = (xa * d2[:, None]).T @ xa / n + np.diag(ridge)
+    return value, gradient, hessian
+
+
+def newton_logistic(x: np.ndarray, y: np.ndarray, pos_weight: float, l2: float, iters: int) -> np.ndarray:
+    theta = np.zeros(x.shape[1] + 1)
+    value, gradient, hessian = logistic_objective(theta, x, y, pos_weight, l2)
+    for _ in range(iters):
+        step = np.linalg.lstsq(hessian, gradient, rcond=None)[0]  # (a flat bias direction: one class only)
+        t = 1.0
+        while t > 1e-8:  # halve until the objective does not rise
+            trial = theta - t * step
+            trial_value, trial_gradient, trial_hessian = logistic_objective(trial, x, y, pos_weight, l2)
+            if trial_value <= value:
+                break
+            t /= 2
+        else:
+            break
+        converged = np.max(np.abs(theta - trial)) < 1e-10
+        theta, value, gradient, hessian = trial, trial_value, trial_gradient, trial_hessian
+        if converged:
+            break
+    return theta
 
 
 def bars_per_year(ts: np.ndarray) -> float:
