@@ -240,7 +240,8 @@ def trainer_runs(s: Setup) -> list[Step]:
         ("forecast", "the forecaster's real loop",
          [_torchrun(s, "forecast", "train", *run("forecast"), *f_shape, *f_loop, "--patience", "0")], f_shape, 360, 100),
         ("gnn", "the colouring GNN's real loop (its data, then training)",
-         [_trainers(s, "gnn", "data", "--out", str(graphs), *g_data, "--no-progress"),
+         # --overwrite: the plan step made the same (seeded) dataset to size its prediction by it
+         [_trainers(s, "gnn", "data", "--out", str(graphs), *g_data, "--no-progress", "--overwrite"),
           _torchrun(s, "gnn", "train", "--data-dir", str(graphs), *run("gnn"), *g_shape, *g_loop)],
          ["--data-dir", str(graphs), *g_shape], 360, 60),
         ("gpt", "the char-level GPT's real loop", [_torchrun(s, "gpt", "train", *run("gpt"), *t_shape, *t_loop)],
@@ -287,6 +288,19 @@ def collect_run(s: Setup, step: Step, facts: dict) -> dict:
 
 # ---- predictions (a subprocess: it imports torch and the trainers) ------------------------------------
 
+def make_data(step: Step, options: list[str]) -> None:
+    """The dataset a plan reads (--data-dir) where the step makes it (its `... data --out DIR` command)
+    and it is not there yet: the plan sizes a run by its data (the GNN's nodes a step), and the first
+    H100 run's plan, made before the data, sized the GNN for the deploy's default dataset (8x its step)."""
+    if "--data-dir" not in options or Path(options[options.index("--data-dir") + 1]).exists():
+        return
+    target = options[options.index("--data-dir") + 1]
+    for command in step.commands:
+        if "data" in command and "--out" in command and command[command.index("--out") + 1] == target:
+            subprocess.run(command, check=True, capture_output=True, text=True, env=child_env(), timeout=300)
+            return
+
+
 def predict(setup_path: Path, out: Path) -> int:
     """Each step's plan cases through `trainers plan`'s own code (one process: one torch import)."""
     sys.path.insert(0, str(REPO))
@@ -303,6 +317,7 @@ def predict(setup_path: Path, out: Path) -> int:
     for step in build_steps(s):
         for figure, (options, gpus) in step.plans.items():
             trainer, rest = options[1], options[2:]
+            make_data(step, rest)
             parallel = rest[rest.index("--parallel") + 1] if "--parallel" in rest else "auto"
             rest = [a for i, a in enumerate(rest) if a != "--parallel" and (i == 0 or rest[i - 1] != "--parallel")]
             command = ["python", "-m", "trainers", "plan", "--trainer", trainer, *rest, "--gpus", str(gpus), "--gpu",
@@ -318,7 +333,8 @@ def predict(setup_path: Path, out: Path) -> int:
             predictions[figure] = {"step": step.name, "command": shlex.join(command), "unit": w.unit,
                                    "items_per_s": p.time["items_per_s"], "step_s": p.time["step_s"],
                                    "launch_bound": p.time.get("launch_bound"), "strategy": p.chosen, "fix": p.fix,
-                                   "mfu": p.mfu, "gpus": gpus, "device": p.device, "parameters": p.parameters}
+                                   "mfu": p.mfu, "gpus": gpus, "device": p.device, "parameters": p.parameters,
+                                   "shape": w.shape, "notes": w.notes}
             print(f"{figure}: {p.time['items_per_s']:,.0f} {w.unit}/s at MFU {p.mfu['value']:.0%} ({p.mfu['source']})",
                   flush=True)
     out.write_text(json.dumps({"benchmark": "gpu_plan", "gpu": s.gpu_key, "predictions": predictions}, indent=2)

@@ -119,6 +119,8 @@ def test_the_dry_runs_figures_are_real_runs(dry):
         p = predictions[figure]
         assert p["items_per_s"] > 0 and p["command"].startswith("python -m trainers plan"), (figure, p)
         assert "--gpu h100-sxm" in p["command"] and p["mfu"]["source"], figure
+    # the GNN's plan counted the dataset its run trains on (made before the plan reads it), not the deploy's
+    assert "32 training graphs" in predictions["run gnn"]["notes"][0], predictions["run gnn"]["notes"]
 
 
 def test_the_summary_names_every_figure_beside_its_rehearsal_and_plan(dry):
