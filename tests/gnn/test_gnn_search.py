@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.gnn.batch import DeviceGraphs, make_batch
+from trainers.gnn.batch import DeviceGraphs, make_batch, pad_batch, potts_loss
 from trainers.gnn.decode import color_with_model, repair
 from trainers.gnn.features import color_mask, offered_schedule
 from trainers.gnn.finetune import finetune_stage
@@ -24,7 +24,7 @@ from trainers.gnn.graphs import (
     write_dataset,
 )
 from trainers.gnn.model import ColoringGNN
-from trainers.gnn.sampling import NodeBudgetCursor, NodeBudgetPlan
+from trainers.gnn.sampling import NodeBudgetCursor, NodeBudgetPlan, padded_capacity
 from trainers.gnn.search import clique_lower_bound, reduce_colors
 
 
@@ -157,6 +157,49 @@ def test_device_batches_match_host_batches(tmp_path):
     train = DeviceGraphs(GraphSplit(tmp_path / "d", "train"), 8, 3, torch.device("cpu"))
     draw = lambda seed: train.batch(np.array([0, 7]), torch.Generator().manual_seed(seed)).x  # noqa: E731
     assert torch.equal(draw(1), draw(1)) and not torch.equal(draw(1), draw(2))
+
+
+def test_a_padded_batch_has_the_loss_and_gradients_of_the_batch_itself(tmp_path):
+    """The compiled step's batches (pad_batch): padding nodes, edges and graphs change neither the loss
+    nor any gradient, the model's outputs at the real nodes neither (no message reaches them)."""
+    write_dataset(tmp_path / "d", 10, 2, seed=4, min_nodes=5, max_nodes=30, workers=1, progress=False)
+    data = DeviceGraphs(GraphSplit(tmp_path / "d", "train"), 8, 3, torch.device("cpu"))
+    b = data.batch(np.array([3, 0, 8, 5]), torch.Generator().manual_seed(0))
+    n, e, g = b.x.shape[0], b.edge_index.shape[1], b.n_graphs
+    padded = pad_batch(b, (n + 13, e + 40, g + 3))
+    assert padded.x.shape[0] == n + 13 and padded.edge_index.shape[1] == e + 40 and padded.n_graphs == g + 3
+
+    def loss_and_grads(batch):
+        torch.manual_seed(0)
+        model = ColoringGNN(5, 16, 2, 8)
+        loss, frac = potts_loss(model, batch, 0.25)
+        loss.backward()
+        return loss.detach(), frac, [p.grad for p in model.parameters()], model(batch.x, batch.edge_index,
+                                                                                batch.color_mask)[:n].detach()
+
+    want, got = loss_and_grads(b), loss_and_grads(padded)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=0)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=0)
+    for a, w in zip(got[2], want[2]):
+        torch.testing.assert_close(a, w, rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(got[3], want[3], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="does not fit"):
+        pad_batch(b, (n, e + 1, g + 1))
+
+
+def test_the_padded_capacity_holds_every_step_of_every_epoch_and_no_more():
+    rng = np.random.default_rng(5)
+    nodes = rng.integers(20, 301, 97)
+    edges = 2 * (nodes * rng.uniform(1, 8, 97)).astype(np.int64)
+    for rank in (0, 1):
+        capacity = padded_capacity(nodes, edges, 2, rank, 1500, seed=3, epochs=4)
+        most = np.zeros(3, dtype=np.int64)
+        for epoch in range(4):
+            plan = NodeBudgetPlan(nodes, 2, rank, 1500, seed=3, epoch=epoch)
+            for s in range(plan.steps):
+                graphs = plan.batch(s)
+                most = np.maximum(most, [nodes[graphs].sum(), edges[graphs].sum(), len(graphs)])
+        assert capacity == tuple(int(m) + 1 for m in most)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

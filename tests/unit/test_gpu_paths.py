@@ -155,8 +155,12 @@ COMPILED = {  # the trainers that compile on a GPU, in their GPU configuration (
                  "--horizon", "5", "--batch-size", "64", "--log-every", "3", "--gpu-defaults", "--device", "cpu"],
     "gpt": ["gpt", "train", *GPT_TINY, "--batch-tokens", "512", "--eval-every", "4", "--gpu-defaults",
             "--device", "cpu"],
+    # batches of varying size, each padded to the run's largest step (gnn/batch.py pad_batch): one shape
+    "gnn": ["gnn", "train", "--nodes-per-batch", "300", "--hidden", "16", "--layers", "2", "--search-iters", "20",
+            "--log-every", "3", "--gpu-defaults", "--device", "cpu"],
 }
-LONGER = {"forecast": (["--epochs", "1"], ["--epochs", "2"]), "gpt": (["--max-steps", "8"], ["--max-steps", "16"])}
+LONGER = {"forecast": (["--epochs", "1"], ["--epochs", "2"]), "gpt": (["--max-steps", "8"], ["--max-steps", "16"]),
+          "gnn": (["--epochs", "2"], ["--epochs", "3"])}
 
 
 def compiled_graphs(args: list[str], fault: str | None, monkeypatch) -> int:
@@ -181,12 +185,17 @@ def test_a_compiled_step_does_not_recompile_across_epochs_evaluations_and_a_resu
     is a graph of its own, once; the forecaster evaluates eagerly and stays at one.)"""
     import torch._dynamo
 
-    with torch._dynamo.config.patch(error_on_recompile=trainer == "forecast"):
+    with torch._dynamo.config.patch(error_on_recompile=trainer in ("forecast", "gnn")):
         _compiles_once(trainer, tmp_path, monkeypatch)
 
 
 def _compiles_once(trainer: str, tmp_path: Path, monkeypatch) -> None:
     base = COMPILED[trainer]
+    if trainer == "gnn":  # graphs of 10 to 60 nodes: no two steps hold the same numbers of nodes and edges
+        from trainers.gnn.graphs import write_dataset
+
+        write_dataset(tmp_path / "graphs", 40, 4, seed=1, min_nodes=10, max_nodes=60, workers=1, progress=False)
+        base = [*base, "--data-dir", str(tmp_path / "graphs")]
     short, longer = LONGER[trainer]
     once = compiled_graphs([*base, *short, "--run-dir", str(tmp_path / "short")], None, monkeypatch)
     assert once >= 1

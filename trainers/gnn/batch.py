@@ -28,6 +28,7 @@ class GraphBatch:
     edge_graph: torch.Tensor  # [2E] graph id (within the batch) of each directed edge
     edges_per_graph: torch.Tensor  # [G] undirected edges
     n_graphs: int
+    edge_weight: torch.Tensor | None = None  # [2E] 1 for a real edge, 0 for padding (pad_batch); None: all real
 
 
 def make_batch(graphs: list[Graph], max_colors: int, random_dims: int, seeds: list[int], device: torch.device,
@@ -111,10 +112,33 @@ class DeviceGraphs:
         return GraphBatch(x, edge_index, mask, edge_graph, e.float() / 2.0, len(graphs))
 
 
+def pad_batch(b: GraphBatch, capacity: tuple[int, int, int]) -> GraphBatch:
+    """`b` padded to `capacity` (nodes, directed edges, graphs; each above the batch's own: there is always a
+    padding node, edge and graph), for a compiled step that sees one shape in a run instead of one per
+    batch. The padding edges join the last padding node to itself and belong to the last padding graph,
+    weigh 0 in the loss and carry no message to a real node; padding nodes are offered no colour. The loss
+    and every gradient are the unpadded batch's."""
+    n, e, g = b.x.shape[0], b.edge_index.shape[1], b.n_graphs
+    cap_n, cap_e, cap_g = capacity
+    if not (n < cap_n and e < cap_e and g < cap_g):
+        raise ValueError(f"a batch of {n} nodes, {e} directed edges and {g} graphs does not fit the padded "
+                         f"capacity {capacity}")
+    real = torch.ones(e, device=b.x.device)
+    return GraphBatch(x=torch.cat([b.x, b.x.new_zeros(cap_n - n, b.x.shape[1])]),
+                      edge_index=torch.cat([b.edge_index, b.edge_index.new_full((2, cap_e - e), cap_n - 1)], 1),
+                      color_mask=torch.cat([b.color_mask, b.color_mask.new_zeros(cap_n - n, b.color_mask.shape[1])]),
+                      edge_graph=torch.cat([b.edge_graph, b.edge_graph.new_full((cap_e - e,), cap_g - 1)]),
+                      edges_per_graph=torch.cat([b.edges_per_graph, b.edges_per_graph.new_ones(cap_g - g)]),
+                      n_graphs=cap_g, edge_weight=torch.cat([real if b.edge_weight is None else b.edge_weight,
+                                                             real.new_zeros(cap_e - e)]))
+
+
 def potts_loss(model, b: GraphBatch, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum over graphs of (expected conflicting edges / edges), times `scale`; and that sum unscaled."""
     probs = torch.softmax(model(b.x, b.edge_index, b.color_mask), dim=-1)
     per_edge = potts_conflicts(probs, b.edge_index)  # each undirected edge appears twice
+    if b.edge_weight is not None:
+        per_edge = per_edge * b.edge_weight
     per_graph = torch.zeros(b.n_graphs, device=probs.device).index_add(0, b.edge_graph, per_edge) / 2.0
     frac = per_graph / b.edges_per_graph.clamp(min=1.0)
     return frac.sum() * scale, frac.detach().sum()

@@ -105,3 +105,17 @@ class NodeBudgetCursor:
     def position(self) -> dict:
         return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch,
                 "consumed_in_epoch": self.plan.consumed_before(self.step_in_epoch)}
+
+
+def padded_capacity(nodes: np.ndarray, directed_edges: np.ndarray, world_size: int, rank: int, nodes_per_batch: int,
+                    seed: int, epochs: int) -> tuple[int, int, int]:
+    """One more than the most nodes, directed edges and graphs any of this rank's steps holds over `epochs`
+    (the plans are pure functions of the epoch): the one shape a compiled step pads every batch to."""
+    nodes, edges = np.asarray(nodes, dtype=np.int64), np.asarray(directed_edges, dtype=np.int64)
+    most = np.zeros(3, dtype=np.int64)
+    for epoch in range(epochs):
+        plan = NodeBudgetPlan(nodes, world_size, rank, nodes_per_batch, seed, epoch)
+        for step in range(plan.steps):
+            graphs = plan.batch(step)
+            most = np.maximum(most, [nodes[graphs].sum(), edges[graphs].sum(), len(graphs)])
+    return int(most[0]) + 1, int(most[1]) + 1, int(most[2]) + 1

@@ -18,17 +18,17 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainers.gnn.batch import DeviceGraphs, potts_loss
+from trainers.gnn.batch import DeviceGraphs, pad_batch, potts_loss
 from trainers.gnn.build import build_model
 from trainers.gnn.config import GnnConfig
 from trainers.gnn.evaluate import EVAL_SEED, evaluate, markdown_table, validation_loss
 from trainers.gnn.graphs import GraphSplit
-from trainers.gnn.sampling import NodeBudgetCursor
+from trainers.gnn.sampling import NodeBudgetCursor, padded_capacity
 from trainers.gnn.size import SIZES, nodes_per_step
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
-from trainers.runtime.precision import build_adamw
+from trainers.runtime.precision import build_adamw, compile_default
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
@@ -81,6 +81,12 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
         cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed,
                                   **NodeBudgetCursor.start(start.position, start.position_rank0))
         train_model = wrap_ddp(model, ctx) if ctx.distributed else model
+        compiled = compile_default(cfg.compile, ctx.device, cfg.gpu_defaults)
+        # every batch padded to the run's largest step: one static shape (CUDA-graph ready), one compile
+        capacity = padded_capacity(train_split.nodes, train_data.directed, ctx.world_size, ctx.rank,
+                                   cfg.nodes_per_batch, cfg.seed, cfg.epochs) if compiled else None
+        step_model = torch.compile(train_model, dynamic=False) if compiled else train_model
+        shapes: set[tuple[int, int, int]] = set()
         features = torch.Generator(device=ctx.device)
 
         step = start.step
@@ -90,7 +96,11 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
         while step < total_steps:
             graphs, global_count = cursor.batch()
             features.manual_seed(feature_seed(cfg, cursor.epoch, cursor.step_in_epoch, ctx.rank))
-            loss, frac = potts_loss(train_model, train_data.batch(graphs, features), ctx.world_size / global_count)
+            batch = train_data.batch(graphs, features)
+            if compiled:  # the loss and gradients of the batch itself (pad_batch)
+                batch = pad_batch(batch, capacity)
+                shapes.add((batch.x.shape[0], batch.edge_index.shape[1], batch.n_graphs))
+            loss, frac = potts_loss(step_model, batch, ctx.world_size / global_count)
             loss.backward()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -130,6 +140,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                              "max_colors": cfg.max_colors},
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "nodes_per_batch": cfg.nodes_per_batch, "ddp": _ddp_facts(train_model),
+                                "compiled": compiled, "padded_shapes": len(shapes),
                                 "fused_adamw": bool(optimizer.defaults.get("fused")),
                                 # every graph is seen once per epoch, so nodes/s = graphs/s x mean graph size
                                 "nodes_per_s_per_device": per_device * nodes_per_graph if per_device else None,
