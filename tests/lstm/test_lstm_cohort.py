@@ -179,6 +179,13 @@ def test_a_cohort_job_trains_what_the_one_at_a_time_job_trains(tmp_path):
     marker = json.loads((tmp_path / "cohort" / "symbols" / "SYN000" / "done.json").read_text())
     assert marker["cohort"] == 5 and marker["seconds"] == pytest.approx(marker["cohort_seconds"] / 5)
     assert job["training"]["packing"]["efficiency"] <= 1.05  # shares of the worker's time, not 5 overlapping spans
+    # the time in training steps, each a share of the stacked steps: inside each symbol's share of the worker
+    assert 0 < marker["step_seconds"] < marker["seconds"]
+    for name in ("alone", "cohort"):
+        packing = json.loads((tmp_path / name / "results.json").read_text())["training"]["packing"]
+        assert 0 < packing["sum_step_seconds"] < packing["sum_symbol_seconds"], (name, packing)
+        assert packing["share_outside_steps"] == pytest.approx(1 - packing["sum_step_seconds"]
+                                                               / packing["sum_symbol_seconds"])
     log = (tmp_path / "cohort" / "training.log").read_text()
     assert "in a cohort of 5" in log and "SYN002: try 1 failed in its cohort" in log
 

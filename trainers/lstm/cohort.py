@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +55,7 @@ class Member:
     window_count: int = 0
     loss: torch.Tensor | None = None  # this step's, on the device
     count: int = 0  # this step's real rows
+    step_seconds: float = 0.0  # its share of the stacked steps' host time (each step's split among its trainers)
     end_of_epoch: bool = False
     outcome: SymbolOutcome | None = None
     error: BaseException | None = None
@@ -255,6 +257,7 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
             membership = [m.done for m in stack]
             training = torch.tensor([not done for done in membership], device=device)
             pos_weight = torch.tensor([m.data.pos_weight for m in stack], device=device)
+        stepping = time.perf_counter()
         x, y, w = batch_of(stack, cfg.batch_size)
         masks = cohort.model.dropout_masks([m.cfg.seed for m in stack], [m.step for m in stack], cfg.batch_size,
                                            cfg.window, generator)
@@ -264,6 +267,8 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
         clip_per_model(list(cohort.model.parameters()), cfg.grad_clip, training)
         cohort.optimizer.step(training)
         stepped = [m for m in stack if not m.done]
+        for m in stepped:
+            m.step_seconds += (time.perf_counter() - stepping) / len(stepped)
         due = []
         for m in stepped:
             _guarded(m, cohort, lambda m=m: _after_step(m, losses[cohort.row(m)].detach(), worker, attempt, due))
@@ -353,5 +358,5 @@ def _finish(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt:
                             "pos_weight": data.pos_weight, "worker": worker.rank, "try": attempt,
                             "cohort": len(cohort.members)}}
     results = run.finish(summary, evaluate=evaluate)
-    m.outcome = SymbolOutcome(run.reason, run.signal_name, run.step, results)
+    m.outcome = SymbolOutcome(run.reason, run.signal_name, run.step, results, m.step_seconds)
     _close(m, cohort)

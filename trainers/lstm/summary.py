@@ -53,6 +53,7 @@ def symbol_row(job_dir: Path, symbol: str, planned_steps: int | None) -> dict:
     row = {"status": status, "folder": f"symbols/{symbol}", "steps": training.get("steps", 0),
            "planned_steps": training.get("total_steps", planned_steps), "stop_reason": stop,
            "best_val_loss": training.get("best_val", {}).get("value"), "seconds": marker.get("seconds"),
+           "step_seconds": marker.get("step_seconds"),
            "worker": marker.get("worker", training.get("worker")), "device": marker.get("device"),
            "tries": marker.get("tries"), "attempt_token": marker.get("attempt_token")}
     if status == "failed":
@@ -102,6 +103,8 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
     elapsed = attempt["elapsed_before_s"] + wall
     this_attempt = [r["seconds"] for r in rows.values() if r["attempt_token"] == attempt["token"] and r["seconds"]]
     job_seconds = float(sum(this_attempt))
+    step_seconds = float(sum(r.get("step_seconds") or 0.0 for r in rows.values()
+                             if r["attempt_token"] == attempt["token"] and r["seconds"]))
     if stop and stop.get("reason") in STOPPED:
         reason = stop["reason"]
     elif counts["ok"] + counts["failed"] == len(rows):
@@ -120,6 +123,9 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
                 "packing": {"symbols_finished_this_attempt": len(this_attempt), "sum_symbol_seconds": job_seconds,
                             "efficiency": job_seconds / (wall * attempt["devices"]),
                             "worker_utilisation": job_seconds / (wall * ctx.world_size),
+                            # the workers' time in training steps (host time: on a GPU, launching them)
+                            "sum_step_seconds": step_seconds,
+                            "share_outside_steps": 1 - step_seconds / job_seconds if job_seconds else None,
                             "definition": "sum of per-symbol times / (wall time x devices)"}}
     results = {"trainer": "lstm", "job": True, "config": cfgmod.to_dict(cfg), "data": plan.source,
                "training": training, "evaluation": job_evaluation(job_dir, rows, stop), "symbols": rows,
@@ -170,7 +176,8 @@ def markdown(results: dict) -> str:
                   f"{t.get('elapsed_s_all_attempts', 0):.1f} s in all; restarts {t.get('restarts')}.",
                   f"Packing efficiency {_num(p.get('efficiency'), 3)} (sum of per-symbol times "
                   f"{_num(p.get('sum_symbol_seconds'), 1)} s / (wall time x devices)); worker utilisation "
-                  f"{_num(p.get('worker_utilisation'), 3)}.", ""]
+                  f"{_num(p.get('worker_utilisation'), 3)}; share of the symbols' time outside their training "
+                  f"steps {_num(p.get('share_outside_steps'), 3)} (checkpoints, evaluations, baselines, results).", ""]
     lines += [f"Bars: {data.get('base_timeframe')}, timeframes {', '.join(data.get('timeframes', []))}; "
               f"source {data.get('source')}. Baselines on the same rows: the majority class's rate, persistence "
               f"(the sign of the previous horizon's return), a logistic regression on the last bar's features "

@@ -88,7 +88,9 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
         window_loss = torch.zeros((), device=device)  # summed on the device, read at log points
         window_count = 0
         model.train()
+        step_seconds = 0.0  # host time in the steps: the job's share outside them is what per-symbol work costs
         while step < total_steps:
+            stepping = time.perf_counter()
             positions, count = cursor.batch()
             x, y = data.gather(train_ids[positions])  # positions on the device already: no copy per step
             loss = direction_loss(model(x), y, pos_weight)  # BCE on the logit: the model has no sigmoid
@@ -97,6 +99,7 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
+            step_seconds += time.perf_counter() - stepping
             step += 1
             window_loss += loss.detach() * count
             window_count += count
@@ -128,4 +131,4 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
         results = run.finish(summary, evaluate=evaluate)
     for handler in list(run.log.handlers):  # the next symbol's run opens its own training.log
         handler.close()
-    return SymbolOutcome(run.reason, run.signal_name, run.step, results)
+    return SymbolOutcome(run.reason, run.signal_name, run.step, results, step_seconds)

@@ -60,6 +60,7 @@ class SymbolOutcome:
     signal: str | None
     steps: int
     results: dict | None
+    step_seconds: float = 0.0  # host time in its training steps (in a cohort: its share of the stacked steps)
 
 
 class Worker:
@@ -184,7 +185,7 @@ def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, 
                         outcome.reason.name.lower())
         return outcome
     marker = _marker(worker, symbol, "ok", attempt, started, steps=outcome.steps,
-                     stop_reason=outcome.reason.name.lower())
+                     stop_reason=outcome.reason.name.lower(), step_seconds=outcome.step_seconds)
     if cfg.export:
         try:
             info = export_symbol(folder)
