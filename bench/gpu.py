@@ -167,9 +167,10 @@ def build_steps(s: Setup) -> list[Step]:
     # The LSTM job's cohorts (trainers.lstm.cohort): 64 symbols one at a time and in cohorts, then 500 in
     # cohorts only (one at a time they would take most of the session). Not named *lstm*gpu*: the plan
     # reads those as the LSTM's measured MFU.
-    cohort_args = (["--symbols", "2", "--cohorts", "auto", "--epochs", "1", "--device", s.device] if s.dry else
+    plan_gpu = ["--plan-gpu", s.gpu_key] if s.gpu_key else []  # the plan's job time beside each job's
+    cohort_args = (["--symbols", "2", "--cohorts", "auto", "--epochs", "1", "--device", s.device, *plan_gpu] if s.dry else
                    ["--symbols", "64,500", "--cohorts", "auto", "--baseline-max", "64", "--shape", "default",
-                    "--epochs", "5", "--device", "auto", "--keep", out("lstm_cohort_jobs")])
+                    "--epochs", "5", "--device", "auto", "--keep", out("lstm_cohort_jobs"), *plan_gpu])
     steps.append(Step("lstm_cohort", "the LSTM job in cohorts vs one symbol at a time (64 symbols; 500 in cohorts)",
                       [_script(s, "lstm_pack.py", *cohort_args, "--out", out("cohort_packing_gpu.json"))],
                       "cohort_packing_gpu.json", 120 if s.dry else 540, 210))  # the H100's: ~190 s (21fae23)

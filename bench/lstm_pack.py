@@ -178,8 +178,19 @@ def step_benchmark(groups: int, steps: int, threads: int) -> dict:
             "model_steps_per_s_grouped": groups * steps / stacked, "grouped_speedup": sequential / stacked}
 
 
+def planned_job_s(symbols: int, shape: list[str], gpu: str) -> float:
+    """`trainers plan`'s wall time for the job of `symbols` synthetic symbols with these train options."""
+    options = [a for a in shape if a not in ("--no-export",)]
+    options = [a for i, a in enumerate(options) if a != "--device" and (i == 0 or options[i - 1] != "--device")]
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "trainers", "plan", "--trainer", "lstm", *options, "--synthetic-tickers",
+                        str(symbols), "--gpus", "1", "--gpu", gpu, "--json", f"{tmp}/plan.json"], check=True,
+                       capture_output=True, text=True)
+        return json.loads(Path(f"{tmp}/plan.json").read_text())["time"]["hours"] * 3600
+
+
 def cohort_benchmark(counts: list[int], cohorts: list[str], out: str | None, device: str, shape: list[str],
-                     baseline_max: int | None, keep: Path | None = None) -> int:
+                     baseline_max: int | None, keep: Path | None = None, plan_gpu: str | None = None) -> int:
     """Part 3: the same job one symbol at a time and in cohorts (`auto`: the job's own choice); the
     figures the job itself records. One symbol at a time is skipped past `baseline_max` symbols."""
     rows = []
@@ -195,6 +206,10 @@ def cohort_benchmark(counts: list[int], cohorts: list[str], out: str | None, dev
                 row["cohort"] = k
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    if plan_gpu:  # what `trainers plan` predicts for each job (one symbol at a time: it models no cohorts)
+        for row in rows:
+            row["plan_job_s"] = planned_job_s(row["symbols"], shape, plan_gpu)
+            row["job_wall_over_plan"] = row["job_wall_s"] / row["plan_job_s"]
     by = {(r["symbols"], r["cohort"]): r for r in rows}
     ratio = {f"{n} symbols, cohort {k}": by[(n, k)]["job_wall_s"] / by[(n, "1")]["job_wall_s"]
              for n in counts for k in cohorts if (n, "1") in by}
@@ -220,6 +235,8 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=None, help="part 3: epochs per symbol (default: the shape's)")
     p.add_argument("--baseline-max", type=int, default=None,
                    help="part 3: run --cohort 1 only up to this many symbols (it is the slow one)")
+    p.add_argument("--plan-gpu", default=None, metavar="KEY",
+                   help="part 3: beside each job, `trainers plan --gpu KEY`'s prediction of its wall time")
     p.add_argument("--keep", default=None, metavar="DIR",
                    help="part 3: copy each job's results.json and training.log into DIR (the run folders are deleted)")
     args = p.parse_args()
@@ -229,7 +246,8 @@ def main() -> int:
         if args.epochs is not None:
             shape = [*shape, "--epochs", str(args.epochs)]  # (the last --epochs given wins)
         return cohort_benchmark([int(n) for n in args.symbols.split(",")], args.cohorts.split(","), args.out,
-                                args.device, shape, args.baseline_max, Path(args.keep) if args.keep else None)
+                                args.device, shape, args.baseline_max, Path(args.keep) if args.keep else None,
+                                args.plan_gpu)
     if args.steps_only:
         record = {"benchmark": "lstm_step", "device": "cpu", "load_average_1_5_15_start": os.getloadavg(),
                   "training_step": [step_benchmark(g, 10, 1) for g in (3, 16, 64)],

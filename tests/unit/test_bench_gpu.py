@@ -114,6 +114,7 @@ def test_the_dry_runs_figures_are_real_runs(dry):
     packing = read("cohort_packing_gpu.json")  # the LSTM job one symbol at a time, then in cohorts (auto)
     assert [(j["symbols"], j["cohort"], j["largest_cohort"]) for j in packing["jobs"]] == [(2, "1", 1), (2, "auto", 2)]
     assert packing["job_wall_ratio_cohort_vs_one_at_a_time"]["2 symbols, cohort auto"] > 0
+    assert all(j["plan_job_s"] > 0 and j["job_wall_over_plan"] > 0 for j in packing["jobs"])  # the plan beside each
     predictions = read("gpu_plan.json")["predictions"]
     for figure in ("forecast tiny", "gpt d1 fsdp", *(f"run {t}" for t in ("forecast", "gnn", "gpt", "lstm", "ppo"))):
         p = predictions[figure]

@@ -283,3 +283,21 @@ def test_the_gnns_per_node_estimate_holds_on_other_graphs_and_the_datasets_own_c
     on_disk = load_workload("gnn", ["--data-dir", str(tmp_path / "g"), "--epochs", "3"])
     meta = json.loads((tmp_path / "g" / "metadata.json").read_text())["splits"]["train"]
     assert on_disk.items_total == 3 * meta["nodes"] and "ASSUMED" not in " ".join(on_disk.notes)
+
+
+def test_the_lstm_jobs_time_counts_each_symbols_run_outside_its_steps():
+    """The per-symbol LSTM job is bound by each symbol's own run (its folder, evaluations, checkpoints,
+    results), not its steps: the plan adds SYMBOL_RUN_S a symbol, shared by the workers, and counts the
+    synthetic symbols the job would train (it counted the seed's 3 whatever --synthetic-tickers said)."""
+    from trainers.lstm.size import SYMBOL_RUN_S
+
+    h100 = DEVICES["h100-sxm"]
+    for symbols in (10, 500):
+        w = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", str(symbols)])
+        assert w.shape["symbols"] == symbols and w.outside_steps_s == pytest.approx(symbols * SYMBOL_RUN_S)
+        for gpus in (1, 4):
+            t = plan(w, h100, gpus).time
+            assert t["outside_steps_s"] == pytest.approx(symbols * SYMBOL_RUN_S / gpus)
+            assert t["hours"] * 3600 == pytest.approx(w.items_total / t["items_per_s"] + t["outside_steps_s"])
+    bought = plan(load_workload("lstm", ["--synthetic-tickers", "500"]), h100, 1, hours=0.1).time
+    assert bought["items"] == pytest.approx(bought["items_per_s"] * (360 - 500 * SYMBOL_RUN_S))

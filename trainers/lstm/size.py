@@ -9,6 +9,10 @@ from trainers.ops.plan import Workload, forward_flops, saved_bytes_per_item
 
 DEFAULT_SYMBOLS = 3  # the seed's BTC-USD, ETH-USD, SOL-USD when none are named
 SMALL_STEP_S = 0.003  # an eager step of a small model on a GPU: launches and Python, not FLOPs (assumed)
+# A symbol's own run outside its steps (folder and lock, evaluations and checkpoints, the final evaluation
+# and baselines, results): on the H100 (bench/results/gpu_h100/lstm_cohort_h100.json, 21fae23) 500 symbols
+# one at a time took 127.4 s of job time, 0.255 s a symbol, of which its 30 steps at SMALL_STEP_S are 0.09 s.
+SYMBOL_RUN_S = 0.165
 
 
 def workload(cfg: LstmConfig) -> Workload:
@@ -21,7 +25,8 @@ def workload(cfg: LstmConfig) -> Workload:
     per_sample = saved_bytes_per_item(model, lambda b: (torch.randn(b, cfg.window, n_in),))
     flops = 3 * forward_flops(model, (torch.randn(1, cfg.window, n_in),))
     parameters = sum(p.numel() for p in model.parameters())
-    symbols = len(cfg.symbols.split(",")) if cfg.symbols else DEFAULT_SYMBOLS
+    symbols = (len(cfg.symbols.split(",")) if cfg.symbols else cfg.synthetic_tickers if cfg.source == "synthetic"
+               else DEFAULT_SYMBOLS)
     days = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * 365)
     samples = int(days * (1 - cfg.val_frac - cfg.test_frac)) * symbols * cfg.epochs
     k = max(1, cfg.jobs_per_gpu or 1)
@@ -30,9 +35,11 @@ def workload(cfg: LstmConfig) -> Workload:
         items_per_micro=cfg.batch_size, grad_accum=1, flops_per_item=flops,
         activation_bytes=lambda micro, _ck: int(per_sample * micro), kind="small", strategies=("ddp",),
         items_total=float(samples), jobs_per_gpu=k, independent=True, min_step_s=SMALL_STEP_S,
+        outside_steps_s=symbols * SYMBOL_RUN_S,
         shape={"hidden": cfg.hidden, "layers": cfg.layers, "window": cfg.window, "symbols": symbols},
         notes=[f"{symbols} independent models, {k} at a time per GPU (no gradient traffic between them); about "
-               f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs)"])
+               f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs); {SYMBOL_RUN_S} s a symbol "
+               f"outside its steps (measured one symbol at a time on an H100; cohorts are not modelled)"])
 
 
 MAX_AUTO_COHORT = 256  # past this a step's kernels are already wide; more only delays each symbol's first result

@@ -52,6 +52,8 @@ class Workload:
     jobs_per_gpu: int = 1  # independent jobs (processes) sharing one GPU, each with its own model
     independent: bool = False  # the GPUs run separate jobs: no gradient traffic between them
     min_step_s: float = 0.0  # a floor on the step time (small models are bound by launches, not FLOPs)
+    outside_steps_s: float = 0.0  # the job's time outside its steps, one worker's worth of it all (the LSTM's
+    #                               per-symbol runs: folder, evaluations, checkpoints, results), shared by the workers
     global_batch_items: int | None = None  # a global batch fixed in items (the GPT's tokens): accumulation follows
     memory_fn: Callable[[str, int, int], dict] | None = None  # the trainer's own estimate (the GPT's size.py)
 
@@ -196,13 +198,16 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
         if not usd_per_gpu_hour:
             raise UsageError("--budget-usd needs --usd-per-gpu-hour > 0 to turn money into hours")
         hours = budget_usd / (usd_per_gpu_hour * gpus)
+    outside = w.outside_steps_s / (gpus * w.jobs_per_gpu)  # wall seconds of it: the workers share it
+    if outside:
+        timing["outside_steps_s"] = outside
     if hours is not None:
         timing["hours"] = hours
-        timing["items"] = t["items_per_s"] * hours * 3600
+        timing["items"] = t["items_per_s"] * max(hours * 3600 - outside, 0.0)
         timing["steps"] = timing["items"] / t["items_per_step"]
     elif total_items:
         timing["items"] = total_items
-        timing["hours"] = total_items / t["items_per_s"] / 3600
+        timing["hours"] = (total_items / t["items_per_s"] + outside) / 3600
         timing["steps"] = total_items / t["items_per_step"]
     if "hours" in timing:
         money["device_hours"] = timing["hours"] * gpus
@@ -275,6 +280,9 @@ def format_plan(p: Plan, w: Workload) -> str:
         lines.append(f"job: {t['items']:,.4g} {w.unit} = {t['steps']:,.0f} steps in {duration(t['hours'])} = "
                      f"{p.money['device_hours']:,.1f} device-hours" + (f" = ${usd:,.2f}" if usd is not None else
                                                                         " (give --usd-per-gpu-hour for the cost)"))
+        if t.get("outside_steps_s"):
+            lines.append(f"  of which {t['outside_steps_s']:,.0f} s outside the training steps (per-run set-up, "
+                         f"evaluations, checkpoints, results)")
     for a in p.assumptions:
         lines.append(f"  note: {a}")
     return "\n".join(lines)
