@@ -106,6 +106,10 @@ class PpoConfig(RunOptions):
                             choices=PRECISIONS)
     patience: int = option(0, "unused by PPO (agents are chosen on validation, not stopped early)", resume_safe=True,
                            min=0)
+    compile_rollout: str = option("off", "the rollout's step (policy sample, environments, episode sums) compiled as "
+                                  "one graph (on) and captured as a CUDA graph too (graphs: reduce-overhead; on a "
+                                  "CPU the same as on); off until a GPU has measured it", resume_safe=True,
+                                  choices=("off", "on", "graphs"))
 
     def validate(self) -> None:
         self.validate_run_options()

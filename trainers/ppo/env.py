@@ -155,26 +155,29 @@ class VecPortfolioEnv:
             if state[name].shape != getattr(self, name).shape:
                 raise ValueError(f"environment state {name} has shape {tuple(state[name].shape)}, "
                                  f"expected {tuple(getattr(self, name).shape)}")
-            setattr(self, name, state[name].to(self.market.device))
+        for name in self._STATE:  # into the same tensors (a captured step reads them where they are)
+            getattr(self, name).copy_(state[name])
 
     # ---- episodes ------------------------------------------------------------------------------
     def draw_starts(self, mask: torch.Tensor) -> torch.Tensor:
         """A start date per environment; the streams of the environments in `mask` advance, so each
         stream's draws depend on its own resets only."""
         u = uniform_u32(self.key, self.counter)
-        self.counter = self.counter + mask.long()
+        self.counter.add_(mask.long())
         return self.first_start + (u * self.n_starts >> 32)
 
+    # Every state tensor is updated in place, never rebound: a step compiled and captured as a CUDA graph
+    # (ppo.collect's compiled step) reads and writes them at fixed addresses (tests/ppo/test_ppo_rollout.py).
     def _reset(self, mask: torch.Tensor) -> None:
         starts = self.draw_starts(mask)
-        self.t = torch.where(mask, starts, self.t)
-        self.steps = torch.where(mask, 0, self.steps)
-        self.cash = torch.where(mask, self.spec.initial_cash, self.cash)
-        self.shares = torch.where(mask[:, None], 0.0, self.shares)
-        self.start_value = torch.where(mask, self.spec.initial_cash, self.start_value)
-        self.ep_reward = torch.where(mask, 0.0, self.ep_reward)
-        self.ep_cost = torch.where(mask, 0.0, self.ep_cost)
-        self.ep_trades = torch.where(mask, 0, self.ep_trades)
+        self.t.copy_(torch.where(mask, starts, self.t))
+        self.steps.masked_fill_(mask, 0)
+        self.cash.masked_fill_(mask, self.spec.initial_cash)
+        self.shares.masked_fill_(mask[:, None], 0.0)
+        self.start_value.masked_fill_(mask, self.spec.initial_cash)
+        self.ep_reward.masked_fill_(mask, 0.0)
+        self.ep_cost.masked_fill_(mask, 0.0)
+        self.ep_trades.masked_fill_(mask, 0)
 
     def observe(self) -> tuple[torch.Tensor, torch.Tensor]:
         price = self.market.close[self.t]
@@ -209,8 +212,8 @@ class VecPortfolioEnv:
             buys = torch.floor(buys)
         sold, bought = (sells * price).sum(-1), (buys * price).sum(-1)
         # max(.., 0): a scaled buy can overshoot the cash by a rounding error (~1e-10 of a dollar)
-        self.cash = (cash_after_sells - bought * (1.0 + self.cost)).clamp(min=0.0)
-        self.shares = self.shares - sells + buys
+        self.cash.copy_((cash_after_sells - bought * (1.0 + self.cost)).clamp(min=0.0))
+        self.shares.copy_(self.shares - sells + buys)
         trades = (sells > 0).sum(-1) + (buys > 0).sum(-1)
         cost = (sold + bought) * self.cost
         return {"value_before": value_before, "cost": cost, "trades": trades, "traded_value": sold + bought}
@@ -219,16 +222,16 @@ class VecPortfolioEnv:
         """Trade, move one day, reward; reset finished environments. Returns (obs, reward [B] float32,
         done [B] bool, info). info["episode"] holds the finished episodes' statistics (done mask)."""
         filled = self.trade(action)
-        self.t = self.t + 1
+        self.t.add_(1)
         value_after = self.value()
         if self.spec.reward == "pnl":
             reward = (value_after - filled["value_before"]) * self.spec.reward_scale
         else:
             reward = torch.log(value_after / filled["value_before"])
-        self.steps = self.steps + 1
-        self.ep_reward = self.ep_reward + reward
-        self.ep_cost = self.ep_cost + filled["cost"]
-        self.ep_trades = self.ep_trades + filled["trades"]
+        self.steps.add_(1)
+        self.ep_reward.add_(reward)
+        self.ep_cost.add_(filled["cost"])
+        self.ep_trades.add_(filled["trades"])
         done = self.steps >= self.spec.episode_days
         info = {"value": value_after, **filled,
                 "episode": {"done": done, "reward": self.ep_reward.clone(), "cost": self.ep_cost.clone(),

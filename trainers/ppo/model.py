@@ -134,6 +134,16 @@ class SquashedGaussianPolicy(nn.Module):
     def act(self, *inputs, generator: torch.Generator | None = None):
         mean, log_std, value = self._dist(inputs)
         noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        return self._sampled(mean, log_std, value, noise)
+
+    @torch.no_grad()
+    def sample(self, *inputs, noise: torch.Tensor):
+        """act() with its standard normal draw given (the same draw act() would make from its generator):
+        a pure function of tensors, which a compiled rollout step can capture."""
+        return self._sampled(*self._dist(inputs), noise)
+
+    @staticmethod
+    def _sampled(mean, log_std, value, noise):
         u = mean + log_std.exp() * noise
         log_prob = gaussian_log_prob(u, mean, log_std) - squash_correction(u)
         return u, torch.tanh(u), log_prob, value

@@ -63,6 +63,10 @@ class NormStats:
             s[1] += flat.sum(0)
             s[2] += (flat * flat).sum(0)
 
+    def reset(self) -> None:  # in place: one NormStats serves a phase's updates (a compiled step holds it)
+        for s in self.sums:
+            s.zero_()
+
     def merge_into(self, norms: torch.nn.ModuleList, ctx: DistContext) -> None:
         """One collective: every rank folds in every rank's rollout."""
         packed = torch.cat([s.flatten() for s in self.sums])
@@ -91,26 +95,63 @@ class Rollout:
         self.steps, self.num_envs = steps, n
 
 
+def rollout_step(env, policy, norms, inputs: Callable, obs: tuple, noise: torch.Tensor, precision: Precision,
+                 device: torch.device, on_step: Callable | None, stats: NormStats | None):
+    """One step of every environment as a function of tensors: the policy's sample from its normal draw
+    `noise`, the environments' step (their state updated in place), the episode and normaliser sums (in
+    place). No host read, no Python branch on a tensor's value: it compiles as one graph (fullgraph) and
+    can be captured as a CUDA graph (`--compile-rollout`)."""
+    raw = inputs(obs)
+    if stats is not None:
+        stats.add(raw)
+    with autocast(device, precision):
+        u, env_action, log_prob, value = policy.sample(*normalise(norms, raw), noise=noise)
+    obs, reward, done, info = env.step(env_action)
+    if on_step is not None:
+        on_step(info)
+    return obs, reward, done, u, log_prob, value
+
+
 def collect(env, policy, norms, inputs: Callable, buf: Rollout, obs: tuple, done: torch.Tensor,
             generator: torch.Generator, precision: Precision, device: torch.device,
-            on_step: Callable | None = None, stats: NormStats | None = None):
-    """Fill `buf` with T steps from (obs, done); returns the observation and done flags after them."""
+            on_step: Callable | None = None, stats: NormStats | None = None, step: Callable = rollout_step):
+    """Fill `buf` with T steps from (obs, done); returns the observation and done flags after them.
+    `step`: rollout_step, or it compiled (the same draws: each step's noise comes from `generator` here)."""
     policy.eval()
     for i in range(buf.steps):
         for store, o in zip(buf.obs, obs):
             store[i] = o
         buf.dones[i] = done.float()
-        raw = inputs(obs)
-        if stats is not None:
-            stats.add(raw)
-        with autocast(device, precision):
-            u, env_action, log_prob, value = policy.act(*normalise(norms, raw), generator=generator)
-        obs, reward, done, info = env.step(env_action)
+        if not hasattr(policy, "sample"):  # a categorical policy samples with the generator itself (eager)
+            raw = inputs(obs)
+            if stats is not None:
+                stats.add(raw)
+            with autocast(device, precision):
+                u, env_action, log_prob, value = policy.act(*normalise(norms, raw), generator=generator)
+            obs, reward, done, info = env.step(env_action)
+            if on_step is not None:
+                on_step(info)
+        else:  # act()'s very draw, made here: the step itself is a pure function of tensors
+            noise = torch.randn(buf.actions.shape[1:], generator=generator, device=device, dtype=torch.float32)
+            obs, reward, done, u, log_prob, value = step(env, policy, norms, inputs, obs, noise, precision, device,
+                                                         on_step, stats)
         buf.actions[i], buf.log_probs[i], buf.values[i], buf.rewards[i] = u, log_prob, value, reward
-        if on_step is not None:
-            on_step(info)
     policy.train()
     return obs, done
+
+
+def compiled_rollout_step(mode: str) -> Callable:
+    """rollout_step compiled as one graph (`on`), or captured as a CUDA graph too (`graphs`:
+    mode="reduce-overhead"; on a CPU it compiles as `on`). Dynamo traces nn.LSTM (the CLSTM's cells) only
+    with its allow_rnn switch (torch 2.13: "experimental"), turned on around the compiled call alone."""
+    import torch._dynamo
+
+    compiled = torch.compile(rollout_step, fullgraph=True, mode="reduce-overhead" if mode == "graphs" else None)
+
+    def step(*args):
+        with torch._dynamo.config.patch(allow_rnn=True):
+            return compiled(*args)
+    return step
 
 
 @torch.no_grad()

@@ -64,6 +64,10 @@ class Phase:
             self.done = position["done"].to(ctx.device)
             self.window = position["window"].to(ctx.device)
         self.obs = self.env.observe()
+        # one for the phase, zeroed after each update's merge: a compiled step keeps reading the same tensors
+        self.stats = ppo.NormStats(agent.norms, ctx.device) if agent.norms is not None else None
+        self.step = ppo.compiled_rollout_step(cfg.compile_rollout) if cfg.compile_rollout != "off" else \
+            ppo.rollout_step
         # not a static graph: an update may stop early on the KL target, mid-epoch of the graph's life
         self.train_policy = wrap_ddp(agent.policy, ctx, accumulates=cfg.grad_accum > 1, static_graph=False) \
             if ctx.distributed else agent.policy
@@ -174,10 +178,10 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                               start.position if phase is None else None)
                 buf = ppo.Rollout(cfg.rollout_steps, phase.obs, (data.n_stocks,), torch.float32, ctx.device)
             lr = ppo.anneal_lr(agent.optimizer, cfg.lr, u, updates) if cfg.anneal_lr else cfg.lr
-            stats = ppo.NormStats(agent.norms, ctx.device) if agent.norms is not None else None
+            stats = phase.stats
             phase.obs, phase.done = ppo.collect(phase.env, agent.policy, agent.norms, inputs, buf, phase.obs,
                                                 phase.done, phase.generator, precision, ctx.device,
-                                                on_step=phase.record, stats=stats)
+                                                on_step=phase.record, stats=stats, step=phase.step)
             with torch.no_grad():
                 next_value = agent.policy(*ppo.normalise(agent.norms, inputs(phase.obs)),
                                           torch.zeros(cfg.num_envs, data.n_stocks, device=ctx.device))[2]
@@ -186,6 +190,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                                       buf, adv, returns, s, phase.generator, ctx, precision)
             if stats is not None:
                 stats.merge_into(agent.norms, ctx)  # after the update: it trained on the statistics it acted with
+                stats.reset()
             step += 1
             u += 1
             agent.updates_done = u
