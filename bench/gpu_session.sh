@@ -4,10 +4,10 @@
 #   bash bench/gpu_session.sh 1 OUT_DIR   # ~8 min: the plan's predictions; the forecaster's real loop at the
 #                                         # deploy's default preset (151m); PPO at its GPU-sized defaults;
 #                                         # the LSTM job in cohorts vs one symbol at a time (64; 500 in cohorts)
-#   bash bench/gpu_session.sh 2 OUT_DIR   # ~5 min: the forecaster's whole deploy on the GPU (preflight,
+#   bash bench/gpu_session.sh 2 OUT_DIR   # ~7 min: the forecaster's whole deploy on the GPU (preflight,
 #                                         # install, check, train, ONNX export with onnxruntime parity, package)
 #                                         # on synthetic data, small preset, 30 s budget; the GNN's (compiled)
-#                                         # and the LSTM job's real loops
+#                                         # and the LSTM job's real loops; PPO with its rollout step captured
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
@@ -35,6 +35,12 @@ else
       -size -4M -exec cp --parents {} bench \;)
   fi
   bench --only run_gnn,run_lstm --total-min 2
+  # PPO's rollout step captured as a CUDA graph (--compile-rollout graphs, off by default until measured): the
+  # run_ppo step's job, its results.json beside run_ppo_gpu.json (per_s_steady under training.throughput)
+  timeout -k 10 150 python3 -m torch.distributed.run --standalone --nproc_per_node=1 -m trainers ppo train \
+    --run-dir "$out/ppo_graphs" --total-steps 1048576 --no-baseline-mlp --log-every 1 --eval-every 4 \
+    --compile-rollout graphs >"$out/bench/ppo_graphs.log" 2>&1 || { echo "ppo --compile-rollout graphs failed: exit $?"; status=1; }
+  cp "$out/ppo_graphs/results.json" "$out/bench/ppo_graphs_results.json" 2>/dev/null || true
 fi
 tar -C "$out" -czf "$out/gpu_session.tar.gz" bench
 exit "$status"
