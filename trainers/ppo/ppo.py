@@ -95,17 +95,21 @@ class Rollout:
         self.steps, self.num_envs = steps, n
 
 
-def rollout_step(env, policy, norms, inputs: Callable, obs: tuple, noise: torch.Tensor, precision: Precision,
-                 device: torch.device, on_step: Callable | None, stats: NormStats | None):
-    """One step of every environment as a function of tensors: the policy's sample from its normal draw
-    `noise`, the environments' step (their state updated in place), the episode and normaliser sums (in
-    place). No host read, no Python branch on a tensor's value: it compiles as one graph (fullgraph) and
-    can be captured as a CUDA graph (`--compile-rollout`)."""
+def rollout_step(env, policy, norms, inputs: Callable, obs: tuple, noise: torch.Tensor | None, precision: Precision,
+                 device: torch.device, on_step: Callable | None, stats: NormStats | None,
+                 generator: torch.Generator | None = None):
+    """One step of every environment. With `noise` (a Gaussian policy's standard normal draw, made by the
+    caller) it is a function of tensors: the policy's sample, the environments' step (their state updated in
+    place), the episode and normaliser sums (in place); no host read, no Python branch on a tensor's value:
+    it compiles as one graph (fullgraph) and can be captured as a CUDA graph (`--compile-rollout`). Without
+    (a categorical policy, CartPole's), the policy draws from `generator` itself, eagerly."""
     raw = inputs(obs)
     if stats is not None:
         stats.add(raw)
     with autocast(device, precision):
-        u, env_action, log_prob, value = policy.sample(*normalise(norms, raw), noise=noise)
+        normalised = normalise(norms, raw)
+        u, env_action, log_prob, value = policy.act(*normalised, generator=generator) if noise is None else \
+            policy.sample(*normalised, noise=noise)
     obs, reward, done, info = env.step(env_action)
     if on_step is not None:
         on_step(info)
@@ -116,25 +120,18 @@ def collect(env, policy, norms, inputs: Callable, buf: Rollout, obs: tuple, done
             generator: torch.Generator, precision: Precision, device: torch.device,
             on_step: Callable | None = None, stats: NormStats | None = None, step: Callable = rollout_step):
     """Fill `buf` with T steps from (obs, done); returns the observation and done flags after them.
-    `step`: rollout_step, or it compiled (the same draws: each step's noise comes from `generator` here)."""
+    `step`: rollout_step, or it compiled (the same draws: each step's noise comes from `generator` here,
+    the very draw act() makes after the policy's forward, which uses no generator)."""
     policy.eval()
+    gaussian = hasattr(policy, "sample")
     for i in range(buf.steps):
         for store, o in zip(buf.obs, obs):
             store[i] = o
         buf.dones[i] = done.float()
-        if not hasattr(policy, "sample"):  # a categorical policy samples with the generator itself (eager)
-            raw = inputs(obs)
-            if stats is not None:
-                stats.add(raw)
-            with autocast(device, precision):
-                u, env_action, log_prob, value = policy.act(*normalise(norms, raw), generator=generator)
-            obs, reward, done, info = env.step(env_action)
-            if on_step is not None:
-                on_step(info)
-        else:  # act()'s very draw, made here: the step itself is a pure function of tensors
-            noise = torch.randn(buf.actions.shape[1:], generator=generator, device=device, dtype=torch.float32)
-            obs, reward, done, u, log_prob, value = step(env, policy, norms, inputs, obs, noise, precision, device,
-                                                         on_step, stats)
+        noise = torch.randn(buf.actions.shape[1:], generator=generator, device=device, dtype=torch.float32) \
+            if gaussian else None
+        obs, reward, done, u, log_prob, value = step(env, policy, norms, inputs, obs, noise, precision, device,
+                                                     on_step, stats, None if gaussian else generator)
         buf.actions[i], buf.log_probs[i], buf.values[i], buf.rewards[i] = u, log_prob, value, reward
     policy.train()
     return obs, done
