@@ -140,10 +140,10 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{PPO_GUARDS}::test_training_rollouts_show_each_environment_the_window_ending_at_its_own_date",),
            "training rollouts show the agent tomorrow's row"),
     Mutant("ppo_reward_earns_the_seen_return", "PPO", "trainers/ppo/env.py",
-           (("        filled = self.trade(action)\n        self.t = self.t + 1\n        value_after = self.value()\n",
+           (("        filled = self.trade(action)\n        self.t.add_(1)\n        value_after = self.value()\n",
              "        filled = self.trade(action)\n        value_after = self.value()\n"
              "        filled[\"value_before\"] = self.cash + (self.shares * self.market.close[self.t - 1]).sum(-1)\n"
-             "        self.t = self.t + 1\n"),),
+             "        self.t.add_(1)\n"),),
            (f"{PPO_ENV}::test_environment_equals_the_numpy_reference_over_random_actions[trades-pnl-10.0]",),
            "the reward is the new holdings' move from close t-1 to close t, already seen"),
     # ---- LSTM -----------------------------------------------------------------------------------
