@@ -210,7 +210,7 @@ def trainer_runs(s: Setup) -> list[Step]:
     g_data = ["--train", "32", "--val", "8", "--max-nodes", "50"] if dry else ["--train", "1000", "--val", "32"]
     g_shape = (["--epochs", "2", "--nodes-per-batch", "150", "--hidden", "16", "--layers", "2"] if dry else
                ["--epochs", "3"])
-    g_loop = (["--search-iters", "200", "--log-every", "2"] if dry else
+    g_loop = (["--search-iters", "200", "--log-every", "2", "--no-compile"] if dry else  # (as the forecaster's)
               ["--search-iters", "2000", "--search-seconds", "0.2", "--log-every", "10"])
 
     if dry:
