@@ -29,9 +29,9 @@ class GnnConfig(RunOptions):
                                                "(each graph once per epoch across ranks; default: 4096 on a CPU, on "
                                                "a GPU up to 65536 as its memory and 16 steps an epoch allow: "
                                                "gnn/size.py)", min=1)
-    compile: bool | None = option(None, "torch.compile the model for the train step, its batches padded to a few "
-                                        "bucketed shapes (never one compile per batch); default: on with CUDA, off "
-                                        "on CPU", resume_safe=True)
+    compile: bool | None = option(None, "torch.compile the model for the train step, every batch padded to the "
+                                        "run's largest step (one compile a run, never one per batch); default: on "
+                                        "with CUDA, off on CPU", resume_safe=True)
     lr: float = option(3e-3, "AdamW learning rate", gt=0)
     weight_decay: float = option(0.0, "AdamW weight decay", min=0)
     grad_clip: float = option(1.0, "clip the gradient norm (0: off)", min=0)

@@ -267,8 +267,9 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
         clip_per_model(list(cohort.model.parameters()), cfg.grad_clip, training)
         cohort.optimizer.step(training)
         stepped = [m for m in stack if not m.done]
+        share = (time.perf_counter() - stepping) / len(stepped)
         for m in stepped:
-            m.step_seconds += (time.perf_counter() - stepping) / len(stepped)
+            m.step_seconds += share
         due = []
         for m in stepped:
             _guarded(m, cohort, lambda m=m: _after_step(m, losses[cohort.row(m)].detach(), worker, attempt, due))

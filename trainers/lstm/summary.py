@@ -101,10 +101,9 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
     counts = count_states(rows)
     wall = max(time.time() - attempt["started_at"], 1e-9)
     elapsed = attempt["elapsed_before_s"] + wall
-    this_attempt = [r["seconds"] for r in rows.values() if r["attempt_token"] == attempt["token"] and r["seconds"]]
-    job_seconds = float(sum(this_attempt))
-    step_seconds = float(sum(r.get("step_seconds") or 0.0 for r in rows.values()
-                             if r["attempt_token"] == attempt["token"] and r["seconds"]))
+    this_attempt = [r for r in rows.values() if r["attempt_token"] == attempt["token"] and r["seconds"]]
+    job_seconds = float(sum(r["seconds"] for r in this_attempt))
+    step_seconds = float(sum(r.get("step_seconds") or 0.0 for r in this_attempt))
     if stop and stop.get("reason") in STOPPED:
         reason = stop["reason"]
     elif counts["ok"] + counts["failed"] == len(rows):

@@ -90,5 +90,6 @@ def compile_default(setting: bool | None, device: torch.device, rehearse: bool =
     return gpu_like(device, rehearse) if setting is None else setting
 
 
-def maybe_compile(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
-    return torch.compile(model) if enabled else model
+def maybe_compile(model: torch.nn.Module, enabled: bool, dynamic: bool | None = None) -> torch.nn.Module:
+    """`dynamic=False`: static shapes only (a step padded to one shape, CUDA-graph ready); None: torch's default."""
+    return torch.compile(model, dynamic=dynamic) if enabled else model
