@@ -132,12 +132,18 @@ def test_killing_torchruns_agent_still_leaves_the_summary_of_what_finished(tmp_p
     and rank 0 summarises what is on disk."""
     run_dir = tmp_path / "job"
     agent = subprocess.Popen(torchrun_cmd(["lstm", "train", *TINY, "--synthetic-tickers", "6", "--epochs", "15",
-                                           "--run-dir", str(run_dir)]),
+                                           "--patience", "0", "--run-dir", str(run_dir)]),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=quiet_env())
-    def one_done_one_training() -> bool:  # killed while a symbol is mid-training (not between two of them)
+    def last_step(folder) -> int:
+        return max((int(m.stem.split("_")[1]) for m in folder.glob("checkpoints/meta_*.json")), default=0)
+
+    def one_done_one_training() -> bool:
+        """Killed while a symbol is early in its training, not about to end it: with no early stop every
+        symbol runs the same number of steps, so one under half a finished symbol's has many left."""
         folders = [p for p in run_dir.glob("symbols/*") if p.is_dir()]
-        return any((p / "done.json").exists() for p in folders) and \
-            any(list(p.glob("checkpoints/meta_*.json")) and not (p / "done.json").exists() for p in folders)
+        finished = [last_step(p) for p in folders if (p / "done.json").exists()]
+        return bool(finished) and any(0 < last_step(p) < min(finished) // 2 and not (p / "done.json").exists()
+                                      for p in folders)
     wait_for(one_done_one_training, 120, agent)
     agent.kill()
     agent.wait()
