@@ -148,6 +148,23 @@ def test_lstm_evaluate_symbol_syncs_a_fixed_few_times_whatever_the_batch_count(a
     assert_no_sync_per_batch(few, many)
 
 
+
+def test_lstm_cohort_final_evaluation_syncs_a_fixed_few_times_whatever_the_batch_count(acc):
+    """A cohort's members ending together are evaluated in one series of stacked passes: their logits
+    stay on the device until one read, however many passes the longest member's windows take."""
+    from trainers.lstm.cohort import Cohort, Member, evaluation_logits
+    from trainers.lstm.config import LstmConfig
+    from trainers.lstm.features import build_symbol_data
+    from trainers.lstm.job import prepare_job, symbol_config
+
+    cfg = LstmConfig(synthetic_tickers=3, synthetic_days=700, window=16, hidden=8, layers=2)
+    plan = prepare_job(cfg, log=lambda _msg: None)
+    members = [Member(symbol_config(cfg, s), build_symbol_data(plan.bars[s], cfg, plan.timeframes).to(acc.device), 10)
+               for s in plan.symbols]
+    cohort = Cohort(members, cfg, acc.device)
+    few, many = (counted(acc, cohort.model, lambda b=b: evaluation_logits(cohort, members, b)) for b in (256, 32))
+    assert_no_sync_per_batch(few, many)
+
 # ---- ppo -----------------------------------------------------------------------------------------
 def ppo_on_device(acc):
     """The agent's market and an untrained agent on the device, as evaluate_run builds them (the sizes of

@@ -159,6 +159,54 @@ def assert_same_training(a: dict, b: dict, tol: float = 1e-4) -> None:
             assert ea[key] == pytest.approx(eb[key], abs=tol), (split, key)
 
 
+def test_members_ending_together_are_evaluated_together_each_with_its_own_outcome(tmp_path):
+    """The final evaluation of members that end at one step runs their models together: each member's
+    figures equal evaluating its own DirectionLSTM alone; a member whose best checkpoint cannot be
+    restored gets its own error, the others their figures; one stopped by a signal is not restored."""
+    from types import SimpleNamespace
+
+    from trainers.lstm.cohort import Cohort, FinalEvaluations, Member
+    from trainers.lstm.config import LstmConfig
+    from trainers.lstm.evaluate import evaluate_symbol
+    from trainers.lstm.features import build_symbol_data
+    from trainers.lstm.job import prepare_job, symbol_config
+    from trainers.runtime.budget import StopReason
+
+    cfg = LstmConfig(synthetic_tickers=4, synthetic_days=700, window=16, hidden=8, layers=2, dropout=0.0)
+    plan = prepare_job(cfg, log=lambda _msg: None)
+    members = [Member(symbol_config(cfg, s), build_symbol_data(plan.bars[s], cfg, plan.timeframes), 10)
+               for s in plan.symbols]
+    cohort = Cohort(members, cfg, torch.device("cpu"))
+    restored = []
+
+    def run(reason, best):
+        def restore_best():
+            restored.append(best)
+            if isinstance(best, Exception):
+                raise best
+            return best
+        return SimpleNamespace(reason=reason, run_dir=tmp_path, restore_best=restore_best)
+
+    broken = OSError("best checkpoint unreadable")
+    for m, reason, best in zip(members, [StopReason.COMPLETED, StopReason.EARLY_STOP, StopReason.COMPLETED,
+                                         StopReason.SIGNAL], [7, 5, broken, 9]):
+        m.run = run(reason, best)
+    evaluations = FinalEvaluations(cohort, members, 64, cfg.cost_bps, 4)
+    for k in (0, 1):
+        got = evaluations.of(members[k])
+        want = evaluate_symbol(cohort.model.model(k), members[k].data, 64, cfg.cost_bps, 4)
+        assert got["checkpoint_step"] == [7, 5][k]
+        for split in ("val", "test"):
+            for key in ("log_loss", "accuracy", "roc_auc", "brier"):
+                assert got[split]["model"][key] == pytest.approx(want[split]["model"][key], abs=1e-6), (k, split, key)
+            assert got[split]["baselines"] == want[split]["baselines"]
+            assert got[split]["strategy"]["long_flat"]["total_return"] == \
+                pytest.approx(want[split]["strategy"]["long_flat"]["total_return"], abs=1e-9)
+    with pytest.raises(OSError, match="unreadable"):
+        evaluations.of(members[2])
+    assert restored == [7, 5, broken]  # the signalled member's checkpoint was left alone
+
+
 def test_a_cohort_job_trains_what_the_one_at_a_time_job_trains(tmp_path):
     """Dropout 0: the same weights to 1e-4, the same early stops (patience 2 stops some symbols before
     their last step), the same test figures; SYN002 raises at step 2 in the cohort, is tried again alone

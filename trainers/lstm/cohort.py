@@ -26,17 +26,19 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from trainers.lstm.build import build_model
 from trainers.lstm.config import LstmConfig
-from trainers.lstm.evaluate import evaluate_symbol, log_symbol_summary
+from trainers.lstm.evaluate import evaluate_logits, evaluation_anchors, log_symbol_summary
 from trainers.lstm.features import SymbolData
 from trainers.lstm.job import planned_steps, symbol_config
 from trainers.lstm.model import count_parameters
 from trainers.lstm.stacked import StackedAdamW, StackedLSTM, adamw_param_groups, clip_per_model
 from trainers.lstm.worker import SymbolOutcome, Worker
 from trainers.runtime.budget import StopReason
+from trainers.runtime.results import ending
 from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
@@ -169,32 +171,53 @@ def member_losses(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Ten
     return (loss * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
-@torch.no_grad()
+def stacked_passes(cohort: Cohort, members: list[Member], anchors: list[torch.Tensor], batch_size: int):
+    """The members' models run together in eval mode, each on its own `anchors` (padded to the longest
+    member's with repeats of its own, which weigh 0): per pass the logits, labels and row weights [K, B]."""
+    was_training = cohort.model.training
+    cohort.model.eval()
+    rows = torch.tensor([cohort.row(m) for m in members], device=cohort.model.weights[0].device)
+    longest = max(len(a) for a in anchors)
+    batch_size = min(batch_size, longest)  # padded to the longest member's windows, not to a full batch
+    try:
+        for start in range(0, longest, batch_size):
+            xs, ys, ws = [], [], []
+            for m, ids in zip(members, anchors):
+                chunk, weight = padded(ids[start:start + batch_size], ids, batch_size)
+                x, y = m.data.gather(chunk)
+                xs.append(x)
+                ys.append(torch.nan_to_num(y))
+                ws.append(weight)
+            with torch.no_grad():
+                logits = cohort.model(torch.stack(xs), rows=rows)
+            yield logits.float(), torch.stack(ys), torch.stack(ws)
+    finally:
+        cohort.model.train(was_training)
+
+
 def validation_losses(cohort: Cohort, members: list[Member], batch_size: int) -> list[float]:
     """Each member's validation loss (the unweighted log loss over its labelled validation windows, as
     trainers.lstm.evaluate.validation_loss), the members' models run together on their own windows."""
-    was_training = cohort.model.training
-    cohort.model.eval()
-    device = cohort.model.weights[0].device
-    rows = torch.tensor([cohort.row(m) for m in members], device=device)
-    sums = torch.zeros(len(members), dtype=torch.float64, device=device)
-    longest = max(len(m.data.ids["val"]) for m in members)
-    batch_size = min(batch_size, longest)  # padded to the longest member's windows, not to a full batch
-    for start in range(0, longest, batch_size):
-        xs, ys, ws = [], [], []
-        for m in members:
-            ids = m.data.ids["val"]
-            anchors, weight = padded(ids[start:start + batch_size], ids, batch_size)
-            x, y = m.data.gather(anchors)
-            xs.append(x)
-            ys.append(torch.nan_to_num(y))
-            ws.append(weight)
-        logits = cohort.model(torch.stack(xs), rows=rows)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), torch.stack(ys), reduction="none")
-        sums += (loss * torch.stack(ws)).sum(1).double()
-    cohort.model.train(was_training)
+    sums = torch.zeros(len(members), dtype=torch.float64, device=cohort.model.weights[0].device)
+    for logits, labels, weights in stacked_passes(cohort, members, [m.data.ids["val"] for m in members], batch_size):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+        sums += (loss * weights).sum(1).double()
     counts = torch.tensor([float(len(m.data.ids["val"])) for m in members], dtype=torch.float64)
     return (sums.cpu() / counts).tolist()  # one read for every member's value
+
+
+def evaluation_logits(cohort: Cohort, members: list[Member], batch_size: int) -> list[list[np.ndarray]]:
+    """Each member's logits on its `evaluation_anchors` (trainers.lstm.evaluate), the members' models run
+    together: a symbol's final evaluation costs the cohort's passes over the longest member's windows,
+    not four passes of its own (on a GPU, each a launch-bound model call), and one read to the host."""
+    sets = [evaluation_anchors(m.data) for m in members]
+    anchors = [torch.cat(s) for s in sets]
+    logits = torch.cat([out for out, _, _ in stacked_passes(cohort, members, anchors, batch_size)], dim=1).cpu()
+    per_member = []
+    for row, s in zip(logits.numpy(), sets):
+        ends = np.cumsum([len(a) for a in s])
+        per_member.append(np.split(row[:ends[-1]], ends[:-1]))
+    return per_member
 
 
 def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attempt: int
@@ -244,9 +267,8 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
         if not m.done:
             _guarded(m, cohort, lambda m=m: _start(m, cohort, worker, fresh))
     _evaluated(cohort, [m for m in fresh if not m.done], cfg.eval_batch_size, initial=True)
-    for m in members:
-        if not m.done and m.step >= m.total_steps:  # resumed at or past its last step
-            _guarded(m, cohort, lambda m=m: _finish(m, cohort, cfg, worker, attempt))
+    _finish_together([m for m in members if not m.done and m.step >= m.total_steps],  # resumed at or past
+                     cohort, cfg, worker, attempt)  # its last step
     cohort.model.train()
     membership = None
     while any(not m.done for m in cohort.members):
@@ -274,9 +296,11 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
         for m in stepped:
             _guarded(m, cohort, lambda m=m: _after_step(m, losses[cohort.row(m)].detach(), worker, attempt, due))
         _evaluated(cohort, [m for m in due if not m.done], cfg.eval_batch_size)
+        ending = []
         for m in stepped:
             if not m.done:
-                _guarded(m, cohort, lambda m=m: _step_done(m, cohort, cfg, worker, attempt))
+                _guarded(m, cohort, lambda m=m: _step_done(m, ending))
+        _finish_together(ending, cohort, cfg, worker, attempt)
 
 
 def _guarded(m: Member, cohort: Cohort, work) -> None:
@@ -334,21 +358,72 @@ def _after_step(m: Member, loss: torch.Tensor, worker: Worker, attempt: int, due
     worker.after_step(m.run, m.symbol, m.step, attempt)  # the job's stops and budget, the tests' raise hook
 
 
-def _step_done(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int) -> None:
+def _step_done(m: Member, ending: list[Member]) -> None:
     if m.run.step_done(m.step, m.cursor.position(), m.count, loss=m.loss) != StopReason.NONE:
-        _finish(m, cohort, cfg, worker, attempt)
+        ending.append(m)
 
 
-def _finish(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int) -> None:
-    """The member's end, as a symbol trained alone ends: its best checkpoint evaluated beside the baselines,
-    results written. It leaves the cohort (its row stays in the stack, unchanged, until the stack shrinks)."""
+class FinalEvaluations:
+    """The final evaluations of the members that end at one step, made together the first time one of
+    them is asked for (inside that member's run.finish, after its training results are written, as a
+    symbol trained alone): each member's best checkpoint restored into its row, the models run together
+    (evaluation_logits), then each member's metrics on the host. A member whose restore fails gets its own
+    error; one whose run skips the evaluation (a signal, a divergence: trainers.runtime.results.ending) is
+    left out."""
+
+    def __init__(self, cohort: Cohort, members: list[Member], batch_size: int, cost_bps: float, bins: int):
+        self.cohort, self.batch_size, self.cost_bps, self.bins = cohort, batch_size, cost_bps, bins
+        self.members = [m for m in members if ending(m.run.reason, "lstm", m.run.run_dir, None, 0, []) is None]
+        self.results: dict[int, dict | BaseException] | None = None
+
+    def of(self, member: Member) -> dict:
+        if self.results is None:
+            self.results = self._evaluate()
+        result = self.results[id(member)]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _evaluate(self) -> dict[int, dict | BaseException]:
+        results: dict[int, dict | BaseException] = {}
+        best = {}
+        for m in self.members:
+            try:
+                best[id(m)] = m.run.restore_best()
+            except Exception as exc:  # noqa: BLE001 - that member's error, raised in its own finish
+                results[id(m)] = exc
+        restored = [m for m in self.members if id(m) not in results]
+        if restored:
+            try:
+                logits = evaluation_logits(self.cohort, restored, self.batch_size)
+            except Exception as exc:  # noqa: BLE001 - each member raises it in its own finish
+                results.update({id(m): exc for m in restored})
+                return results
+            for m, member_logits in zip(restored, logits):
+                try:
+                    evaluation = evaluate_logits(m.data, member_logits, self.cost_bps, self.bins)
+                    evaluation["checkpoint_step"] = best[id(m)]
+                    results[id(m)] = evaluation
+                except Exception as exc:  # noqa: BLE001 - that member's error
+                    results[id(m)] = exc
+        return results
+
+
+def _finish_together(ending_now: list[Member], cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int) -> None:
+    evaluations = FinalEvaluations(cohort, ending_now, cfg.eval_batch_size, cfg.cost_bps, cfg.calibration_bins)
+    for m in ending_now:
+        _guarded(m, cohort, lambda m=m: _finish(m, cohort, cfg, worker, attempt, evaluations))
+
+
+def _finish(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int,
+            evaluations: FinalEvaluations) -> None:
+    """The member's end, as a symbol trained alone ends: its best checkpoint evaluated beside the baselines
+    (with the others ending at this step), results written. It leaves the cohort (its row stays in the
+    stack until the stack shrinks)."""
     run, data = m.run, m.data
 
     def evaluate() -> dict:
-        best = run.restore_best()
-        evaluation = evaluate_symbol(cohort.model.model(cohort.row(m)), data, cfg.eval_batch_size, cfg.cost_bps,
-                                     cfg.calibration_bins)
-        evaluation["checkpoint_step"] = best
+        evaluation = evaluations.of(m)
         log_symbol_summary(run.log, data.symbol, evaluation)
         return evaluation
 

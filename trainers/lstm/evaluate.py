@@ -90,26 +90,51 @@ def bars_per_year(ts: np.ndarray) -> float:
     return float((len(ts) - 1) / years) if years > 0 else float("nan")
 
 
+EVALUATED_SPLITS = ("val", "test")
+
+
+def evaluation_anchors(data: SymbolData, splits=EVALUATED_SPLITS) -> list[torch.Tensor]:
+    """The windows an evaluation scores, in order: per split its labelled anchors (the metrics) then
+    every anchor (the strategy)."""
+    out = []
+    for split in splits:
+        out += [data.ids[split], torch.from_numpy(data.trade_ids[split]).to(data.ids[split].device)]
+    return out
+
+
 def evaluate_symbol(model: DirectionLSTM, data: SymbolData, batch_size: int, cost_bps: float, bins: int,
-                    splits=("val", "test")) -> dict:
+                    splits=EVALUATED_SPLITS) -> dict:
     """Per split: classification metrics on the labelled windows, the long/flat strategy on every
-    window; probabilities only here (sigmoid of the logit)."""
+    window (the model run here; a cohort runs its members' models together, trainers.lstm.cohort)."""
+    logits = [predict_logits(model, data, anchors, batch_size).float().cpu().numpy()
+              for anchors in evaluation_anchors(data, splits)]
+    return evaluate_logits(data, logits, cost_bps, bins, splits)
+
+
+def evaluate_logits(data: SymbolData, logits: list[np.ndarray], cost_bps: float, bins: int,
+                    splits=EVALUATED_SPLITS) -> dict:
+    """The evaluation from the model's logits on `evaluation_anchors(data, splits)`, beside the baselines
+    (the linear one fitted here); probabilities only here (sigmoid of the logit). Host work only."""
     out = {}
     per_year = bars_per_year(data.ts)
     linear = fit_logistic_regression(data)
-    for split in splits:
-        labelled = data.ids[split]
-        p = torch.sigmoid(predict_logits(model, data, labelled, batch_size)).double().cpu().numpy()
-        y = data.label[labelled].double().cpu().numpy()
+    label, features = data.label.cpu(), data.features.cpu()  # one copy each, then host indexing only
+    for index, split in enumerate(splits):
+        labelled = data.ids[split].cpu()
+        p = sigmoid(logits[2 * index])
+        y = label[labelled].double().numpy()
         with torch.no_grad():  # the linear baseline lives on the host
-            linear_p = torch.sigmoid(linear(data.features[labelled].cpu()).squeeze(-1)).double().numpy()
-        result = classification_metrics(y, p, data.train_up_rate, bins, data.past_ret[labelled.cpu().numpy()],
-                                        linear_p)
-        trade = torch.from_numpy(data.trade_ids[split]).to(labelled.device)
-        p_trade = torch.sigmoid(predict_logits(model, data, trade, batch_size)).double().cpu().numpy()
+            linear_p = torch.sigmoid(linear(features[labelled]).squeeze(-1)).double().numpy()
+        result = classification_metrics(y, p, data.train_up_rate, bins, data.past_ret[labelled.numpy()], linear_p)
+        p_trade = sigmoid(logits[2 * index + 1])
         result["strategy"] = long_flat_strategy(p_trade, data.ret_1[data.trade_ids[split]], cost_bps, per_year)
         out[split] = result
     return out
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """P(up) in float64 from float32 logits, as torch computes it (no overflow warning at large |logit|)."""
+    return torch.sigmoid(torch.from_numpy(np.asarray(logits, dtype=np.float32))).double().numpy()
 
 
 def log_symbol_summary(log, symbol: str, evaluation: dict) -> None:
