@@ -61,9 +61,9 @@ def merge_results(run_dir: Path, update: dict, warn=None) -> dict:
 
 def run_record() -> dict:
     """Where and with what this was produced (the git commit and library versions)."""
-    from trainers.runtime.info import git_commit, versions
+    from trainers.runtime.info import kit_commit, versions
 
-    return {"git_commit": git_commit(), "versions": versions(), "host": socket.gethostname(),
+    return {"git_commit": kit_commit(), "versions": versions(), "host": socket.gethostname(),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
