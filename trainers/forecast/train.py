@@ -33,6 +33,7 @@ from trainers.runtime.precision import (
     autocast,
     build_adamw,
     compile_default,
+    compile_facts,
     enable_tf32,
     make_grad_scaler,
     maybe_compile,
@@ -163,7 +164,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
         train_step = ddp = TrainStep(model)
         if ctx.distributed:
             train_step = ddp = wrap_ddp(train_step, ctx, accumulates=cfg.grad_accum > 1)  # the target-scale buffers never change
-        train_step = maybe_compile(train_step, compiled)
+        train_step = maybe_compile(train_step, compiled, log=log)
         micro_size = cfg.batch_size  # every micro-batch padded to this: one shape for the whole run
 
         step = start.step
@@ -216,7 +217,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
                              "encoder": cfg.encoder, "flops_per_sample_train": flops},
                    "preprocessing": store.preprocessing(),
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
-                                "precision": precision.name, "tf32": tf32, "compiled": compiled,
+                                "precision": precision.name, "tf32": tf32, **compile_facts(train_step, compiled),
                                 "global_batch": cfg.batch_size * cfg.grad_accum * ctx.world_size}}
         return run.finish(summary, evaluate=evaluate), run.reason
 

@@ -28,7 +28,7 @@ from trainers.gnn.size import SIZES, nodes_per_step
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
-from trainers.runtime.precision import build_adamw, compile_default, maybe_compile
+from trainers.runtime.precision import build_adamw, compile_default, compile_facts, maybe_compile
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
@@ -85,7 +85,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
         # every batch padded to the run's largest step: one static shape (CUDA-graph ready), one compile
         capacity = padded_capacity(train_split.nodes, train_data.directed, ctx.world_size, ctx.rank,
                                    cfg.nodes_per_batch, cfg.seed, cfg.epochs) if compiled else None
-        step_model = maybe_compile(train_model, compiled, dynamic=False)
+        step_model = maybe_compile(train_model, compiled, dynamic=False, log=run.log)
         features = torch.Generator(device=ctx.device)
 
         step = start.step
@@ -138,7 +138,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                              "max_colors": cfg.max_colors},
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "nodes_per_batch": cfg.nodes_per_batch, "ddp": _ddp_facts(train_model),
-                                "compiled": compiled, "padded_to": list(capacity) if compiled else None,
+                                **compile_facts(step_model, compiled), "padded_to": list(capacity) if compiled else None,
                                 "fused_adamw": bool(optimizer.defaults.get("fused")),
                                 # every graph is seen once per epoch, so nodes/s = graphs/s x mean graph size
                                 "nodes_per_s_per_device": per_device * nodes_per_graph if per_device else None,

@@ -90,6 +90,41 @@ def compile_default(setting: bool | None, device: torch.device, rehearse: bool =
     return gpu_like(device, rehearse) if setting is None else setting
 
 
-def maybe_compile(model: torch.nn.Module, enabled: bool, dynamic: bool | None = None) -> torch.nn.Module:
-    """`dynamic=False`: static shapes only (a step padded to one shape, CUDA-graph ready); None: torch's default."""
-    return torch.compile(model, dynamic=dynamic) if enabled else model
+def maybe_compile(model, enabled: bool, dynamic: bool | None = None, log=None):
+    """`model` compiled when `enabled`, eager where compiling it fails (CompiledOrEager); `dynamic=False`:
+    static shapes only (a step padded to one shape, CUDA-graph ready); None: torch's default."""
+    return CompiledOrEager(torch.compile(model, dynamic=dynamic), model, log) if enabled else model
+
+
+class CompiledOrEager:
+    """A compiled step that runs eager for the rest of the run when compiling it fails (torch's compiler
+    raises BackendCompilerFailed before the graph runs: no state has changed, the call is made again
+    eager). A compiler missing or broken on the rented machine (triton, a C compiler, an inductor bug)
+    costs speed, said once in the log and in results.json (`compile_error`), not the pod's time: the
+    first run of the H200 died at its first step on an error a CPU test could not see. Any other error
+    (a recompile refused in the tests, a device fault) is raised as it was."""
+
+    def __init__(self, compiled, eager, log=None):
+        self.compiled, self.eager, self.log = compiled, eager, log
+        self.error: str | None = None
+
+    @property
+    def is_compiled(self) -> bool:
+        return self.error is None
+
+    def __call__(self, *args, **kwargs):
+        if self.error is None:
+            try:
+                return self.compiled(*args, **kwargs)
+            except torch._dynamo.exc.BackendCompilerFailed as exc:
+                self.error = " ".join(str(exc).split())[:300]
+                if self.log is not None:
+                    self.log.warning("torch.compile failed; training eager from here (--no-compile skips the try): %s",
+                                     self.error)
+        return self.eager(*args, **kwargs)
+
+
+def compile_facts(step, enabled: bool) -> dict:
+    """results.json's record of a step maybe_compile made: compiled or not, and why not when it failed."""
+    failed = isinstance(step, CompiledOrEager) and not step.is_compiled
+    return {"compiled": enabled and not failed, "compile_error": step.error if failed else None}
