@@ -238,6 +238,14 @@ def test_a_cohort_job_trains_what_the_one_at_a_time_job_trains(tmp_path):
     assert "in a cohort of 5" in log and "SYN002: try 1 failed in its cohort" in log
 
 
+def test_a_cohorts_members_draw_no_progress_bar(tmp_path, capfd):
+    """A member's run quiets its bar as it opens (one bar per symbol would fill the terminal); on a
+    stderr that is not a terminal (a log file, nohup) it once left a "0%" line per symbol all the same."""
+    assert train(tmp_path / "cohort", "--cohort", "3", "--synthetic-tickers", "3", "--epochs", "1") == 0
+    err = capfd.readouterr().err
+    assert "it/s]" not in err and "in a cohort of 3" in err
+
+
 def test_with_dropout_a_symbol_trains_the_same_whichever_symbols_share_its_cohort(tmp_path):
     """...and under --gpu-defaults (what a GPU deploy turns on: checkpoints written behind the loop)."""
     assert train(tmp_path / "two", "--symbols", "SYN000,SYN001", "--cohort", "2") == 0

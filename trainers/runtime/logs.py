@@ -88,10 +88,12 @@ class MetricsWriter:
 
 
 def progress(total: int | None, initial: int, enabled: bool, desc: str) -> tqdm:
-    """A bar on rank 0; none when TRAINERS_PROGRESS=0 (a detached job's log is read later, not watched)."""
+    """A bar on rank 0; none when TRAINERS_PROGRESS=0 (a detached job's log is read later, not watched).
+    Drawn from its first second on: a bar closed sooner (a cohort member's run quiets its own as it
+    opens) leaves nothing, where it used to leave a "0%" line per symbol in a log that is not a terminal."""
     enabled = enabled and os.environ.get("TRAINERS_PROGRESS", "1") != "0"
     return tqdm(total=total, initial=initial, disable=not enabled, desc=desc, dynamic_ncols=True,
-                mininterval=1.0)
+                mininterval=1.0, delay=1.0)
 
 
 class StepLog:
