@@ -87,8 +87,9 @@ class StackedLSTM(nn.Module):
         weights = list(self.weights) if rows is None else [p.index_select(0, rows) for p in self.weights]
         for layer in range(self.layers):
             w_ih, w_hh, b_ih, b_hh = weights[4 * layer: 4 * layer + 4]
-            # the input's part of every gate for every time step at once, then the recurrence step by step
-            gates_in = torch.baddbmm(b_ih[:, None, :], x.reshape(k, b * t_len, -1), w_ih.transpose(1, 2))
+            # the input's part of every gate for every time step at once (both biases in it), then the
+            # recurrence step by step
+            gates_in = torch.baddbmm((b_ih + b_hh)[:, None, :], x.reshape(k, b * t_len, -1), w_ih.transpose(1, 2))
             # unbind, not gates_in[:, :, t]: the backward of one unbind is one stack, where each of T
             # selects would fill and add a gradient of the whole [K, B, T, 4H] tensor (T^2 memory traffic:
             # 25x the forward's time on a CPU, and the reason cohorts did not pay on the H100)
@@ -96,11 +97,14 @@ class StackedLSTM(nn.Module):
             h = x.new_zeros(k, b, h_size)
             c = x.new_zeros(k, b, h_size)
             outs = []
+            w_hh_t = w_hh.transpose(1, 2)
             for t in range(t_len):
-                gates = steps_in[t] + torch.baddbmm(b_hh[:, None, :], h, w_hh.transpose(1, 2))
-                i, f, g, o = gates.chunk(4, dim=-1)
-                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-                h = torch.sigmoid(o) * torch.tanh(c)
+                # a time step in 8 operations (each a kernel launch on a GPU), not 12: the step's input
+                # is the matmul's addend, one sigmoid over all four gates (g's quarter unused), c by addcmul
+                gates = torch.baddbmm(steps_in[t], h, w_hh_t)
+                i, f, _, o = torch.sigmoid(gates).chunk(4, dim=-1)
+                c = torch.addcmul(f * c, i, torch.tanh(gates[..., 2 * h_size:3 * h_size]))
+                h = o * torch.tanh(c)
                 outs.append(h)
             x = torch.stack(outs, dim=2)
             if masks is not None and layer < self.layers - 1:
