@@ -4,10 +4,11 @@
 #   bash bench/gpu_session.sh 1 OUT_DIR   # ~8 min: the plan's predictions; the forecaster's real loop at the
 #                                         # deploy's default preset (151m); PPO at its GPU-sized defaults;
 #                                         # the LSTM job in cohorts vs one symbol at a time (64; 500 in cohorts)
-#   bash bench/gpu_session.sh 2 OUT_DIR   # ~7 min: the forecaster's whole deploy on the GPU (preflight,
+#   bash bench/gpu_session.sh 2 OUT_DIR   # ~8 min: the forecaster's whole deploy on the GPU (preflight,
 #                                         # install, check, train, ONNX export with onnxruntime parity, package)
 #                                         # on synthetic data, small preset, 30 s budget; the GNN's (compiled)
-#                                         # and the LSTM job's real loops; PPO with its rollout step captured
+#                                         # and the LSTM job's real loops; PPO with its rollout step captured;
+#                                         # a 64-symbol LSTM cohort job under cProfile (bench/profile_job.py)
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
@@ -41,6 +42,11 @@ else
     --run-dir "$out/ppo_graphs" --total-steps 1048576 --no-baseline-mlp --log-every 1 --eval-every 4 \
     --compile-rollout graphs >"$out/bench/ppo_graphs.log" 2>&1 || { echo "ppo --compile-rollout graphs failed: exit $?"; status=1; }
   cp "$out/ppo_graphs/results.json" "$out/bench/ppo_graphs_results.json" 2>/dev/null || true
+  # where the LSTM job's per-symbol time outside the steps goes on a GPU (~0.2 s a symbol on the first H100):
+  # 64 symbols in one cohort, the default model, under cProfile (host waits show in the calls that wait)
+  timeout -k 10 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
+    --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto --run-dir "$out/lstm_profiled" \
+    >"$out/bench/profile_lstm_cohort_gpu.log" 2>&1 || { echo "profile_job failed: exit $?"; status=1; }
 fi
 tar -C "$out" -czf "$out/gpu_session.tar.gz" bench
 exit "$status"

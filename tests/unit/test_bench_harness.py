@@ -74,3 +74,24 @@ def test_the_commit_recorded_in_an_image_without_git(monkeypatch, tmp_path):
     monkeypatch.setattr(info, "Path", lambda *a: tmp_path / "nowhere" / "x.py")  # no checkout around the code
     monkeypatch.setenv("TRAINERS_GIT_COMMIT", "abc1234")
     assert info.git_commit() == "abc1234"
+
+
+def test_the_job_profiler_names_where_a_cohort_jobs_time_goes(tmp_path, capsys):
+    """bench/profile_job.py runs a trainers command under cProfile in process and keeps the functions
+    that took the time, the kit's own among them; no command is a usage error."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from profile_job import main as profile_main
+
+    out = tmp_path / "profile.json"
+    job = ["lstm", "train", "--synthetic-tickers", "3", "--synthetic-days", "600", "--window", "16", "--hidden", "8",
+           "--epochs", "1", "--no-export", "--device", "cpu", "--cohort", "3", "--run-dir", str(tmp_path / "job")]
+    assert profile_main(["--out", str(out), "--top", "40", "--", *job]) == 0
+    record = json.loads(out.read_text())
+    assert record["job"] == job and record["exit_code"] == 0 and len(record["by_cumulative"]) == 40
+    cumulative = {e["function"]: e for e in record["by_cumulative"]}
+    cohort = next(e for f, e in cumulative.items() if f.startswith("trainers/lstm/cohort.py") and "train_cohort" in f)
+    assert cohort["calls"] == 1 and 0 < cohort["cumulative_s"] <= record["wall_s_profiled"]
+    assert (tmp_path / "job" / "symbols" / "SYN002" / "done.json").exists()
+    with pytest.raises(SystemExit) as exited:
+        profile_main(["--out", str(out)])
+    assert exited.value.code == 2 and "give the trainers command" in capsys.readouterr().err
