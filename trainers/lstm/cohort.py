@@ -387,12 +387,12 @@ class FinalEvaluations:
     def _evaluate(self) -> dict[int, dict | BaseException]:
         results: dict[int, dict | BaseException] = {}
         best = {}
-        for m in self.members:
+        for m in [m for m in self.members if not m.done]:  # (one whose finish failed before is closed)
             try:
                 best[id(m)] = m.run.restore_best()
             except Exception as exc:  # noqa: BLE001 - that member's error, raised in its own finish
                 results[id(m)] = exc
-        restored = [m for m in self.members if id(m) not in results]
+        restored = [m for m in self.members if id(m) in best]
         if restored:
             try:
                 logits = evaluation_logits(self.cohort, restored, self.batch_size)
