@@ -159,10 +159,12 @@ def assert_same_training(a: dict, b: dict, tol: float = 1e-4) -> None:
             assert ea[key] == pytest.approx(eb[key], abs=tol), (split, key)
 
 
-def test_members_ending_together_are_evaluated_together_each_with_its_own_outcome(tmp_path):
-    """The final evaluation of members that end at one step runs their models together: each member's
-    figures equal evaluating its own DirectionLSTM alone; a member whose best checkpoint cannot be
-    restored gets its own error, the others their figures; one stopped by a signal is not restored."""
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "one-by-one"])
+def test_members_ending_together_are_evaluated_together_each_with_its_own_outcome(tmp_path, stacked):
+    """The final evaluation of members that end at one step runs their models together (on an accelerator;
+    on a CPU one after another): each member's figures equal evaluating its own DirectionLSTM alone; a
+    member whose best checkpoint cannot be restored gets its own error, the others their figures; one
+    stopped by a signal is not restored."""
     from types import SimpleNamespace
 
     from trainers.lstm.cohort import Cohort, FinalEvaluations, Member
@@ -177,6 +179,8 @@ def test_members_ending_together_are_evaluated_together_each_with_its_own_outcom
     members = [Member(symbol_config(cfg, s), build_symbol_data(plan.bars[s], cfg, plan.timeframes), 10)
                for s in plan.symbols]
     cohort = Cohort(members, cfg, torch.device("cpu"))
+    assert cohort.stacked_evaluation is False  # a CPU's default
+    cohort.stacked_evaluation = stacked
     restored = []
 
     def run(reason, best):
@@ -204,6 +208,11 @@ def test_members_ending_together_are_evaluated_together_each_with_its_own_outcom
                 pytest.approx(want[split]["strategy"]["long_flat"]["total_return"], abs=1e-9)
     with pytest.raises(OSError, match="unreadable"):
         evaluations.of(members[2])
+    from trainers.lstm.cohort import validation_losses
+    from trainers.lstm.evaluate import validation_loss
+
+    want = [validation_loss(cohort.model.model(k), m.data, 64) for k, m in enumerate(members)]
+    assert validation_losses(cohort, members, 64) == pytest.approx(want, abs=1e-6)
     assert restored == [7, 5, broken]  # the signalled member's checkpoint was left alone
 
 

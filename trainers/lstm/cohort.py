@@ -31,12 +31,19 @@ import torch
 
 from trainers.lstm.build import build_model
 from trainers.lstm.config import LstmConfig
-from trainers.lstm.evaluate import evaluate_logits, evaluation_anchors, log_symbol_summary
+from trainers.lstm.evaluate import (
+    evaluate_logits,
+    evaluation_anchors,
+    log_symbol_summary,
+    predict_logits,
+    validation_loss,
+)
 from trainers.lstm.features import SymbolData
 from trainers.lstm.job import planned_steps, symbol_config
 from trainers.lstm.model import count_parameters
 from trainers.lstm.stacked import StackedAdamW, StackedLSTM, adamw_param_groups, clip_per_model
 from trainers.lstm.worker import SymbolOutcome, Worker
+from trainers.runtime import device as device_mod
 from trainers.runtime.budget import StopReason
 from trainers.runtime.results import ending
 from trainers.runtime.run import Run
@@ -84,6 +91,10 @@ class Cohort:
         self.model = StackedLSTM.of(models).to(device)
         self.optimizer = StackedAdamW(list(self.model.parameters()), cfg.lr, cfg.weight_decay)
         self.members = list(members)  # in row order
+        # Evaluations run the members' models together on an accelerator (one launch-bound pass for all);
+        # on a CPU each member's own nn.LSTM, whose fused cell ran them 3-6x faster than the stacked one
+        # (16 symbols of the default model: 1.7 s against 10.7 s for the final evaluation's logits)
+        self.stacked_evaluation = bool(device_mod.total_memory(device))
         self._rows = {id(m): k for k, m in enumerate(self.members)}
         self.on_signal = None  # the cohort's handler, once every member's run is entered
 
@@ -178,7 +189,8 @@ def stacked_passes(cohort: Cohort, members: list[Member], anchors: list[torch.Te
     cohort.model.eval()
     rows = torch.tensor([cohort.row(m) for m in members], device=cohort.model.weights[0].device)
     longest = max(len(a) for a in anchors)
-    batch_size = min(batch_size, longest)  # padded to the longest member's windows, not to a full batch
+    passes = -(-longest // batch_size)
+    batch_size = -(-longest // passes)  # as few passes, each as small as they allow: padding only to the longest
     try:
         for start in range(0, longest, batch_size):
             xs, ys, ws = [], [], []
@@ -197,7 +209,10 @@ def stacked_passes(cohort: Cohort, members: list[Member], anchors: list[torch.Te
 
 def validation_losses(cohort: Cohort, members: list[Member], batch_size: int) -> list[float]:
     """Each member's validation loss (the unweighted log loss over its labelled validation windows, as
-    trainers.lstm.evaluate.validation_loss), the members' models run together on their own windows."""
+    trainers.lstm.evaluate.validation_loss), the members' models run together on their own windows (on a
+    CPU one after another: Cohort.stacked_evaluation)."""
+    if not cohort.stacked_evaluation:
+        return [validation_loss(cohort.model.model(cohort.row(m)), m.data, batch_size) for m in members]
     sums = torch.zeros(len(members), dtype=torch.float64, device=cohort.model.weights[0].device)
     for logits, labels, weights in stacked_passes(cohort, members, [m.data.ids["val"] for m in members], batch_size):
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="none")
@@ -209,8 +224,12 @@ def validation_losses(cohort: Cohort, members: list[Member], batch_size: int) ->
 def evaluation_logits(cohort: Cohort, members: list[Member], batch_size: int) -> list[list[np.ndarray]]:
     """Each member's logits on its `evaluation_anchors` (trainers.lstm.evaluate), the members' models run
     together: a symbol's final evaluation costs the cohort's passes over the longest member's windows,
-    not four passes of its own (on a GPU, each a launch-bound model call), and one read to the host."""
+    not four passes of its own (on a GPU, each a launch-bound model call), and one read to the host. On a
+    CPU each member's own model (Cohort.stacked_evaluation)."""
     sets = [evaluation_anchors(m.data) for m in members]
+    if not cohort.stacked_evaluation:
+        return [[predict_logits(cohort.model.model(cohort.row(m)), m.data, anchors, batch_size).float().cpu().numpy()
+                 for anchors in s] for m, s in zip(members, sets)]
     anchors = [torch.cat(s) for s in sets]
     logits = torch.cat([out for out, _, _ in stacked_passes(cohort, members, anchors, batch_size)], dim=1).cpu()
     per_member = []
