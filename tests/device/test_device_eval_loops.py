@@ -163,7 +163,7 @@ def test_lstm_cohort_final_evaluation_syncs_a_fixed_few_times_whatever_the_batch
                for s in plan.symbols]
     cohort = Cohort(members, cfg, acc.device)
     assert cohort.stacked_evaluation  # an accelerator's way: the members' models run together
-    few, many = (counted(acc, cohort.model, lambda b=b: evaluation_logits(cohort, members, b)) for b in (256, 32))
+    few, many = (counted(acc, cohort.model, lambda b=b: evaluation_logits(cohort, members, b)) for b in (256, 16))
     assert_no_sync_per_batch(few, many)
 
 # ---- ppo -----------------------------------------------------------------------------------------

@@ -64,3 +64,29 @@ def test_a_window_is_the_anchors_bar_and_the_ones_before_it_and_its_label_the_an
     for i, a in enumerate(anchors.tolist()):
         assert torch.equal(x[i], data.features[a - cfg.window + 1: a + 1])  # the last row: the anchor's own bar
         assert torch.equal(y[i], data.label[a])
+
+
+@pytest.mark.parametrize("dead_zone", [0.0, 0.004])
+def test_one_pass_over_a_splits_windows_scores_the_labelled_ones_and_trades_every_one(dead_zone):
+    """The evaluation runs the model once over the union of a split's labelled anchors and its trading
+    anchors (a dead zone leaves some unlabelled): its metrics are the labelled windows' own, its backtest
+    every window's, exactly as two separate passes would give."""
+    from trainers.lstm.evaluate import bars_per_year, predict_logits
+    from trainers.lstm.metrics import classification_metrics, long_flat_strategy
+
+    bars, cfg, _ = symbol_data()
+    cfg = LstmConfig(window=8, horizon=1, min_split_bars=20, hidden=4, layers=1, dead_zone=dead_zone)
+    data = build_symbol_data(bars, cfg, resolve_timeframes("1d,1w", bars.base))
+    torch.manual_seed(0)
+    model = build_model(cfg, data.n_features)
+    evaluation = evaluate_symbol(model, data, batch_size=64, cost_bps=cfg.cost_bps, bins=4)
+    for split in ("val", "test"):
+        labelled, trade = data.ids[split], data.trade_ids[split]
+        assert (len(labelled) < len(trade)) == (dead_zone > 0)
+        p = torch.sigmoid(predict_logits(model, data, labelled, 64)).double().numpy()
+        want = classification_metrics(data.label[labelled].double().numpy(), p, data.train_up_rate, 4)
+        for key in ("log_loss", "accuracy", "roc_auc", "brier"):
+            assert evaluation[split]["model"][key] == pytest.approx(want["model"][key], abs=1e-12), (split, key)
+        p_trade = torch.sigmoid(predict_logits(model, data, torch.from_numpy(trade), 64)).double().numpy()
+        strategy = long_flat_strategy(p_trade, data.ret_1[trade], cfg.cost_bps, bars_per_year(data.ts))
+        assert evaluation[split]["strategy"]["long_flat"] == pytest.approx(strategy["long_flat"], abs=1e-12)

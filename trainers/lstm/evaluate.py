@@ -94,12 +94,15 @@ EVALUATED_SPLITS = ("val", "test")
 
 
 def evaluation_anchors(data: SymbolData, splits=EVALUATED_SPLITS) -> list[torch.Tensor]:
-    """The windows an evaluation scores, in order: per split its labelled anchors (the metrics) then
-    every anchor (the strategy)."""
-    out = []
-    for split in splits:
-        out += [data.ids[split], torch.from_numpy(data.trade_ids[split]).to(data.ids[split].device)]
-    return out
+    """The windows an evaluation scores, per split: its labelled anchors (the metrics) and every anchor
+    (the strategy) as one sorted set, so the model runs once over each window (the two sets are nearly the
+    same: scored apart, the evaluation ran the model twice over a split)."""
+    device = data.ids[splits[0]].device
+    return [torch.from_numpy(scored_anchors(data, split)).to(device) for split in splits]
+
+
+def scored_anchors(data: SymbolData, split: str) -> np.ndarray:
+    return np.union1d(data.ids[split].cpu().numpy(), data.trade_ids[split])
 
 
 def evaluate_symbol(model: DirectionLSTM, data: SymbolData, batch_size: int, cost_bps: float, bins: int,
@@ -113,20 +116,25 @@ def evaluate_symbol(model: DirectionLSTM, data: SymbolData, batch_size: int, cos
 
 def evaluate_logits(data: SymbolData, logits: list[np.ndarray], cost_bps: float, bins: int,
                     splits=EVALUATED_SPLITS) -> dict:
-    """The evaluation from the model's logits on `evaluation_anchors(data, splits)`, beside the baselines
-    (the linear one fitted here); probabilities only here (sigmoid of the logit). Host work only."""
+    """The evaluation from the model's logits on `evaluation_anchors(data, splits)` (one array per split),
+    beside the baselines (the linear one fitted here); probabilities only here (sigmoid of the logit). Host
+    work only."""
     out = {}
     per_year = bars_per_year(data.ts)
     linear = fit_logistic_regression(data)
     label, features = data.label.cpu(), data.features.cpu()  # one copy each, then host indexing only
     for index, split in enumerate(splits):
         labelled = data.ids[split].cpu()
-        p = sigmoid(logits[2 * index])
+        scored = scored_anchors(data, split)  # the anchors of logits[index], sorted
+        if len(logits[index]) != len(scored):
+            raise ValueError(f"{data.symbol} {split}: {len(logits[index])} logits for {len(scored)} anchors")
+        p_scored = sigmoid(logits[index])
+        p = p_scored[np.searchsorted(scored, labelled.numpy())]
         y = label[labelled].double().numpy()
         with torch.no_grad():  # the linear baseline lives on the host
             linear_p = torch.sigmoid(linear(features[labelled]).squeeze(-1)).double().numpy()
         result = classification_metrics(y, p, data.train_up_rate, bins, data.past_ret[labelled.numpy()], linear_p)
-        p_trade = sigmoid(logits[2 * index + 1])
+        p_trade = p_scored[np.searchsorted(scored, data.trade_ids[split])]
         result["strategy"] = long_flat_strategy(p_trade, data.ret_1[data.trade_ids[split]], cost_bps, per_year)
         out[split] = result
     return out
