@@ -54,7 +54,6 @@ from trainers.runtime.precision import (  # noqa: E402
     build_adamw,
     enable_tf32,
     make_grad_scaler,
-    maybe_compile,
     precision_for,
     use_fused_adamw,
 )
@@ -106,10 +105,16 @@ def endless(loader):
         yield from loader
 
 
+def compiled(model: torch.nn.Module, compile_: bool) -> torch.nn.Module:
+    """torch.compile itself, not the trainers' maybe_compile: a benchmark that asks for a compiled step measures
+    one or fails (the trainers fall back to eager on a compile failure), and Lightning needs a module."""
+    return torch.compile(model) if compile_ else model
+
+
 def bench_kit(store, preset, batch, device, precision, compile_, steps, warmup, gpu_defaults, **_) -> dict:
     started = time.perf_counter()
     model = forecaster(preset, store.window, device)
-    train_step = maybe_compile(TrainStep(model), compile_)
+    train_step = compiled(TrainStep(model), compile_)
     optimizer = build_adamw(model, LR, WEIGHT_DECAY, BETAS, device, gpu_defaults)
     scaler = make_grad_scaler(device, precision)
     ids = store.sample_ids["train"]
@@ -132,7 +137,7 @@ def bench_plain(store, preset, batch, device, precision, compile_, steps, warmup
                 **_) -> dict:
     started = time.perf_counter()
     model = forecaster(preset, store.window, device)
-    train_model = maybe_compile(model, compile_)
+    train_model = compiled(model, compile_)
     optimizer = build_adamw(model, LR, WEIGHT_DECAY, BETAS, device, gpu_defaults)
     scaler = make_grad_scaler(device, precision)
     batches = endless(loader_over_store(store, batch, workers, device))
@@ -162,7 +167,7 @@ def bench_lightning(store, preset, batch, device, precision, compile_, steps, wa
     class Module(L.LightningModule):
         def __init__(self):
             super().__init__()
-            self.model = maybe_compile(model, compile_)
+            self.model = compiled(model, compile_)
 
         def training_step(self, batch_, _index):
             x, y = batch_

@@ -6,9 +6,11 @@ import torch
 from trainers.errors import UsageError
 from trainers.runtime.dist import pick_device
 from trainers.runtime.precision import (
+    CompiledOrEager,
     autocast,
     build_adamw,
     compile_default,
+    compile_facts,
     make_grad_scaler,
     maybe_compile,
     precision_for,
@@ -95,7 +97,48 @@ def test_grad_scaler_enabled_only_for_fp16():
 def test_compile_flag_wraps_the_model():
     model = torch.nn.Linear(2, 2)
     assert maybe_compile(model, False) is model
-    assert isinstance(maybe_compile(model, True), torch._dynamo.eval_frame.OptimizedModule)
+    step = maybe_compile(model, True)
+    assert isinstance(step, CompiledOrEager) and step.eager is model
+    assert isinstance(step.compiled, torch._dynamo.eval_frame.OptimizedModule)
+
+
+@pytest.mark.parametrize("failure", ["forward", "backward", "triton"])
+def test_a_step_whose_compile_fails_runs_eager_from_then_on(failure):
+    """A forward or a backward the backend cannot compile, or inductor finding no triton (raised unwrapped):
+    the call is made again eager, the reason kept, later calls eager; the gradients are the eager ones."""
+    import logging
+
+    import torch._inductor.exc
+    from torch._dynamo.backends.common import aot_autograd
+
+    def broken(gm, example_inputs):
+        if failure == "triton":
+            raise torch._inductor.exc.TritonMissing(None)
+        raise RuntimeError("no compiler for this graph")
+
+    def fine(gm, example_inputs):
+        return gm.forward
+
+    torch._dynamo.reset()
+    backend = broken if failure == "triton" else aot_autograd(fw_compiler=broken if failure == "forward" else fine,
+                                                             bw_compiler=broken if failure == "backward" else fine)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    reference = [p.detach().clone() for p in model.parameters()]
+    step = CompiledOrEager(torch.compile(model, backend=backend), model, logging.getLogger("test"))
+    x = torch.randn(5, 3)
+    step(x).sum().backward()
+    assert not step.is_compiled and step.error
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    check = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    with torch.no_grad():
+        for p, r in zip(check.parameters(), reference):
+            p.copy_(r)
+    check(x).sum().backward()
+    for g, want in zip(grads, [p.grad for p in check.parameters()]):
+        torch.testing.assert_close(g, want)
+    assert compile_facts(step, True) == {"compiled": False, "compile_error": step.error}
 
 
 def test_deterministic_kernels_are_on_inside_and_put_back_after(monkeypatch):

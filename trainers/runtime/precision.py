@@ -101,8 +101,9 @@ class CompiledOrEager:
     raises BackendCompilerFailed before the graph runs: no state has changed, the call is made again
     eager). A compiler missing or broken on the rented machine (triton, a C compiler, an inductor bug)
     costs speed, said once in the log and in results.json (`compile_error`), not the pod's time: the
-    first run of the H200 died at its first step on an error a CPU test could not see. Any other error
-    (a recompile refused in the tests, a device fault) is raised as it was."""
+    first run of the H200 died at its first step on an error a CPU test could not see. The backward is
+    compiled with the forward (AOTAutograd would compile it at the first backward, outside this call).
+    Any other error (a recompile refused in the tests, a device fault) is raised as it was."""
 
     def __init__(self, compiled, eager, log=None):
         self.compiled, self.eager, self.log = compiled, eager, log
@@ -114,9 +115,15 @@ class CompiledOrEager:
 
     def __call__(self, *args, **kwargs):
         if self.error is None:
+            import torch._functorch.config
+            import torch._inductor.exc
+
+            failures = (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.TritonMissing,
+                        torch._inductor.exc.GPUTooOldForTriton)  # (the last two reach us unwrapped)
             try:
-                return self.compiled(*args, **kwargs)
-            except torch._dynamo.exc.BackendCompilerFailed as exc:
+                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+                    return self.compiled(*args, **kwargs)
+            except failures as exc:
                 self.error = " ".join(str(exc).split())[:300]
                 if self.log is not None:
                     self.log.warning("torch.compile failed; training eager from here (--no-compile skips the try): %s",
