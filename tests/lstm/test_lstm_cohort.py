@@ -159,17 +159,14 @@ def assert_same_training(a: dict, b: dict, tol: float = 1e-4) -> None:
             assert ea[key] == pytest.approx(eb[key], abs=tol), (split, key)
 
 
-@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "one-by-one"])
-def test_members_ending_together_are_evaluated_together_each_with_its_own_outcome(tmp_path, stacked):
-    """The final evaluation of members that end at one step runs their models together (on an accelerator;
-    on a CPU one after another): each member's figures equal evaluating its own DirectionLSTM alone; a
-    member whose best checkpoint cannot be restored gets its own error, the others their figures; one
-    stopped by a signal is not restored."""
+def ending_cohort(tmp_path, stacked: bool, bests: list):
+    """A cohort of 4 members ending at one step, their runs stand-ins: member k's restore_best returns
+    bests[k] (an exception: raises it); the last one was stopped by a signal. Returns the cohort, its
+    members and the list of what was restored, in order."""
     from types import SimpleNamespace
 
-    from trainers.lstm.cohort import Cohort, FinalEvaluations, Member
+    from trainers.lstm.cohort import Cohort, Member
     from trainers.lstm.config import LstmConfig
-    from trainers.lstm.evaluate import evaluate_symbol
     from trainers.lstm.features import build_symbol_data
     from trainers.lstm.job import prepare_job, symbol_config
     from trainers.runtime.budget import StopReason
@@ -191,29 +188,72 @@ def test_members_ending_together_are_evaluated_together_each_with_its_own_outcom
             return best
         return SimpleNamespace(reason=reason, run_dir=tmp_path, restore_best=restore_best)
 
-    broken = OSError("best checkpoint unreadable")
-    for m, reason, best in zip(members, [StopReason.COMPLETED, StopReason.EARLY_STOP, StopReason.COMPLETED,
-                                         StopReason.SIGNAL], [7, 5, broken, 9]):
+    reasons = [StopReason.COMPLETED, StopReason.COMPLETED, StopReason.EARLY_STOP, StopReason.SIGNAL]
+    for m, reason, best in zip(members, reasons, bests):
         m.run = run(reason, best)
-    evaluations = FinalEvaluations(cohort, members, 64, cfg.cost_bps, 4)
-    for k in (0, 1):
-        got = evaluations.of(members[k])
-        want = evaluate_symbol(cohort.model.model(k), members[k].data, 64, cfg.cost_bps, 4)
-        assert got["checkpoint_step"] == [7, 5][k]
-        for split in ("val", "test"):
-            for key in ("log_loss", "accuracy", "roc_auc", "brier"):
-                assert got[split]["model"][key] == pytest.approx(want[split]["model"][key], abs=1e-6), (k, split, key)
-            assert got[split]["baselines"] == want[split]["baselines"]
-            assert got[split]["strategy"]["long_flat"]["total_return"] == \
-                pytest.approx(want[split]["strategy"]["long_flat"]["total_return"], abs=1e-9)
-    with pytest.raises(OSError, match="unreadable"):
-        evaluations.of(members[2])
-    from trainers.lstm.cohort import validation_losses
+    return cfg, cohort, members, restored
+
+
+def assert_evaluated_alone(got: dict, cohort, k: int, data, cost_bps: float) -> None:
+    """`got` is what evaluating row k's own DirectionLSTM alone gives."""
+    from trainers.lstm.evaluate import evaluate_symbol
+
+    want = evaluate_symbol(cohort.model.model(k), data, 64, cost_bps, 4)
+    for split in ("val", "test"):
+        for key in ("log_loss", "accuracy", "roc_auc", "brier"):
+            assert got[split]["model"][key] == pytest.approx(want[split]["model"][key], abs=1e-6), (k, split, key)
+        assert got[split]["baselines"] == want[split]["baselines"]
+        assert got[split]["strategy"]["long_flat"]["total_return"] == \
+            pytest.approx(want[split]["strategy"]["long_flat"]["total_return"], abs=1e-9)
+
+
+@pytest.mark.parametrize("stacked", [True, False], ids=["stacked", "one-by-one"])
+def test_members_ending_together_are_evaluated_together_each_with_its_own_outcome(tmp_path, stacked):
+    """The final evaluation of members that end at one step runs their models together (on an accelerator;
+    on a CPU one after another): each member's figures equal evaluating its own DirectionLSTM alone (rows 0
+    and 2: not the first rows in order); a member whose best checkpoint cannot be restored gets its own
+    error, the others their figures; one stopped by a signal is not restored."""
+    from trainers.lstm.cohort import FinalEvaluations, validation_losses
     from trainers.lstm.evaluate import validation_loss
 
+    broken = OSError("best checkpoint unreadable")
+    cfg, cohort, members, restored = ending_cohort(tmp_path, stacked, [7, broken, 5, 9])
+    evaluations = FinalEvaluations(cohort, members, 64, cfg.cost_bps, 4)
+    for k, best in ((0, 7), (2, 5)):
+        got = evaluations.of(members[k])
+        assert got["checkpoint_step"] == best
+        assert_evaluated_alone(got, cohort, k, members[k].data, cfg.cost_bps)
+    with pytest.raises(OSError, match="unreadable"):
+        evaluations.of(members[1])
+    assert restored == [7, broken, 5]  # the signalled member's checkpoint was left alone
     want = [validation_loss(cohort.model.model(k), m.data, 64) for k, m in enumerate(members)]
     assert validation_losses(cohort, members, 64) == pytest.approx(want, abs=1e-6)
-    assert restored == [7, 5, broken]  # the signalled member's checkpoint was left alone
+
+
+def test_a_failed_stacked_evaluation_is_made_member_by_member_each_error_its_own(tmp_path, monkeypatch, caplog):
+    """The stacked pass fails (as out of memory would): the members are evaluated one by one, each to its
+    own figures, and a member whose own data then fails is the only one that fails."""
+    import logging
+
+    import trainers.lstm.cohort as cohort_mod
+
+    def out_of_memory(*_args):
+        raise RuntimeError("CUDA out of memory (as it would say)")
+
+    monkeypatch.setattr(cohort_mod, "evaluation_logits", out_of_memory)
+    cfg, cohort, members, _restored = ending_cohort(tmp_path, True, [7, 6, 5, 9])
+
+    def unreadable(_anchors):
+        raise ValueError("this member's windows are broken")
+
+    members[1].data.gather = unreadable  # one member's own error, in the one-by-one pass
+    evaluations = cohort_mod.FinalEvaluations(cohort, members, 64, cfg.cost_bps, 4, logging.getLogger("cohort-test"))
+    with caplog.at_level(logging.WARNING, logger="cohort-test"):
+        for k in (0, 2):
+            assert_evaluated_alone(evaluations.of(members[k]), cohort, k, members[k].data, cfg.cost_bps)
+    assert "in one pass failed (RuntimeError: CUDA out of memory" in caplog.text
+    with pytest.raises(ValueError, match="windows are broken"):
+        evaluations.of(members[1])
 
 
 def test_a_cohort_job_trains_what_the_one_at_a_time_job_trains(tmp_path):

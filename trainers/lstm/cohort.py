@@ -224,12 +224,8 @@ def validation_losses(cohort: Cohort, members: list[Member], batch_size: int) ->
 def evaluation_logits(cohort: Cohort, members: list[Member], batch_size: int) -> list[list[np.ndarray]]:
     """Each member's logits on its `evaluation_anchors` (trainers.lstm.evaluate), the members' models run
     together: a symbol's final evaluation costs the cohort's passes over the longest member's windows,
-    not four passes of its own (on a GPU, each a launch-bound model call), and one read to the host. On a
-    CPU each member's own model (Cohort.stacked_evaluation)."""
+    not passes of its own (on a GPU, each a launch-bound model call), and one read to the host."""
     sets = [evaluation_anchors(m.data) for m in members]
-    if not cohort.stacked_evaluation:
-        return [[predict_logits(cohort.model.model(cohort.row(m)), m.data, anchors, batch_size).float().cpu().numpy()
-                 for anchors in s] for m, s in zip(members, sets)]
     anchors = [torch.cat(s) for s in sets]
     logits = torch.cat([out for out, _, _ in stacked_passes(cohort, members, anchors, batch_size)], dim=1).cpu()
     per_member = []
@@ -237,6 +233,13 @@ def evaluation_logits(cohort: Cohort, members: list[Member], batch_size: int) ->
         ends = np.cumsum([len(a) for a in s])
         per_member.append(np.split(row[:ends[-1]], ends[:-1]))
     return per_member
+
+
+def member_logits(cohort: Cohort, member: Member, batch_size: int) -> list[np.ndarray]:
+    """One member's logits on its `evaluation_anchors`, its own DirectionLSTM run alone."""
+    model = cohort.model.model(cohort.row(member))
+    return [predict_logits(model, member.data, anchors, batch_size).float().cpu().numpy()
+            for anchors in evaluation_anchors(member.data)]
 
 
 def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attempt: int
@@ -385,13 +388,15 @@ def _step_done(m: Member, ending: list[Member]) -> None:
 class FinalEvaluations:
     """The final evaluations of the members that end at one step, made together the first time one of
     them is asked for (inside that member's run.finish, after its training results are written, as a
-    symbol trained alone): each member's best checkpoint restored into its row, the models run together
-    (evaluation_logits), then each member's metrics on the host. A member whose restore fails gets its own
-    error; one whose run skips the evaluation (a signal, a divergence: trainers.runtime.results.ending) is
-    left out."""
+    symbol trained alone): each member's best checkpoint restored into its row, their logits (on an
+    accelerator the models run together, evaluation_logits; on a CPU each alone, member_logits), then each
+    member's metrics on the host. Errors stay a member's own: a restore that fails, its data, its metrics;
+    a stacked pass that fails (its memory, say) is made again member by member. A member whose run skips the
+    evaluation (a signal, a divergence: trainers.runtime.results.ending) is left out."""
 
-    def __init__(self, cohort: Cohort, members: list[Member], batch_size: int, cost_bps: float, bins: int):
-        self.cohort, self.batch_size, self.cost_bps, self.bins = cohort, batch_size, cost_bps, bins
+    def __init__(self, cohort: Cohort, members: list[Member], batch_size: int, cost_bps: float, bins: int,
+                 log=None):
+        self.cohort, self.batch_size, self.cost_bps, self.bins, self.log = cohort, batch_size, cost_bps, bins, log
         self.members = [m for m in members if ending(m.run.reason, "lstm", m.run.run_dir, None, 0, []) is None]
         self.results: dict[int, dict | BaseException] | None = None
 
@@ -412,24 +417,28 @@ class FinalEvaluations:
             except Exception as exc:  # noqa: BLE001 - that member's error, raised in its own finish
                 results[id(m)] = exc
         restored = [m for m in self.members if id(m) in best]
-        if restored:
+        together: dict[int, list[np.ndarray]] = {}
+        if len(restored) > 1 and self.cohort.stacked_evaluation:
             try:
-                logits = evaluation_logits(self.cohort, restored, self.batch_size)
-            except Exception as exc:  # noqa: BLE001 - each member raises it in its own finish
-                results.update({id(m): exc for m in restored})
-                return results
-            for m, member_logits in zip(restored, logits):
-                try:
-                    evaluation = evaluate_logits(m.data, member_logits, self.cost_bps, self.bins)
-                    evaluation["checkpoint_step"] = best[id(m)]
-                    results[id(m)] = evaluation
-                except Exception as exc:  # noqa: BLE001 - that member's error
-                    results[id(m)] = exc
+                together = dict(zip([id(m) for m in restored], evaluation_logits(self.cohort, restored, self.batch_size)))
+            except Exception as exc:  # noqa: BLE001 - made again member by member below, each error its own
+                if self.log is not None:
+                    self.log.warning("the final evaluation of %d cohort members in one pass failed (%s: %s); evaluating "
+                                     "them one by one", len(restored), type(exc).__name__, exc)
+        for m in restored:
+            try:
+                logits = together[id(m)] if id(m) in together else member_logits(self.cohort, m, self.batch_size)
+                evaluation = evaluate_logits(m.data, logits, self.cost_bps, self.bins)
+                evaluation["checkpoint_step"] = best[id(m)]
+                results[id(m)] = evaluation
+            except Exception as exc:  # noqa: BLE001 - that member's error
+                results[id(m)] = exc
         return results
 
 
 def _finish_together(ending_now: list[Member], cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int) -> None:
-    evaluations = FinalEvaluations(cohort, ending_now, cfg.eval_batch_size, cfg.cost_bps, cfg.calibration_bins)
+    evaluations = FinalEvaluations(cohort, ending_now, cfg.eval_batch_size, cfg.cost_bps, cfg.calibration_bins,
+                                   worker.log)
     for m in ending_now:
         _guarded(m, cohort, lambda m=m: _finish(m, cohort, cfg, worker, attempt, evaluations))
 
