@@ -111,7 +111,10 @@ def test_a_step_whose_compile_fails_runs_eager_from_then_on(failure):
     import torch._inductor.exc
     from torch._dynamo.backends.common import aot_autograd
 
+    tries = []
+
     def broken(gm, example_inputs):
+        tries.append(1)
         if failure == "triton":
             raise torch._inductor.exc.TritonMissing(None)
         raise RuntimeError("no compiler for this graph")
@@ -139,6 +142,9 @@ def test_a_step_whose_compile_fails_runs_eager_from_then_on(failure):
     for g, want in zip(grads, [p.grad for p in check.parameters()]):
         torch.testing.assert_close(g, want)
     assert compile_facts(step, True) == {"compiled": False, "compile_error": step.error}
+    tried = len(tries)
+    step(x).sum().backward()  # eager from then on: the compiler is not asked again
+    assert len(tries) == tried >= 1
 
 
 def test_deterministic_kernels_are_on_inside_and_put_back_after(monkeypatch):
