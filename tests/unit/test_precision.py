@@ -100,6 +100,8 @@ def test_compile_flag_wraps_the_model():
     step = maybe_compile(model, True)
     assert isinstance(step, CompiledOrEager) and step.eager is model
     assert isinstance(step.compiled, torch._dynamo.eval_frame.OptimizedModule)
+    assert compile_facts(step) == {"compiled": True, "compile_error": None}
+    assert compile_facts(model) == {"compiled": False, "compile_error": None}  # --no-compile
 
 
 @pytest.mark.parametrize("failure", ["forward", "backward", "triton"])
@@ -141,7 +143,7 @@ def test_a_step_whose_compile_fails_runs_eager_from_then_on(failure):
     check(x).sum().backward()
     for g, want in zip(grads, [p.grad for p in check.parameters()]):
         torch.testing.assert_close(g, want)
-    assert compile_facts(step, True) == {"compiled": False, "compile_error": step.error}
+    assert compile_facts(step) == {"compiled": False, "compile_error": step.error}
     tried = len(tries)
     step(x).sum().backward()  # eager from then on: the compiler is not asked again
     assert len(tries) == tried >= 1

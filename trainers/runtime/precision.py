@@ -106,8 +106,13 @@ class CompiledOrEager:
     Any other error (a recompile refused in the tests, a device fault) is raised as it was."""
 
     def __init__(self, compiled, eager, log=None):
+        import torch._functorch.config
+        import torch._inductor.exc
+
         self.compiled, self.eager, self.log = compiled, eager, log
         self.error: str | None = None
+        self.failures = (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.TritonMissing,
+                         torch._inductor.exc.GPUTooOldForTriton)  # (the last two reach us unwrapped)
 
     @property
     def is_compiled(self) -> bool:
@@ -115,15 +120,10 @@ class CompiledOrEager:
 
     def __call__(self, *args, **kwargs):
         if self.error is None:
-            import torch._functorch.config
-            import torch._inductor.exc
-
-            failures = (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.TritonMissing,
-                        torch._inductor.exc.GPUTooOldForTriton)  # (the last two reach us unwrapped)
             try:
                 with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
                     return self.compiled(*args, **kwargs)
-            except failures as exc:
+            except self.failures as exc:
                 self.error = " ".join(str(exc).split())[:300]
                 if self.log is not None:
                     self.log.warning("torch.compile failed; training eager from here (--no-compile skips the try): %s",
@@ -131,7 +131,7 @@ class CompiledOrEager:
         return self.eager(*args, **kwargs)
 
 
-def compile_facts(step, enabled: bool) -> dict:
+def compile_facts(step) -> dict:
     """results.json's record of a step maybe_compile made: compiled or not, and why not when it failed."""
-    failed = isinstance(step, CompiledOrEager) and not step.is_compiled
-    return {"compiled": enabled and not failed, "compile_error": step.error if failed else None}
+    tried = isinstance(step, CompiledOrEager)
+    return {"compiled": tried and step.is_compiled, "compile_error": step.error if tried else None}
