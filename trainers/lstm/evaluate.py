@@ -98,11 +98,13 @@ def evaluation_anchors(data: SymbolData, splits=EVALUATED_SPLITS) -> list[torch.
     (the strategy) as one sorted set, so the model runs once over each window (the two sets are nearly the
     same: scored apart, the evaluation ran the model twice over a split)."""
     device = data.ids[splits[0]].device
-    return [torch.from_numpy(scored_anchors(data, split)).to(device) for split in splits]
+    return [torch.from_numpy(scored_anchors(data.ids[split].cpu().numpy(), data.trade_ids[split])).to(device)
+            for split in splits]
 
 
-def scored_anchors(data: SymbolData, split: str) -> np.ndarray:
-    return np.union1d(data.ids[split].cpu().numpy(), data.trade_ids[split])
+def scored_anchors(labelled: np.ndarray, trade: np.ndarray) -> np.ndarray:
+    """A split's labelled and trading anchors (host arrays) as the one sorted set its logits are for."""
+    return np.union1d(labelled, trade)
 
 
 def evaluate_symbol(model: DirectionLSTM, data: SymbolData, batch_size: int, cost_bps: float, bins: int,
@@ -124,18 +126,18 @@ def evaluate_logits(data: SymbolData, logits: list[np.ndarray], cost_bps: float,
     linear = fit_logistic_regression(data)
     label, features = data.label.cpu(), data.features.cpu()  # one copy each, then host indexing only
     for index, split in enumerate(splits):
-        labelled = data.ids[split].cpu()
-        scored = scored_anchors(data, split)  # the anchors of logits[index], sorted
+        labelled, trade = data.ids[split].cpu().numpy(), data.trade_ids[split]
+        scored = scored_anchors(labelled, trade)  # the anchors of logits[index], sorted
         if len(logits[index]) != len(scored):
             raise ValueError(f"{data.symbol} {split}: {len(logits[index])} logits for {len(scored)} anchors")
         p_scored = sigmoid(logits[index])
-        p = p_scored[np.searchsorted(scored, labelled.numpy())]
+        p = p_scored[np.searchsorted(scored, labelled)]
         y = label[labelled].double().numpy()
         with torch.no_grad():  # the linear baseline lives on the host
             linear_p = torch.sigmoid(linear(features[labelled]).squeeze(-1)).double().numpy()
-        result = classification_metrics(y, p, data.train_up_rate, bins, data.past_ret[labelled.numpy()], linear_p)
-        p_trade = p_scored[np.searchsorted(scored, data.trade_ids[split])]
-        result["strategy"] = long_flat_strategy(p_trade, data.ret_1[data.trade_ids[split]], cost_bps, per_year)
+        result = classification_metrics(y, p, data.train_up_rate, bins, data.past_ret[labelled], linear_p)
+        p_trade = p_scored[np.searchsorted(scored, trade)]
+        result["strategy"] = long_flat_strategy(p_trade, data.ret_1[trade], cost_bps, per_year)
         out[split] = result
     return out
 
