@@ -166,7 +166,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{LSTM_GUARDS}::test_a_window_is_the_anchors_bar_and_the_ones_before_it_and_its_label_the_anchors",),
            "the model's window ends one bar after its anchor: it reads the bar it predicts"),
     Mutant("lstm_backtest_earns_the_seen_return", "LSTM", "trainers/lstm/evaluate.py",
-           (("data.ret_1[data.trade_ids[split]]", "data.ret_1[data.trade_ids[split] - 1]"),),
+           (("data.ret_1[trade]", "data.ret_1[trade - 1]"),),
            (f"{LSTM_GUARDS}::test_the_long_flat_backtest_earns_the_next_bar_not_the_one_just_closed",),
            "the long/flat strategy earns the bar that just closed, a return the model has seen"),
     Mutant("lstm_backtest_return_from_the_past", "LSTM", "trainers/lstm/features.py",
