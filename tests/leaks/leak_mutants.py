@@ -244,9 +244,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "a09b8e2's population search: a draw from the device's generator without device= (dead at its first "
            "TabuCol block on CUDA)"),
     Mutant("cohort_rows_of_another_symbol", "LSTM", "trainers/lstm/cohort.py",
-           (("        x, y = m.data.gather(anchors)\n        xs.append(x)\n        ys.append(torch.nan_to_num(y))  # (every",
-             "        x, y = members[0].data.gather(anchors)\n"
-             "        xs.append(x)\n        ys.append(torch.nan_to_num(y))  # (every"),),
+           (("xs, ys = zip(*(m.data.gather(anchors) for m, anchors, _ in rows))",
+             "xs, ys = zip(*(rows[0][0].data.gather(anchors) for m, anchors, _ in rows))"),),
            ("tests/lstm/test_lstm_cohort.py::test_a_cohort_job_trains_what_the_one_at_a_time_job_trains",),
            "a cohort step that feeds every member the first member's windows: each model trains on another "
            "symbol's data"),

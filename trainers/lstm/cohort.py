@@ -157,7 +157,7 @@ def padded(anchors: torch.Tensor, fill: torch.Tensor, size: int) -> tuple[torch.
 def batch_of(members: list[Member], size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each member's own windows [K, size, window, F], labels and row weights [K, size]: a member that has
     finished (still in the stack until it shrinks) gets rows that weigh nothing."""
-    xs, ys, ws = [], [], []
+    rows = []
     for m in members:
         ids = m.data.ids["train"]
         if m.done:
@@ -166,11 +166,15 @@ def batch_of(members: list[Member], size: int) -> tuple[torch.Tensor, torch.Tens
         else:
             positions, m.count = m.cursor.batch()
             anchors, weight = padded(ids[positions], ids, size)
-        x, y = m.data.gather(anchors)
-        xs.append(x)
-        ys.append(torch.nan_to_num(y))  # (every train anchor is labelled; the padding repeats one)
-        ws.append(weight)
-    return torch.stack(xs), torch.stack(ys), torch.stack(ws)
+        rows.append((m, anchors, weight))
+    return stacked_windows(rows)
+
+
+def stacked_windows(rows: list[tuple[Member, torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:
+    """Each (member, anchors, row weights)'s windows from the member's own data, stacked: x [K, B, window, F],
+    labels and weights [K, B] (an unlabelled anchor's label 0: only padding, which weighs 0, has one)."""
+    xs, ys = zip(*(m.data.gather(anchors) for m, anchors, _ in rows))
+    return torch.stack(xs), torch.nan_to_num(torch.stack(ys)), torch.stack([weight for _, _, weight in rows])
 
 
 def member_losses(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
@@ -193,16 +197,11 @@ def stacked_passes(cohort: Cohort, members: list[Member], anchors: list[torch.Te
     batch_size = -(-longest // passes)  # as few passes, each as small as they allow: padding only to the longest
     try:
         for start in range(0, longest, batch_size):
-            xs, ys, ws = [], [], []
-            for m, ids in zip(members, anchors):
-                chunk, weight = padded(ids[start:start + batch_size], ids, batch_size)
-                x, y = m.data.gather(chunk)
-                xs.append(x)
-                ys.append(torch.nan_to_num(y))
-                ws.append(weight)
+            x, y, w = stacked_windows([(m, *padded(ids[start:start + batch_size], ids, batch_size))
+                                       for m, ids in zip(members, anchors)])
             with torch.no_grad():
-                logits = cohort.model(torch.stack(xs), rows=rows)
-            yield logits.float(), torch.stack(ys), torch.stack(ws)
+                logits = cohort.model(x, rows=rows)
+            yield logits.float(), y, w
     finally:
         cohort.model.train(was_training)
 
