@@ -26,9 +26,9 @@ class ToyConfig(RunOptions):
 
 def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, evaluate=None, summary=None,
              draws: list | None = None, data_fingerprint: str | None = None, eval_seconds: float = 0.0,
-             epoch_steps: int = 3, nan_at: int | None = None, val_nan_at: int | None = None):
+             epoch_steps: int = 3, nan_at: int | None = None, val_nan_at: int | None = None, val_metric=None):
     """A minimal trainer: a linear model, SGD, a 'position' that counts samples. `nan_at`: the loss
-    of that step is NaN (the weights follow)."""
+    of that step is NaN (the weights follow); `val_metric(step)`: the validation value (else the loss)."""
     ctx = single_process_context()
     torch.manual_seed(cfg.seed)
     model = torch.nn.Linear(3, 1)
@@ -55,7 +55,8 @@ def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, eva
             if run.should_eval(step, end_of_epoch=step % epoch_steps == 0):
                 with run.timing("evaluation"):
                     time.sleep(eval_seconds)
-                    run.evaluated(step, float("nan") if step == val_nan_at else float(loss.detach()))
+                    value = float(loss.detach()) if val_metric is None else val_metric(step)
+                    run.evaluated(step, float("nan") if step == val_nan_at else value)
             reason = run.step_done(step, {"seen": seen}, items=4, loss=loss.detach())
             if reason != StopReason.NONE:
                 if draws is not None:

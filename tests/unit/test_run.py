@@ -25,6 +25,40 @@ def test_a_stop_on_a_checkpoint_step_saves_once(tmp_path, monkeypatch):
     assert saved == [2, 3, 4]  # cadence 2 and 4, the evaluation at 3; the stop at 4 is not saved twice
 
 
+def VALIDATION(step: int) -> float:  # evaluations at the epochs' ends 3, 6, 9, 12: new bests at 3 and 9
+    return {3: 1.0, 6: 2.0, 9: 0.5, 12: 3.0}.get(step, 5.0)
+
+
+@pytest.mark.parametrize("at_eval,expected", [("always", [3, 6, 9, 12]), ("improved", [3, 9, 12])])
+def test_ckpt_at_eval_improved_saves_only_new_bests(tmp_path, monkeypatch, at_eval, expected):
+    saved = []
+    real = CheckpointManager.commit
+    monkeypatch.setattr(CheckpointManager, "commit", lambda self, step, *a: (saved.append(step), real(self, step, *a)))
+    results, _ = toy_loop(cfg_for(tmp_path, ckpt_every=1000, patience=0, ckpt_at_eval=at_eval), total_steps=12,
+                          val_metric=VALIDATION)
+    assert saved == expected  # 12: the stop's own save (not a new best)
+    metas = {int(m.stem[5:]): json.loads(m.read_text())["metric"]
+             for m in (tmp_path / "run" / "checkpoints").glob("meta_*.json")}
+    assert metas[9] == 0.5 and min(metas, key=lambda s: metas[s] if metas[s] is not None else 9e9) == 9
+    assert results["training"]["best_val"]["step"] == 9
+
+
+def test_ckpt_at_eval_improved_resumes_from_the_last_best_to_the_same_run(tmp_path):
+    """A kill after an evaluation that saved nothing: the run redoes its steps from the last best, with
+    the early-stopping count it had there, and ends as the uninterrupted run does."""
+    whole, whole_model = toy_loop(cfg_for(tmp_path / "a", ckpt_every=1000, patience=3, ckpt_at_eval="improved"),
+                                  total_steps=12, val_metric=VALIDATION)
+    cfg = cfg_for(tmp_path / "b", ckpt_every=1000, patience=3, ckpt_at_eval="improved")
+    toy_loop(cfg, total_steps=8, val_metric=VALIDATION)  # saved at 3 (a best) and 8 (its last step), not at 6
+    ckpts = tmp_path / "b" / "run" / "checkpoints"
+    (ckpts / "meta_00000008.json").unlink()  # killed before step 8's save completed
+    assert [m.name for m in ckpts.glob("meta_*.json")] == ["meta_00000003.json"]  # it resumes from step 3
+    resumed, model = toy_loop(cfg, total_steps=12, val_metric=VALIDATION)
+    torch.testing.assert_close(model.weight, whole_model.weight)
+    for key in ("steps", "best_val", "last_val", "stop_reason"):
+        assert resumed["training"][key] == whole["training"][key], key
+
+
 def test_resume_restores_states_this_ranks_rng_and_position(tmp_path):
     cfg = cfg_for(tmp_path, ckpt_every=100, patience=0)
     draws: list = []

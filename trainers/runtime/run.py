@@ -13,10 +13,10 @@
 
 For every trainer alike: one job per folder, nothing written before every check passed; resume restores every
 state, the counters and this rank's RNG and data position; `step_done` saves at the cadence and after each
-evaluation, agrees on a stop with every rank, saves once on a stop, never after a non-finite loss; `finish` writes
-the training results, then the evaluation (skipped after a signal or a failure). Its parts, one job each:
-`Checkpointer`, `StopAgreement`, `AgreementCadence`, `ValidationRecord`, `FiniteWatch`, `ThroughputClock`,
-`StepLog`, the folder's lock, `Heartbeat` and data fingerprint (`rundir`), the --remote mirror (`remote`).
+evaluation (with --ckpt-at-eval improved, each new best), agrees on a stop with every rank, saves once on a stop,
+never after a non-finite loss; `finish` writes the training results, then the evaluation (skipped after a signal
+or a failure). Its parts, one job each: `Checkpointer`, `StopAgreement`, `AgreementCadence`, `ValidationRecord`,
+`FiniteWatch`, `ThroughputClock`, `StepLog`, the lock, `Heartbeat` and fingerprint (`rundir`), the mirror (`remote`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Run:
         self.run_dir = Path(cfg.run_dir)
         self.clock = ThroughputClock(unit, ctx.device, ctx.world_size, flops_per_item, started_at or time.time())
         self.budget_from = self.clock.started_at if budget_includes_startup else None  # the budget's clock starts there
-        self.step, self.reason, self._metric_to_save = 0, StopReason.NONE, None  # metric: (step, value) to save
+        self.step, self.reason, self._metric_to_save = 0, StopReason.NONE, None  # (step, value, save it at that step)
         self._exit = contextlib.ExitStack()
 
     def __enter__(self) -> "Run":
@@ -131,7 +131,7 @@ class Run:
         improved = self.val.update(step, metric, self.metric_name, self.log, self.metrics)
         if self.val.early.should_stop:
             self.stopper.request(StopReason.EARLY_STOP)
-        self._metric_to_save = (step, metric)
+        self._metric_to_save = (step, metric, improved or self.cfg.ckpt_at_eval == "always")
         return improved
 
     def step_done(self, step: int, position: dict, items: int = 0, loss=None) -> StopReason:
@@ -162,7 +162,7 @@ class Run:
         if reason.failed:
             self._settle()  # the write in flight holds an earlier, finite step: complete it
             return reason
-        if evaluated_now or self.ckpt.due_by_steps(step) or time_save:
+        if (evaluated_now and self._metric_to_save[2]) or self.ckpt.due_by_steps(step) or time_save:
             self._save(step, position, self._metric_to_save[1] if evaluated_now else None)
         if reason == StopReason.NONE and self.total_steps is not None and step >= self.total_steps:
             reason = StopReason.COMPLETED
