@@ -53,11 +53,33 @@ def test_the_compiled_rollout_step_trains_what_the_eager_one_does_and_compiles_o
     eager, _ = run(tmp_path, "eager")
     compiled, graphs = run(tmp_path, "compiled", "--compile-rollout", "on")
     assert graphs == 1  # one graph for all 5 updates (fullgraph: a graph break would have raised)
+    assert compiled["training"]["compiled"] is True and compiled["training"]["compile_error"] is None
     a, b = eager["training"], compiled["training"]
     assert a["steps"] == b["steps"] == 5
     # the same draws, the same environments: the same agent to float rounding (inductor fuses the sums)
     assert json.dumps(eager["evaluation"], sort_keys=True) != "{}"
     assert_close(eager["evaluation"], compiled["evaluation"])
+
+
+def test_a_rollout_step_whose_compile_fails_runs_eager_and_says_so(tmp_path, monkeypatch):
+    """`--compile-rollout` on a machine whose compiler is broken (here a backend that raises, as a missing
+    triton would): the run trains the eager step from the first call on, exactly the eager run's agent, and the
+    log and results.json say why; off records no compile at all."""
+    eager, _ = run(tmp_path, "eager", "--seeds", "2")  # two agents, trained one after the other
+    assert (eager["training"]["compiled"], eager["training"]["compile_error"]) == (False, None)
+
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no working compiler on this machine")
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=broken_backend,
+                                                                        **{k: v for k, v in kw.items() if k != "mode"}))
+    fallen, _ = run(tmp_path, "broken", "--seeds", "2", "--compile-rollout", "graphs")
+    assert fallen["training"]["compiled"] is False and "no working compiler" in fallen["training"]["compile_error"]
+    log = (tmp_path / "broken" / "training.log").read_text()
+    assert log.count("torch.compile failed; training eager") == 1  # once for the run, not once per agent or update
+    assert "--compile-rollout off skips the try" in log
+    assert json.dumps(fallen["evaluation"], sort_keys=True) == json.dumps(eager["evaluation"], sort_keys=True)
 
 
 def assert_close(a, b, path="evaluation"):

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from trainers.ppo.model import RunningNorm
 from trainers.runtime.dist import DistContext
-from trainers.runtime.precision import Precision, autocast
+from trainers.runtime.precision import CompiledOrEager, Precision, autocast
 
 
 @dataclass(frozen=True)
@@ -137,10 +137,14 @@ def collect(env, policy, norms, inputs: Callable, buf: Rollout, obs: tuple, done
     return obs, done
 
 
-def compiled_rollout_step(mode: str) -> Callable:
-    """rollout_step compiled as one graph (`on`), or captured as a CUDA graph too (`graphs`:
-    mode="reduce-overhead"; on a CPU it compiles as `on`). Dynamo traces nn.LSTM (the CLSTM's cells) only
-    with its allow_rnn switch (torch 2.13: "experimental"), turned on around the compiled call alone."""
+def rollout_stepper(mode: str, log=None) -> Callable:
+    """`--compile-rollout`: rollout_step itself (`off`), compiled as one graph (`on`), or captured as a CUDA
+    graph too (`graphs`: mode="reduce-overhead"; on a CPU it compiles as `on`). A compile that fails runs the
+    step eager from there on and says so (CompiledOrEager: nothing has stepped when the compiler raises).
+    Dynamo traces nn.LSTM (the CLSTM's cells) only with its allow_rnn switch (torch 2.13: "experimental"),
+    turned on around the compiled call alone."""
+    if mode == "off":
+        return rollout_step
     import torch._dynamo
 
     compiled = torch.compile(rollout_step, fullgraph=True, mode="reduce-overhead" if mode == "graphs" else None)
@@ -148,7 +152,7 @@ def compiled_rollout_step(mode: str) -> Callable:
     def step(*args):
         with torch._dynamo.config.patch(allow_rnn=True):
             return compiled(*args)
-    return step
+    return CompiledOrEager(step, rollout_step, log, off_flag="--compile-rollout off")
 
 
 @torch.no_grad()

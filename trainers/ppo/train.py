@@ -17,6 +17,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -32,7 +33,7 @@ from trainers.ppo.size import SIZES, size_for_device
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
-from trainers.runtime.precision import Precision, enable_tf32, make_grad_scaler, precision_for
+from trainers.runtime.precision import Precision, compile_facts, enable_tf32, make_grad_scaler, precision_for
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
@@ -51,7 +52,7 @@ class Phase:
     """One agent's training on this rank: its environments, sampling generator and episode counters."""
 
     def __init__(self, index: int, agent: Agent, cfg: PpoConfig, market: DeviceMarket, spec, train_range, ctx: DistContext,
-                 position: dict | None):
+                 position: dict | None, step: Callable):
         self.index = index
         env_seed = agent.seed * 7919 + index
         self.env = VecPortfolioEnv(market, spec, cfg.num_envs, train_range, seed=env_seed, rank=ctx.rank)
@@ -66,8 +67,7 @@ class Phase:
         self.obs = self.env.observe()
         # one for the phase, zeroed after each update's merge: a compiled step keeps reading the same tensors
         self.stats = ppo.NormStats(agent.norms, ctx.device) if agent.norms is not None else None
-        self.step = ppo.compiled_rollout_step(cfg.compile_rollout) if cfg.compile_rollout != "off" else \
-            ppo.rollout_step
+        self.step = step  # the run's rollout step (ppo.rollout_stepper), compiled once for every agent
         # not a static graph: an update may stop early on the KL target, mid-epoch of the graph's life
         self.train_policy = wrap_ddp(agent.policy, ctx, accumulates=cfg.grad_accum > 1, static_graph=False) \
             if ctx.distributed else agent.policy
@@ -170,12 +170,13 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
         step = start.step
         phase: Phase | None = None
         buf = None
+        rollout_step = ppo.rollout_stepper(cfg.compile_rollout, log)
         while step < total_steps:
             index, u = divmod(step, updates)
             agent = agents.agents[index]
             if phase is None or phase.index != index:
                 phase = Phase(index, agent, cfg, market, spec, train_range, ctx,
-                              start.position if phase is None else None)
+                              start.position if phase is None else None, rollout_step)
                 buf = ppo.Rollout(cfg.rollout_steps, phase.obs, (data.n_stocks,), torch.float32, ctx.device)
             lr = ppo.anneal_lr(agent.optimizer, cfg.lr, u, updates) if cfg.anneal_lr else cfg.lr
             stats = phase.stats
@@ -225,5 +226,5 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                              "window": cfg.window, "n_stocks": data.n_stocks, "n_features": len(FEATURES)},
                    "training": {"updates_per_agent": updates, "env_steps_per_update": per_update,
                                 "agents": [f"{e}/seed{sd}" for e, sd in cfg.agents()], "precision": precision.name,
-                                "tf32": tf32}}
+                                "tf32": tf32, **compile_facts(rollout_step)}}
         return run.finish(summary, evaluate=final_evaluation)

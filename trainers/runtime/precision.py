@@ -105,11 +105,11 @@ class CompiledOrEager:
     compiled with the forward (AOTAutograd would compile it at the first backward, outside this call).
     Any other error (a recompile refused in the tests, a device fault) is raised as it was."""
 
-    def __init__(self, compiled, eager, log=None):
+    def __init__(self, compiled, eager, log=None, off_flag: str = "--no-compile"):
         import torch._functorch.config
         import torch._inductor.exc
 
-        self.compiled, self.eager, self.log = compiled, eager, log
+        self.compiled, self.eager, self.log, self.off_flag = compiled, eager, log, off_flag
         self.error: str | None = None
         self.failures = (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.TritonMissing,
                          torch._inductor.exc.GPUTooOldForTriton)  # (the last two reach us unwrapped)
@@ -126,8 +126,8 @@ class CompiledOrEager:
             except self.failures as exc:
                 self.error = " ".join(str(exc).split())[:300]
                 if self.log is not None:
-                    self.log.warning("torch.compile failed; training eager from here (--no-compile skips the try): %s",
-                                     self.error)
+                    self.log.warning("torch.compile failed; training eager from here (%s skips the try): %s",
+                                     self.off_flag, self.error)
         return self.eager(*args, **kwargs)
 
 
