@@ -43,6 +43,39 @@ def test_ckpt_at_eval_improved_saves_only_new_bests(tmp_path, monkeypatch, at_ev
     assert results["training"]["best_val"]["step"] == 9
 
 
+def test_ckpt_at_eval_improved_restores_the_runs_best_whatever_the_cadence_saved(tmp_path, monkeypatch):
+    """An evaluation that is not a new best (here by less than --min-delta) is saved by the step cadence
+    without its metric: the checkpoint restored as the best is the run's best, not whichever the cadence hit."""
+    best = []
+    real = CheckpointManager.best_step
+    monkeypatch.setattr(CheckpointManager, "best_step", lambda self: (best.append(real(self)), best[-1])[1])
+    results, _ = toy_loop(cfg_for(tmp_path, ckpt_every=6, patience=0, ckpt_at_eval="improved", min_delta=0.1),
+                          total_steps=12, val_metric={3: 1.0, 6: 0.95, 9: 2.0, 12: 3.0}.get,
+                          evaluate=lambda: {"ok": True})
+    assert results["training"]["best_val"]["step"] == 3 and best[-1] == 3  # (the cadence saved step 6: 0.95)
+
+
+def test_ckpt_at_eval_improved_saves_when_any_rank_has_a_new_best(tmp_path, monkeypatch):
+    """The save decision rides on the stop agreement: a new best on another rank (here the agreed value
+    says so at step 6) makes this rank save at the same step, so every rank enters the save's collectives."""
+    import trainers.runtime.stops as stops
+
+    saved, sent, real_commit, real_reduce = [], [], CheckpointManager.commit, stops.all_reduce_max
+    monkeypatch.setattr(CheckpointManager, "commit", lambda self, step, *a: (saved.append(step), real_commit(self, step, *a)))
+    steps = iter(range(1, 13))
+
+    def another_rank_has_a_best(ctx, values, on_device=None):
+        step = next(steps)
+        sent.append((step, values[1]))  # [stop, save now, ...]: what this rank tells the others
+        agreed = real_reduce(ctx, values, on_device=on_device)
+        return [agreed[0], 1.0, *agreed[2:]] if step == 6 else agreed
+    monkeypatch.setattr(stops, "all_reduce_max", another_rank_has_a_best)
+    toy_loop(cfg_for(tmp_path, ckpt_every=1000, patience=0, ckpt_at_eval="improved", agree_every=1), total_steps=12,
+             val_metric=VALIDATION)
+    assert saved == [3, 6, 9, 12]
+    assert [step for step, save in sent if save] == [3, 9]  # its own new bests, told to every rank
+
+
 def test_ckpt_at_eval_improved_resumes_from_the_last_best_to_the_same_run(tmp_path):
     """A kill after an evaluation that saved nothing: the run redoes its steps from the last best, with
     the early-stopping count it had there, and ends as the uninterrupted run does."""

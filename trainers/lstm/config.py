@@ -157,9 +157,9 @@ class LstmConfig(RunOptions):
     calibration_bins: int = option(10, "equal-count bins of the calibration table", resume_safe=True, min=2)
     eval_every: int = option(0, "evaluate validation loss every N steps (0: at each epoch end)", resume_safe=True,
                              min=0)
-    ckpt_at_eval: str = option("improved", "which evaluations also checkpoint: improved (only a new best; a symbol "
-                               "is a few dozen steps, cheaper to redo after a kill than to save at every epoch) or "
-                               "always", resume_safe=True, choices=CKPT_AT_EVAL)
+    ckpt_at_eval: str = option("improved", "which evaluations also checkpoint: improved (only a new best: a kill "
+                               "redoes the symbol's steps since then, seconds of work, where saving every epoch "
+                               "costs every symbol a write) or always", resume_safe=True, choices=CKPT_AT_EVAL)
     eval_batch_size: int = option(1024, "windows per evaluation batch", resume_safe=True, min=1)
     export: bool = option(True, "export each finished symbol's ONNX in its worker (parallel; `trainers lstm "
                           "export` does the rest)", resume_safe=True)

@@ -27,7 +27,7 @@ class RunOptions:
                            resume_safe=True, min=0)
     min_delta: float = option(0.0, "an improvement of the validation metric smaller than this does not count",
                               resume_safe=True, min=0)
-    ckpt_every: int = option(200, "checkpoint every N optimizer steps (and at each evaluation)", resume_safe=True,
+    ckpt_every: int = option(200, "checkpoint every N optimizer steps (and at evaluations: --ckpt-at-eval)", resume_safe=True,
                              min=1)
     ckpt_at_eval: str = option("always", "which evaluations also checkpoint: always (a lost machine costs at most the "
                                "steps since the last evaluation) or improved (only a new best, which the final "

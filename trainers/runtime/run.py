@@ -158,12 +158,13 @@ class Run:
 
     def _agree_and_save(self, step: int, position: dict) -> StopReason:
         evaluated_now = self._metric_to_save is not None and self._metric_to_save[0] == step
-        reason, time_save = self._agree(step, force=evaluated_now or self.ckpt.due_by_steps(step))
+        saves_eval = evaluated_now and self._metric_to_save[2]  # (its metric in the meta: `best` picks from those)
+        reason, save_now = self._agree(step, evaluated_now or self.ckpt.due_by_steps(step), saves_eval)
         if reason.failed:
             self._settle()  # the write in flight holds an earlier, finite step: complete it
             return reason
-        if (evaluated_now and self._metric_to_save[2]) or self.ckpt.due_by_steps(step) or time_save:
-            self._save(step, position, self._metric_to_save[1] if evaluated_now else None)
+        if save_now or self.ckpt.due_by_steps(step):
+            self._save(step, position, self._metric_to_save[1] if saves_eval else None)
         if reason == StopReason.NONE and self.total_steps is not None and step >= self.total_steps:
             reason = StopReason.COMPLETED
         if reason != StopReason.NONE:
@@ -172,23 +173,22 @@ class Run:
             self._settle()  # the loop ends: its last checkpoint is complete before anything else runs
         return reason
 
-    def _agree(self, step: int, force: bool) -> tuple[StopReason, bool]:
-        """The stop agreement at the steps the cadence picks (on a GPU each is a host sync), always at
-        an evaluation, a step-cadence save and the last step. Rank 0's clock for a time-based save,
-        the adaptive cadence and the state of a write behind the loop ride on the same collective."""
-        last = self.total_steps is not None and step >= self.total_steps
-        if not self.cadence.due(force or last):
+    def _agree(self, step: int, force: bool, save: bool) -> tuple[StopReason, bool]:
+        """The stop agreement at the steps the cadence picks (on a GPU each is a host sync), always at an evaluation,
+        a step-cadence save and the last step. On the same collective: whether to save now (rank 0's clock, or an
+        evaluation that saves on any rank), the adaptive cadence and the state of a write behind the loop."""
+        if not self.cadence.due(force or (self.total_steps is not None and step >= self.total_steps)):
             return StopReason.NONE, False
         if self.finite.host_diverged():
             self.stopper.request(StopReason.DIVERGED)
         writing, failure = self.ckpt.write_status()
-        reason, (time_save, every, any_writing, failure) = self.stopper.agree(
-            float(self.ckpt.due_by_time()), float(self.cadence.proposal(self.clock.seconds_per_step())),
+        reason, (save_now, every, any_writing, failure) = self.stopper.agree(
+            float(self.ckpt.due_by_time() or save), float(self.cadence.proposal(self.clock.seconds_per_step())),
             writing, failure, diverged=self.finite.device_flag())
         self.cadence.agreed(every)
         self.ckpt.agreed(any_writing > 0, failure)
         self._update_reserve()
-        return reason, time_save > 0
+        return reason, save_now > 0
 
     def _save(self, step: int, position: dict, metric: float | None) -> None:
         shared = {"states": {name: obj.state_dict() for name, obj in self.states.items()},
