@@ -178,3 +178,23 @@ def test_gpu_defaults_and_deterministic_may_change_on_a_resume():
     saved = to_dict(ForecastConfig(gpu_defaults=True, deterministic=True))
     assert incompatible_fields(saved, ForecastConfig()) == []
     assert incompatible_fields(saved, ForecastConfig(window=30)) != []  # a field that does change the run
+
+
+def test_compile_facts_of_several_ranks_say_which_fell_back(monkeypatch):
+    """Each rank falls back on its own: results.json (rank 0's) says compiled only when every rank's step is,
+    and names the ranks that run eager, even when rank 0 compiled."""
+    import trainers.runtime.dist as dist
+    from trainers.runtime.dist import DistContext
+
+    compiled = CompiledOrEager(lambda x: x, lambda x: x)
+    fell_back = CompiledOrEager(lambda x: x, lambda x: x)
+    fell_back.error = "no working compiler on this machine"
+    ctx = DistContext(rank=0, local_rank=0, world_size=3, local_world_size=3, device=torch.device("cpu"), backend="gloo")
+    others = {"ok": compile_facts(compiled), "failed": compile_facts(fell_back)}
+    monkeypatch.setattr(dist, "all_gather_object", lambda _ctx, mine: [mine, others["failed"], others["ok"]])
+    assert compile_facts(compiled, ctx) == {"compiled": False,
+                                            "compile_error": "rank 1 of 3: no working compiler on this machine"}
+    monkeypatch.setattr(dist, "all_gather_object", lambda _ctx, mine: [mine, others["failed"], others["failed"]])
+    assert compile_facts(compiled, ctx)["compile_error"].startswith("ranks 1, 2 of 3: no working compiler")
+    monkeypatch.setattr(dist, "all_gather_object", lambda _ctx, mine: [mine, others["ok"], others["ok"]])
+    assert compile_facts(compiled, ctx) == {"compiled": True, "compile_error": None}

@@ -217,7 +217,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
                              "encoder": cfg.encoder, "flops_per_sample_train": flops},
                    "preprocessing": store.preprocessing(),
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
-                                "precision": precision.name, "tf32": tf32, **compile_facts(train_step),
+                                "precision": precision.name, "tf32": tf32, **compile_facts(train_step, ctx),
                                 "global_batch": cfg.batch_size * cfg.grad_accum * ctx.world_size}}
         return run.finish(summary, evaluate=evaluate), run.reason
 

@@ -138,7 +138,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                              "max_colors": cfg.max_colors},
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "nodes_per_batch": cfg.nodes_per_batch, "ddp": _ddp_facts(train_model),
-                                **compile_facts(step_model), "padded_to": list(capacity) if compiled else None,
+                                **compile_facts(step_model, ctx), "padded_to": list(capacity) if compiled else None,
                                 "fused_adamw": bool(optimizer.defaults.get("fused")),
                                 # every graph is seen once per epoch, so nodes/s = graphs/s x mean graph size
                                 "nodes_per_s_per_device": per_device * nodes_per_graph if per_device else None,

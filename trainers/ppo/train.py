@@ -226,5 +226,5 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                              "window": cfg.window, "n_stocks": data.n_stocks, "n_features": len(FEATURES)},
                    "training": {"updates_per_agent": updates, "env_steps_per_update": per_update,
                                 "agents": [f"{e}/seed{sd}" for e, sd in cfg.agents()], "precision": precision.name,
-                                "tf32": tf32, **compile_facts(rollout_step)}}
+                                "tf32": tf32, **compile_facts(rollout_step, ctx)}}
         return run.finish(summary, evaluate=final_evaluation)

@@ -131,7 +131,19 @@ class CompiledOrEager:
         return self.eager(*args, **kwargs)
 
 
-def compile_facts(step) -> dict:
-    """results.json's record of a step maybe_compile made: compiled or not, and why not when it failed."""
+def compile_facts(step, ctx=None) -> dict:
+    """results.json's record of a step maybe_compile made: compiled or not, and why not when it failed.
+    Collective with `ctx` (a DistContext): each rank falls back on its own, so the run counts as compiled only
+    where every rank's step is, and the error says which ranks fell back."""
     tried = isinstance(step, CompiledOrEager)
-    return {"compiled": tried and step.is_compiled, "compile_error": step.error if tried else None}
+    mine = {"compiled": tried and step.is_compiled, "compile_error": step.error if tried else None}
+    if ctx is None:
+        return mine
+    from trainers.runtime.dist import all_gather_object
+
+    every = all_gather_object(ctx, mine)
+    failed = [rank for rank, facts in enumerate(every) if facts["compile_error"]]
+    error = every[failed[0]]["compile_error"] if failed else None
+    if failed and len(every) > 1:
+        error = f"rank{'s' * (len(failed) > 1)} {', '.join(map(str, failed))} of {len(every)}: {error}"
+    return {"compiled": all(facts["compiled"] for facts in every), "compile_error": error}
