@@ -40,7 +40,7 @@ def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, eva
         step = start.step
         if draws is not None:
             draws.append(("start", torch.rand(1).item(), np.random.rand(), random.random()))
-        while step < total_steps:
+        while step < total_steps and not start.ended:
             x = torch.randn(4, 3)
             loss = model(x).pow(2).mean() * (float("nan") if step + 1 == nan_at else 1.0)
             loss.backward()

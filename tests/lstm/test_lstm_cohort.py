@@ -330,6 +330,28 @@ def test_a_cohort_stopped_by_a_signal_resumes_alone_or_in_another_cohort(tmp_pat
         assert "SYN001: resumed from checkpoint step" in log
 
 
+@pytest.mark.parametrize("cohort", ["1", "4"])
+def test_a_symbol_killed_after_its_early_stop_finishes_where_it_stopped(tmp_path, cohort):
+    """A cohort's member writes its done.json only when the whole cohort has finished (a symbol alone: after
+    its export): killed in between, the symbol is pending again. Run again, it resumes at its early stop's
+    checkpoint and finishes there, as the uninterrupted job did, instead of training on (a hostile test
+    found it training 75 more steps to another model)."""
+    symbols = ["--symbols", "SYN000,SYN001,SYN002,SYN003", "--dropout", "0", "--cohort", cohort]
+    assert train(tmp_path / "job", *symbols) == 0
+    whole = symbol_results(tmp_path / "job")
+    stopped = [s for s, r in whole.items() if r["training"]["stop_reason"] == "early_stop"
+               and r["training"]["steps"] < r["training"]["total_steps"]]
+    assert stopped, {s: r["training"]["stop_reason"] for s, r in whole.items()}
+    for s in stopped:  # as if killed before its done.json
+        (tmp_path / "job" / "symbols" / s / "done.json").unlink()
+    assert train(tmp_path / "job", *symbols) == 0
+    again = symbol_results(tmp_path / "job")
+    for s in stopped:
+        assert_same_training(whole[s], again[s], tol=0.0)
+        assert (tmp_path / "job" / "symbols" / s / "done.json").exists()
+    assert "resumed from checkpoint step" in (tmp_path / "job" / "training.log").read_text()
+
+
 def test_the_cohort_option_is_checked_and_auto_is_one_on_a_cpu(tmp_path, capsys):
     assert main(["lstm", "train", "--run-dir", str(tmp_path / "x"), "--cohort", "0"]) == 2
     assert "--cohort" in capsys.readouterr().err

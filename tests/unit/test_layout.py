@@ -296,3 +296,32 @@ def test_cuda_is_reached_through_one_seam():
     assert not offenders, offenders
     assert cuda_uses("import torch as t\nt.cuda.synchronize()\nfrom torch import cuda\nimport torch.cuda\n"
                      "x = torch.backends.cuda.matmul\ny.cuda()\nv = torch.version.cuda\n") == [2, 3, 4, 5]
+
+
+def loops_after_resume(path: Path) -> list[tuple[int, bool]]:
+    """Each `while` loop in a function that calls `.resume()` (a training loop): its line, and whether its
+    condition reads a Start's `ended` (a run resumed at its early stop trains no further: Run.resume)."""
+    found = []
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr == "resume"]
+        if calls:
+            found += [(w.lineno, any(isinstance(n, ast.Attribute) and n.attr == "ended" for n in ast.walk(w.test)))
+                      for w in ast.walk(fn) if isinstance(w, ast.While)]
+    return found
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_every_training_loop_stops_where_a_resumed_run_had_stopped_early(trainer):
+    loops = loops_after_resume(PACKAGE / trainer / "train.py")
+    if trainer == "lstm":  # one symbol's loop here; a cohort's members are finished by trainers/lstm/cohort.py
+        assert "m.ended" in (PACKAGE / "lstm" / "cohort.py").read_text()
+    assert loops and all(reads for _line, reads in loops), f"trainers/{trainer}/train.py loops {loops}"
+
+
+def test_the_loop_check_sees_a_loop_that_ignores_ended(tmp_path):
+    bad = tmp_path / "train.py"
+    bad.write_text("def train(run):\n    start = run.resume()\n    while step < total:\n        step += 1\n")
+    assert loops_after_resume(bad) == [(3, False)]

@@ -92,6 +92,24 @@ def test_ckpt_at_eval_improved_resumes_from_the_last_best_to_the_same_run(tmp_pa
         assert resumed["training"][key] == whole["training"][key], key
 
 
+def test_a_resume_from_an_early_stops_checkpoint_trains_no_further(tmp_path):
+    """Killed after its early stop was saved (in its final evaluation, its export, or as an LSTM cohort member
+    waiting for the others), a run started again finishes where it stopped: it does not train on and find
+    a later best that the uninterrupted run never saw (here: step 9's 0.5)."""
+    cfg = cfg_for(tmp_path, ckpt_every=1000, patience=1)
+    first, model = toy_loop(cfg, total_steps=12, val_metric=VALIDATION)
+    assert (first["training"]["stop_reason"], first["training"]["steps"]) == ("early_stop", 6)
+    again, model_again = toy_loop(cfg, total_steps=12, val_metric=VALIDATION)
+    assert (again["training"]["stop_reason"], again["training"]["steps"]) == ("early_stop", 6)
+    assert again["training"]["best_val"] == first["training"]["best_val"]
+    torch.testing.assert_close(model_again.weight, model.weight)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("meta_*.json")) == \
+        ["meta_00000003.json", "meta_00000006.json"]
+    # a larger --patience on the resume (a resume-safe option) trains on, as asked
+    more, _ = toy_loop(cfg_for(tmp_path, ckpt_every=1000, patience=2), total_steps=12, val_metric=VALIDATION)
+    assert more["training"]["steps"] == 12 and more["training"]["best_val"]["step"] == 9
+
+
 def test_resume_restores_states_this_ranks_rng_and_position(tmp_path):
     cfg = cfg_for(tmp_path, ckpt_every=100, patience=0)
     draws: list = []

@@ -172,7 +172,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
         window_count = 0
         scale = torch.ones((), device=ctx.device)  # filled each step: a kernel, not a copy from the host
         model.train()
-        while step < total_steps:
+        while step < total_steps and not start.ended:
             positions, global_count = cursor.batch()  # on the device already: no copy per step
             # Mean over the global batch: DDP averages over ranks, so scale by world/global.
             scale.fill_(ctx.world_size / global_count)

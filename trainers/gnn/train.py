@@ -92,7 +92,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
         window_frac = torch.zeros((), dtype=torch.float64, device=ctx.device)
         window_graphs = 0
         model.train()
-        while step < total_steps:
+        while step < total_steps and not start.ended:
             graphs, global_count = cursor.batch()
             features.manual_seed(feature_seed(cfg, cursor.epoch, cursor.step_in_epoch, ctx.rank))
             batch = train_data.batch(graphs, features)

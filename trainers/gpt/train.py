@@ -275,7 +275,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
         window_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
         window_micro = 0
         model.train()
-        while total_steps is None or step < total_steps:
+        while (total_steps is None or step < total_steps) and not start.ended:
             lr = cfg.lr * schedule.factor(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr

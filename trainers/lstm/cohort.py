@@ -60,6 +60,7 @@ class Member:
     exit: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     cursor: EpochCursor | None = None
     step: int = 0
+    ended: bool = False  # resumed where it had stopped early: it finishes without training (Start.ended)
     window_loss: torch.Tensor | None = None
     window_count: int = 0
     loss: torch.Tensor | None = None  # this step's, on the device
@@ -288,8 +289,8 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
         if not m.done:
             _guarded(m, cohort, lambda m=m: _start(m, cohort, worker, fresh))
     _evaluated(cohort, [m for m in fresh if not m.done], cfg.eval_batch_size, initial=True)
-    _finish_together([m for m in members if not m.done and m.step >= m.total_steps],  # resumed at or past
-                     cohort, cfg, worker, attempt)  # its last step
+    _finish_together([m for m in members if not m.done and (m.step >= m.total_steps or m.ended)],  # resumed at
+                     cohort, cfg, worker, attempt)  # or past its last step, or where it had stopped early
     cohort.model.train()
     membership = None
     while any(not m.done for m in cohort.members):
@@ -348,7 +349,7 @@ def _start(m: Member, cohort: Cohort, worker: Worker, fresh: list[Member]) -> No
         worker.log.info("%s: resumed from checkpoint step %d", m.symbol, start.step)
     else:
         fresh.append(m)
-    m.step = start.step
+    m.step, m.ended = start.step, start.ended
     m.cursor = EpochCursor(len(m.data.ids["train"]), 1, 0, m.cfg.batch_size, m.cfg.seed, device=worker.device,
                            **EpochCursor.start(start.position))
     m.window_loss = torch.zeros((), device=worker.device)

@@ -89,7 +89,7 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
         window_count = 0
         model.train()
         step_seconds = 0.0  # host time in the steps: the job's share outside them is what per-symbol work costs
-        while step < total_steps:
+        while step < total_steps and not start.ended:
             stepping = time.perf_counter()
             positions, count = cursor.batch()
             x, y = data.gather(train_ids[positions])  # positions on the device already: no copy per step

@@ -171,7 +171,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
         phase: Phase | None = None
         buf = None
         rollout_step = ppo.rollout_stepper(cfg.compile_rollout, log)
-        while step < total_steps:
+        while step < total_steps and not start.ended:
             index, u = divmod(step, updates)
             agent = agents.agents[index]
             if phase is None or phase.index != index:

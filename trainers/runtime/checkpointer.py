@@ -53,6 +53,7 @@ class Start:
     position: dict | None = None  # this rank's own position; None on a fresh start or a new world size
     position_rank0: dict | None = None  # rank 0's position (what a changed world size can fall back to)
     resumed: bool = False
+    ended: bool = False  # the checkpoint is where training stopped early: no step is left to train (Run.resume)
 
 
 class Checkpointer:

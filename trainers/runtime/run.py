@@ -3,7 +3,7 @@
     with Run(cfg, ctx, "forecast", states={"model": model, "optimizer": opt, ...}, total_steps=n) as run:
         start = run.resume()                 # every state, this rank's RNG and its data position
         step = start.step
-        while True:
+        while step < total_steps and not start.ended:      # ended: it had stopped early at that checkpoint
             ... one optimizer step ...; step += 1
             if run.should_log(step): run.log_train(step, {"loss": ...})
             if run.should_eval(step, end_of_epoch):
@@ -86,22 +86,22 @@ class Run:
     def signal_name(self) -> str | None:
         return self.stopper.signal_name
 
-    def request_stop(self, reason: StopReason, signal_name: str | None = None) -> None:
-        """This rank wants the run to stop (agreed with the others at the next agreement)."""
+    def request_stop(self, reason: StopReason, signal_name: str | None = None) -> None:  # agreed at the next agreement
         self.stopper.request(reason, signal_name)
 
-    def quiet_progress(self) -> None:
-        """No progress bar (several runs side by side would interleave on the terminal)."""
+    def quiet_progress(self) -> None:  # no progress bar (several runs side by side would interleave on the terminal)
         self.steps.quiet()
 
     def resume(self) -> Start:
-        """Collective: the newest verified checkpoint into `states`, the counters, this rank's RNG (fresh: seeded)."""
+        """Collective: the newest checkpoint into `states`, the counters, this rank's RNG (fresh: seeded); Start.ended."""
         if self.cfg.restart:  # its elapsed time is the old run's
             self.heartbeat.clear()
         start, saved = self.ckpt.resume(self.states, self.sharded_states, self.cfg.restart, self.cfg.seed, self.log)
         if saved is not None:
             self.stopper.elapsed_before_s = self.heartbeat.elapsed_including_lost_time(saved["elapsed_s"], self.log)
             self.val.load_state_dict(saved)
+            if self.val.early.should_stop:  # (a killed evaluation or export, or a cohort's member before its done.json)
+                start.ended, self.reason = True, StopReason.EARLY_STOP
         self.step = start.step
         self.steps.start(start.step, self.total_steps)
         self.clock.start()
