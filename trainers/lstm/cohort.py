@@ -45,7 +45,6 @@ from trainers.lstm.stacked import StackedAdamW, StackedLSTM, adamw_param_groups,
 from trainers.lstm.worker import SymbolOutcome, Worker
 from trainers.runtime import device as device_mod
 from trainers.runtime.budget import StopReason
-from trainers.runtime.results import ending
 from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
@@ -392,12 +391,12 @@ class FinalEvaluations:
     accelerator the models run together, evaluation_logits; on a CPU each alone, member_logits), then each
     member's metrics on the host. Errors stay a member's own: a restore that fails, its data, its metrics;
     a stacked pass that fails (its memory, say) is made again member by member. A member whose run skips the
-    evaluation (a signal, a divergence: trainers.runtime.results.ending) is left out."""
+    evaluation (a signal, a divergence: StopReason.skips_evaluation) is left out."""
 
     def __init__(self, cohort: Cohort, members: list[Member], batch_size: int, cost_bps: float, bins: int,
                  log=None):
         self.cohort, self.batch_size, self.cost_bps, self.bins, self.log = cohort, batch_size, cost_bps, bins, log
-        self.members = [m for m in members if ending(m.run.reason, "lstm", m.run.run_dir, None, 0, []) is None]
+        self.members = [m for m in members if not m.run.reason.skips_evaluation]
         self.results: dict[int, dict | BaseException] | None = None
 
     def of(self, member: Member) -> dict:

@@ -29,6 +29,12 @@ class StopReason(enum.IntEnum):
         """The run ended without success and a rerun would end the same way (results.json says why)."""
         return self in (StopReason.DIVERGED, StopReason.DISK_FULL)
 
+    @property
+    def skips_evaluation(self) -> bool:
+        """The run ends without its final evaluation: a signal (no time for it) or a failure
+        (trainers.runtime.results.ending says why, in words a user can act on)."""
+        return self == StopReason.SIGNAL or self.failed
+
 
 @dataclass(frozen=True)
 class Budget:

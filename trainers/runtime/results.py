@@ -71,6 +71,8 @@ def ending(reason, trainer: str, run_dir: Path, signal_name: str | None, step: i
     """Why the final evaluation is skipped (None: it runs), in words a user can act on: a signal
     (torchrun's SIGKILL follows SIGTERM, no time to evaluate), a non-finite loss, a full disk.
     `complete`: the complete checkpoints' steps, newest first."""
+    if not reason.skips_evaluation:
+        return None
     name, newest = reason.name.lower(), complete[0] if complete else None
     if name == "signal":
         return (f"stopped by {signal_name or 'a signal on another rank'}; run `trainers {trainer} evaluate "
@@ -80,11 +82,9 @@ def ending(reason, trainer: str, run_dir: Path, signal_name: str | None, step: i
             "no checkpoint was written before it"
         return (f"training diverged: a non-finite loss or metric by step {step}; nothing after it was saved, {kept}. "
                 f"Lower --lr (or the scale of the rewards, costs or inputs) and train again in a new --run-dir")
-    if name == "disk_full":
-        kept = f"step {newest}" if newest is not None else "none"
-        return (f"the disk filled up at step {step}; the newest complete checkpoint is {kept}. Free space (df -h "
-                f"{run_dir}) and run the same command to resume from it")
-    return None
+    kept = f"step {newest}" if newest is not None else "none"  # disk_full
+    return (f"the disk filled up at step {step}; the newest complete checkpoint is {kept}. Free space (df -h "
+            f"{run_dir}) and run the same command to resume from it")
 
 
 def write_training(run_dir: Path, results: dict, trainer: str, best_step: int | None, skipped: str | None,
