@@ -35,7 +35,7 @@ from trainers.lstm.evaluate import (
     evaluate_logits,
     evaluation_anchors,
     log_symbol_summary,
-    predict_logits,
+    symbol_logits,
     validation_loss,
 )
 from trainers.lstm.features import SymbolData
@@ -234,13 +234,6 @@ def evaluation_logits(cohort: Cohort, members: list[Member], batch_size: int) ->
     return per_member
 
 
-def member_logits(cohort: Cohort, member: Member, batch_size: int) -> list[np.ndarray]:
-    """One member's logits on its `evaluation_anchors`, its own DirectionLSTM run alone."""
-    model = cohort.model.model(cohort.row(member))
-    return [predict_logits(model, member.data, anchors, batch_size).float().cpu().numpy()
-            for anchors in evaluation_anchors(member.data)]
-
-
 def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attempt: int
                  ) -> dict[str, SymbolOutcome | BaseException]:
     """Train the symbols of `datas` (one model shape) together; per symbol its outcome, or the error that
@@ -388,7 +381,7 @@ class FinalEvaluations:
     """The final evaluations of the members that end at one step, made together the first time one of
     them is asked for (inside that member's run.finish, after its training results are written, as a
     symbol trained alone): each member's best checkpoint restored into its row, their logits (on an
-    accelerator the models run together, evaluation_logits; on a CPU each alone, member_logits), then each
+    accelerator the models run together, evaluation_logits; on a CPU each alone, symbol_logits), then each
     member's metrics on the host. Errors stay a member's own: a restore that fails, its data, its metrics;
     a stacked pass that fails (its memory, say) is made again member by member. A member whose run skips the
     evaluation (a signal, a divergence: StopReason.skips_evaluation) is left out."""
@@ -426,7 +419,8 @@ class FinalEvaluations:
                                      "them one by one", len(restored), type(exc).__name__, exc)
         for m in restored:
             try:
-                logits = together[id(m)] if id(m) in together else member_logits(self.cohort, m, self.batch_size)
+                logits = together[id(m)] if id(m) in together else \
+                    symbol_logits(self.cohort.model.model(self.cohort.row(m)), m.data, self.batch_size)  # alone
                 evaluation = evaluate_logits(m.data, logits, self.cost_bps, self.bins)
                 evaluation["checkpoint_step"] = best[id(m)]
                 results[id(m)] = evaluation

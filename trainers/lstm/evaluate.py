@@ -111,9 +111,14 @@ def evaluate_symbol(model: DirectionLSTM, data: SymbolData, batch_size: int, cos
                     splits=EVALUATED_SPLITS) -> dict:
     """Per split: classification metrics on the labelled windows, the long/flat strategy on every
     window (the model run here; a cohort runs its members' models together, trainers.lstm.cohort)."""
-    logits = [predict_logits(model, data, anchors, batch_size).float().cpu().numpy()
-              for anchors in evaluation_anchors(data, splits)]
-    return evaluate_logits(data, logits, cost_bps, bins, splits)
+    return evaluate_logits(data, symbol_logits(model, data, batch_size, splits), cost_bps, bins, splits)
+
+
+def symbol_logits(model: DirectionLSTM, data: SymbolData, batch_size: int, splits=EVALUATED_SPLITS
+                  ) -> list[np.ndarray]:
+    """The model's logits on `evaluation_anchors(data, splits)`, on the host: what evaluate_logits takes."""
+    return [predict_logits(model, data, anchors, batch_size).float().cpu().numpy()
+            for anchors in evaluation_anchors(data, splits)]
 
 
 def evaluate_logits(data: SymbolData, logits: list[np.ndarray], cost_bps: float, bins: int,
