@@ -181,20 +181,22 @@ def ppo_on_device(acc):
     return data, market, env_spec(cfg), AgentSet(cfg, data.n_stocks, acc.device).agents[0]
 
 
-def counted_decisions(act):
-    """`act` that counts its calls: a simulated day is one decision of every environment."""
+def counted_decisions(actor):
+    """`actor` that counts its decisions: a simulated day is one decision of every environment."""
+    from trainers.ppo.evaluate import Actor
+
     calls = []
 
-    def counting(market_window, portfolio):
+    def counting(prepared, portfolio):
         calls.append(1)
-        return act(market_window, portfolio)
-    return counting, lambda: len(calls)
+        return actor.act(prepared, portfolio)
+    return Actor(actor.prepare, counting), lambda: len(calls)
 
 
-def run_days(acc, market, spec, start: int, days: int, act, num_envs: int = 1) -> Counted:
+def run_days(acc, market, spec, start: int, days: int, actor, num_envs: int = 1) -> Counted:
     from trainers.ppo.evaluate import run_policy
 
-    counting, decisions = counted_decisions(act)
+    counting, decisions = counted_decisions(actor)
     return counted(acc, None, lambda: run_policy(market, spec, start, start + days, counting, num_envs), decisions)
 
 

@@ -130,8 +130,8 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{PPO_GUARDS}::test_the_window_of_a_decision_ends_at_its_date_in_the_evaluation_loop",),
            "the agent's window at decision t ends at t+1: it sees tomorrow's return"),
     Mutant("ppo_evaluation_shows_t_plus_1", "PPO", "trainers/ppo/evaluate.py",
-           (("action = act(market.windows(t, spec.window), portfolio)",
-             "action = act(market.windows(t + 1, spec.window), portfolio)"),),
+           (("dates = torch.arange(start, stop, device=market.device)",
+             "dates = torch.arange(start + 1, stop + 1, device=market.device)"),),
            (f"{PPO_GUARDS}::test_the_window_of_a_decision_ends_at_its_date_in_the_evaluation_loop",),
            "validation and test backtests show the agent tomorrow's row"),
     Mutant("ppo_training_shows_t_plus_1", "PPO", "trainers/ppo/train.py",
@@ -140,10 +140,10 @@ MUTANTS: tuple[Mutant, ...] = (
            (f"{PPO_GUARDS}::test_training_rollouts_show_each_environment_the_window_ending_at_its_own_date",),
            "training rollouts show the agent tomorrow's row"),
     Mutant("ppo_reward_earns_the_seen_return", "PPO", "trainers/ppo/env.py",
-           (("        filled = self.trade(action)\n        self.t.add_(1)\n        value_after = self.value()\n",
+           (("        filled = self.trade(action)\n        self.t.add_(1)\n        return filled, self.value()\n",
              "        filled = self.trade(action)\n        value_after = self.value()\n"
              "        filled[\"value_before\"] = self.cash + (self.shares * self.market.close[self.t - 1]).sum(-1)\n"
-             "        self.t.add_(1)\n"),),
+             "        self.t.add_(1)\n        return filled, value_after\n"),),
            (f"{PPO_ENV}::test_environment_equals_the_numpy_reference_over_random_actions[trades-pnl-10.0]",),
            "the reward is the new holdings' move from close t-1 to close t, already seen"),
     # ---- LSTM -----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 from trainers.market.panel import to_panel
 from trainers.market.synthetic import synthetic_market
 from trainers.ppo.env import DeviceMarket, EnvSpec, VecPortfolioEnv
-from trainers.ppo.evaluate import run_policy
+from trainers.ppo.evaluate import Actor, run_policy
 from trainers.ppo.features import indicators
 
 T, N, F, W = 60, 3, 2, 5
@@ -34,12 +34,12 @@ def test_the_window_of_a_decision_ends_at_its_date_in_the_evaluation_loop():
     spec = EnvSpec(window=W, episode_days=10, action="weights", cost_bps=0.0)
     seen = []
 
-    def act(window, portfolio):
+    def act(window, portfolio):  # the window itself is what `prepare` passes on for each day
         seen.append(window.clone())
         return torch.ones(len(portfolio), N, dtype=torch.float64)  # all in, equal weights
 
     start, stop = 20, 30
-    curve = run_policy(market, spec, start, stop, act)
+    curve = run_policy(market, spec, start, stop, Actor(prepare=lambda windows: windows, act=act))
     assert len(seen) == stop - start
     for k, window in enumerate(seen):
         t = start + k  # the k-th decision is made at date t's close
@@ -52,8 +52,8 @@ def test_the_window_of_a_decision_ends_at_its_date_in_the_evaluation_loop():
 
 
 def test_training_rollouts_show_each_environment_the_window_ending_at_its_own_date(tmp_path, monkeypatch):
-    """A real (tiny) `trainers ppo train`: every environment step is taken on the window that ends at
-    that environment's current date, for the training rollouts and the validation runs alike."""
+    """A real (tiny) `trainers ppo train`: every environment step of the training rollouts is taken on the
+    window that ends at that environment's current date (its validation runs are run_policy's: the test above)."""
     from trainers.cli import main
 
     last = {}
@@ -77,7 +77,8 @@ def test_training_rollouts_show_each_environment_the_window_ending_at_its_own_da
             "--encoder", "mlp", "--val-frac", "0.1", "--test-frac", "0.1", "--device", "cpu",
             "--run-dir", str(tmp_path / "run")]
     assert main(args) == 0
-    assert len(checked) > 16 and all(checked), f"{checked.count(False)} of {len(checked)} steps saw another date"
+    assert len(checked) == 2 * 8, f"{len(checked)} rollout steps, not 2 updates of 8"
+    assert all(checked), f"{checked.count(False)} of {len(checked)} steps saw another date"
 
 
 def test_no_indicator_at_or_before_t_moves_when_the_next_days_change():

@@ -180,11 +180,14 @@ class VecPortfolioEnv:
         self.ep_trades.masked_fill_(mask, 0)
 
     def observe(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.t.clone(), self.portfolio()
+
+    def portfolio(self) -> torch.Tensor:
+        """[B, N+1] float32: each stock's and the cash's share of the portfolio's value at today's close."""
         price = self.market.close[self.t]
         held = self.shares * price
         value = self.cash + held.sum(-1)
-        portfolio = torch.cat([held, self.cash[:, None]], dim=1) / value[:, None]
-        return self.t.clone(), portfolio.float()
+        return (torch.cat([held, self.cash[:, None]], dim=1) / value[:, None]).float()
 
     def value(self) -> torch.Tensor:
         return self.cash + (self.shares * self.market.close[self.t]).sum(-1)
@@ -218,12 +221,17 @@ class VecPortfolioEnv:
         cost = (sold + bought) * self.cost
         return {"value_before": value_before, "cost": cost, "trades": trades, "traded_value": sold + bought}
 
+    def advance(self, action: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        """Trade at today's close, move to the next day; (what was traded, the value at the new close).
+        No reward, no episode and no reset: a backtest's whole step (run_policy), and the start of `step`."""
+        filled = self.trade(action)
+        self.t.add_(1)
+        return filled, self.value()
+
     def step(self, action: torch.Tensor):
         """Trade, move one day, reward; reset finished environments. Returns (obs, reward [B] float32,
         done [B] bool, info). info["episode"] holds the finished episodes' statistics (done mask)."""
-        filled = self.trade(action)
-        self.t.add_(1)
-        value_after = self.value()
+        filled, value_after = self.advance(action)
         if self.spec.reward == "pnl":
             reward = (value_after - filled["value_before"]) * self.spec.reward_scale
         else:

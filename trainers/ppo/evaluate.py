@@ -18,7 +18,9 @@ policy. Metrics (daily, 252 trading days a year, no risk-free rate):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -98,41 +100,59 @@ def equal_weight_market(close: np.ndarray, cash: float, cost: float) -> dict:
 
 
 # ---- policies through the environment ----------------------------------------------------------
+# Feature-window elements one batched pass of `Actor.prepare` reads (64 MB in float32): a period's days go
+# through it in a few passes, whatever the period's length and the market's width.
+PREPARE_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class Actor:
+    """A backtest's policy in two parts. `prepare(windows [D, W, N, F]) -> [D, ...]`: what it decides from the
+    market alone, for many days in one batched pass (the market does not depend on the agent's trades);
+    `act(prepared [B, ...], portfolio [B, N+1]) -> action [B, N]`: the rest, a day at a time, since the
+    portfolio is the day before's trades. On a GPU each operation is a kernel launch: the trained agent's
+    recurrent work (the cascade, the actor's LSTM) runs in a few passes per period instead of once a day."""
+    prepare: Callable
+    act: Callable
+
+
 @torch.no_grad()
-def run_policy(market: DeviceMarket, spec: EnvSpec, start: int, stop: int, act, num_envs: int = 1) -> dict:
-    """Run `act(market_window, portfolio) -> action` over decisions start..stop-1 in `num_envs`
-    parallel copies; equity curves [num_envs, days+1], traded value and trades [num_envs, days]."""
+def run_policy(market: DeviceMarket, spec: EnvSpec, start: int, stop: int, actor: Actor, num_envs: int = 1) -> dict:
+    """Run `actor` over decisions start..stop-1 in `num_envs` parallel copies (every copy's decision k is
+    made at date start+k, on the window ending there); equity curves [num_envs, days+1], traded value and
+    trades [num_envs, days]. Kept on the device: one copy to the host at the end, no wait per simulated day."""
     env = fixed_range_env(market, spec, start, stop, num_envs)
-    values = [env.value()]  # kept on the device (the environment makes new tensors each day): one copy at
-    traded, trades = [], []  # the end, not a host wait per simulated day
-    for _ in range(stop - start):
-        t, portfolio = env.observe()
-        action = act(market.windows(t, spec.window), portfolio)
-        _obs, _reward, _done, info = env.step(action)
-        values.append(info["value"])
-        traded.append(info["traded_value"])
-        trades.append(info["trades"])
+    dates = torch.arange(start, stop, device=market.device)
+    per_pass = max(1, PREPARE_ELEMENTS // (spec.window * market.n_stocks * market.n_features))
+    prepared = torch.cat([actor.prepare(market.windows(days, spec.window)) for days in dates.split(per_pass)])
+    values, traded, trades = [env.value()], [], []
+    for day in range(stop - start):
+        action = actor.act(prepared[day].expand(num_envs, *prepared.shape[1:]), env.portfolio())
+        filled, value = env.advance(action)  # one episode that ends with the period: no reward, no reset
+        values.append(value)
+        traded.append(filled["traded_value"])
+        trades.append(filled["trades"])
     return {name: torch.stack(days, 1).cpu().numpy()
             for name, days in (("values", values), ("traded_value", traded), ("trades", trades))}
 
 
-def deterministic_actor(policy, norms):
+def deterministic_actor(policy, norms) -> Actor:
+    """The policy's deterministic action (SquashedGaussianPolicy.deterministic, in its two parts)."""
     policy.eval()
+    net = policy.net
+    market_norm, portfolio_norm = (torch.nn.Identity(), torch.nn.Identity()) if norms is None else norms
 
-    def act(market_window, portfolio):
-        inputs = (market_window, portfolio)
-        if norms is not None:
-            inputs = tuple(n(x) for n, x in zip(norms, inputs))
-        return policy.deterministic(*inputs).double()
-    return act
+    def act(features, portfolio):
+        return torch.tanh(net.actor_mean(features, portfolio_norm(portfolio))).double()
+    return Actor(prepare=lambda windows: net.actor_features(market_norm(windows)), act=act)
 
 
-def random_actor(n_stocks: int, seed: int, device: torch.device):
+def random_actor(n_stocks: int, seed: int, device: torch.device) -> Actor:
+    """Uniform actions in [-1, 1], drawn from its own generator; it reads nothing of the market."""
     gen = torch.Generator(device=device).manual_seed(seed)
-
-    def act(market_window, portfolio):
-        return torch.rand(len(portfolio), n_stocks, generator=gen, device=device, dtype=torch.float64) * 2 - 1
-    return act
+    return Actor(prepare=lambda windows: windows.new_empty(len(windows), 0),
+                 act=lambda _nothing, portfolio: torch.rand(len(portfolio), n_stocks, generator=gen, device=device,
+                                                            dtype=torch.float64) * 2 - 1)
 
 
 SELECT_BY = {"return": "cumulative_return", "sharpe": "sharpe"}

@@ -68,10 +68,15 @@ class Head(nn.Module):
             self.net = mlp(hidden + n_portfolio, hidden, n_out, out_gain)
 
     def forward(self, seq: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
-        if self.kind == "lstm":
-            last = self.lstm(seq)[0][:, -1]
-            return self.out(torch.cat([torch.tanh(last), portfolio.to(last.dtype)], -1))
-        return self.net(torch.cat([seq[:, -1], portfolio.to(seq.dtype)], -1))
+        return self.output(self.features(seq), portfolio)
+
+    def features(self, seq: torch.Tensor) -> torch.Tensor:
+        """[B, H]: what the head reads of the sequence, before the portfolio joins."""
+        return torch.tanh(self.lstm(seq)[0][:, -1]) if self.kind == "lstm" else seq[:, -1]
+
+    def output(self, features: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        joined = torch.cat([features, portfolio.to(features.dtype)], -1)
+        return self.out(joined) if self.kind == "lstm" else self.net(joined)
 
 
 class TradingActorCritic(nn.Module):
@@ -97,11 +102,26 @@ class TradingActorCritic(nn.Module):
 
     def forward(self, market: torch.Tensor, portfolio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.encoder == "clstm":
-            days = torch.tanh(self.day(market.flatten(2)))  # [B, W, H]: stage one, per day
-            seq = self.window_lstm(days)[0]  # stage two: the window
+            seq = self._sequence(market)
             return self.actor(seq, portfolio), self.critic(seq, portfolio).squeeze(-1)
         x = torch.cat([market.flatten(1), portfolio.to(market.dtype)], -1)
         return self.actor_mlp(x), self.critic_mlp(x).squeeze(-1)
+
+    def _sequence(self, market: torch.Tensor) -> torch.Tensor:
+        days = torch.tanh(self.day(market.flatten(2)))  # [B, W, H]: stage one, per day
+        return self.window_lstm(days)[0]  # stage two: the window
+
+    # The action mean in two parts, the same operations as forward's actor: what the market alone decides
+    # (the cascade and the actor head's LSTM: all of the model's recurrent work) and what the portfolio joins.
+    # A backtest runs the first over every day of its period at once: the market does not depend on the
+    # agent's trades, so only the second waits for the day before (evaluate.run_policy).
+    def actor_features(self, market: torch.Tensor) -> torch.Tensor:
+        return self.actor.features(self._sequence(market)) if self.encoder == "clstm" else market.flatten(1)
+
+    def actor_mean(self, features: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        if self.encoder == "clstm":
+            return self.actor.output(features, portfolio)
+        return self.actor_mlp(torch.cat([features, portfolio.to(features.dtype)], -1))
 
 
 class SquashedGaussianPolicy(nn.Module):
@@ -148,8 +168,9 @@ class SquashedGaussianPolicy(nn.Module):
         log_prob = gaussian_log_prob(u, mean, log_std) - squash_correction(u)
         return u, torch.tanh(u), log_prob, value
 
-    def deterministic(self, *inputs) -> torch.Tensor:
-        return torch.tanh(self.net(*inputs)[0])
+    def deterministic(self, market: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        """tanh of the action mean, without the critic (what ONNX exports and a backtest runs)."""
+        return torch.tanh(self.net.actor_mean(self.net.actor_features(market), portfolio))
 
 
 class CategoricalPolicy(nn.Module):
