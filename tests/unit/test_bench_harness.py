@@ -95,3 +95,21 @@ def test_the_job_profiler_names_where_a_cohort_jobs_time_goes(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
         profile_main(["--out", str(out)])
     assert exited.value.code == 2 and "give the trainers command" in capsys.readouterr().err
+
+
+def test_the_ppo_backtest_benchmark_compares_the_two_loops_on_the_same_curves(tmp_path):
+    """bench/ppo_backtest.py: run_policy and the day-by-day loop it replaced, on one market and one agent that
+    trades: the same equity curves, fewer operations a simulated day (the committed JSON's figures)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import ppo_backtest
+
+    out = tmp_path / "backtest.json"
+    assert ppo_backtest.main(["--synthetic-days", "500", "--repeats", "1", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert {"benchmark", "device", "days", "versions", "git_commit", "command"} <= set(record)
+    for name in ("agent", "random_policy"):
+        row = record["results"][name]
+        assert row["curves_max_abs_difference"] < 1e-6 and row["trades_per_run"] > record["days"], name
+        assert row["ops_ratio"] > 1.5 and row["run_policy"]["seconds_per_day"] > 0, name
+    with pytest.raises(SystemExit):
+        ppo_backtest.main(["--repeats", "0"])
