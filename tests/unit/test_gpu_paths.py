@@ -200,9 +200,8 @@ def _compiles_once(trainer: str, tmp_path: Path, monkeypatch) -> None:
     short, longer = LONGER[trainer]
     once = compiled_graphs([*base, *short, "--run-dir", str(tmp_path / "short")], None, monkeypatch)
     assert once >= 1
-    if trainer != "gpt":  # (the GPT compiles per block and records compiled blocks)
-        training = json.loads((tmp_path / "short" / "results.json").read_text())["training"]
-        assert training["compiled"] is True and training["compile_error"] is None
+    training = json.loads((tmp_path / "short" / "results.json").read_text())["training"]
+    assert training["compiled"] is True and training["compile_error"] is None
     assert compiled_graphs([*base, *longer, "--run-dir", str(tmp_path / "long")], None, monkeypatch) == once
     resumed = tmp_path / "resumed"
     compiled_graphs([*base, *longer, "--run-dir", str(resumed)], "sigterm@rank0:step7", monkeypatch)

@@ -39,7 +39,15 @@ from trainers.runtime import config as cfgmod
 from trainers.runtime.device import gpu_like, total_memory
 from trainers.runtime.dist import DistContext, all_reduce_max, all_reduce_sum, barrier, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
-from trainers.runtime.precision import autocast, build_adamw, enable_tf32, make_grad_scaler, precision_for
+from trainers.runtime.precision import (
+    CompiledOrEager,
+    autocast,
+    build_adamw,
+    compile_facts,
+    enable_tf32,
+    make_grad_scaler,
+    precision_for,
+)
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
@@ -152,6 +160,22 @@ def wrap(model: GPT, parallel: str, checkpointing: bool, compile_blocks: bool, c
     return model
 
 
+def eager_when_compile_fails(model: GPT, log) -> CompiledOrEager:
+    """The compiled blocks' fallback: the model's forward (whose blocks compile at their first call, the backward
+    with them) under CompiledOrEager. A compile that fails in any block, at the first evaluation, the first
+    training step or a later recompile, runs that forward again eager, and every call after it: torch.compiler's
+    force_eager stance, set for the rest of the process, so activation checkpointing's recomputation in the
+    backward runs eager too. FSDP2's hook had unsharded the failed block's weights before its compile; the eager
+    call finds them unsharded and reshards them after, as any forward does (tested on two ranks)."""
+    forward = model.forward
+
+    def eager(*args, **kwargs):
+        torch.compiler.set_stance("force_eager")
+        return forward(*args, **kwargs)
+    model.forward = CompiledOrEager(forward, eager, log, off_flag="--compile off")
+    return model.forward
+
+
 def materialise(model: GPT, parallel: str, seed: int, ctx: DistContext) -> None:
     """Allocate the weights on the device and draw them. DDP: the same draw on every rank. FSDP:
     each rank draws its own shards (a stream per rank), so no rank ever holds the full model."""
@@ -211,6 +235,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
             model = build_model(cfg, len(corpus.vocab))
         wrap(model, parallel, checkpointing, compile_blocks, ctx, precision)
         materialise(model, parallel, cfg.seed, ctx)
+        compiled = eager_when_compile_fails(model, log) if compile_blocks else None
         n_params = count_parameters(model)  # DTensors count their global size
         optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, cfg.beta2), ctx.device, cfg.gpu_defaults)
         scaler = make_grad_scaler(ctx.device, precision)
@@ -338,7 +363,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
             return evaluation
 
         summary = summary_of(cfg, corpus, shape, len(train_np), len(val_np), model, run, step, parallel, checkpointing,
-                             compile_blocks, precision.name, accum, memory, stream)
+                             compile_facts(compiled, ctx), precision.name, accum, memory, stream)
         return run.finish(summary, evaluate=final_evaluation)
 
 
@@ -352,7 +377,7 @@ def gradient_sync(train_model, sync: bool):
 
 
 def summary_of(cfg, corpus: Corpus, shape: size.Shape, n_train: int, n_val: int, model, run, step: int, parallel: str,
-               checkpointing: bool, compiled: bool, precision: str, accum: int, memory: list[dict],
+               checkpointing: bool, compiled: dict, precision: str, accum: int, memory: list[dict],
                stream: WindowStream) -> dict:
     tokens_seen = step * cfg.batch_tokens
     best_bpc = run.val.best / math.log(2) if run.val.best is not None else None
@@ -370,7 +395,7 @@ def summary_of(cfg, corpus: Corpus, shape: size.Shape, n_train: int, n_val: int,
             "training": {"tokens_seen": tokens_seen, "tokens_per_parameter": tokens_seen / count_parameters(model),
                          "best_val_bpc": best_bpc, "best_val_step": run.val.best_step,
                          "entropy_floor_nats": corpus.floor["window_floor_nats"] if corpus.floor else None,
-                         "parallel": parallel, "activation_checkpointing": checkpointing, "compiled": compiled,
+                         "parallel": parallel, "activation_checkpointing": checkpointing, **compiled,
                          "precision": precision, "batch_tokens": cfg.batch_tokens, "grad_accum": accum,
                          "device_batch_size": cfg.device_batch_size, "memory_estimate": memory,
                          "stream": stream.position(), "schedule": cfg.schedule}}

@@ -1,0 +1,64 @@
+"""The GPT's compiled blocks when the rented machine cannot compile (no C compiler, no triton, a GPU too
+old for triton, an inductor bug): the run trains eager from its first forward, says so once in the log and
+in results.json, and ends with the very numbers of a `--compile off` run; on one process, and on two FSDP2
+ranks with activation checkpointing (the blocks' weights were unsharded when their compile failed, and the
+backward recomputes the blocks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import GPT_TINY, read_results, run_torchrun
+from trainers.cli import main
+
+RUN = ["gpt", "train", *GPT_TINY, "--batch-tokens", "512", "--max-steps", "6", "--eval-every", "3", "--gpu-defaults",
+       "--device", "cpu"]
+FALLBACK_WARNING = "torch.compile failed; training eager from here (--compile off skips the try)"
+
+
+@pytest.fixture(autouse=True)
+def default_stance():
+    """The fallback sets torch.compiler's stance for the rest of the process: this worker's later tests get theirs."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch.compiler.set_stance("default")
+    torch._dynamo.reset()
+
+
+def the_numbers(run_dir) -> dict:
+    r = read_results(run_dir)
+    return {"val_loss": r["evaluation"]["val_loss"], "best_val_bpc": r["training"]["best_val_bpc"],
+            "initial_val": r["training"]["initial_val"], "steps": r["training"]["steps"]}
+
+
+def test_a_block_compile_that_fails_trains_eager_to_the_numbers_of_compile_off(tmp_path, monkeypatch):
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no working compiler on this machine")
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, backend=broken_backend, **kw))
+    assert main([*RUN, "--run-dir", str(tmp_path / "fallback")]) == 0
+    monkeypatch.setattr(torch, "compile", real_compile)
+    assert main([*RUN, "--compile", "off", "--run-dir", str(tmp_path / "eager")]) == 0
+    training = read_results(tmp_path / "fallback")["training"]
+    assert training["compiled"] is False and "no working compiler" in training["compile_error"]
+    assert (tmp_path / "fallback" / "training.log").read_text().count(FALLBACK_WARNING) == 1
+    assert the_numbers(tmp_path / "fallback") == the_numbers(tmp_path / "eager")
+    assert read_results(tmp_path / "eager")["training"]["compile_error"] is None
+
+
+def test_two_fsdp_ranks_whose_c_compiler_is_missing_train_eager_to_the_numbers_of_compile_off(tmp_path):
+    """A real failure, not a stand-in: inductor's C++ kernels need the compiler CXX names."""
+    args = ["gpt", "train", *RUN[2:], "--parallel", "fsdp", "--activation-checkpointing", "on"]
+    run_torchrun([*args, "--run-dir", str(tmp_path / "fallback")], env={"CXX": str(tmp_path / "no-such-g++")})
+    run_torchrun([*args, "--compile", "off", "--run-dir", str(tmp_path / "eager")])
+    training = read_results(tmp_path / "fallback")["training"]
+    assert training["compiled"] is False and training["parallel"] == "fsdp" and training["world_size"] == 2
+    assert training["compile_error"].startswith("ranks 0, 1 of 2: ") and "C++ compiler" in training["compile_error"]
+    assert the_numbers(tmp_path / "fallback") == the_numbers(tmp_path / "eager")
+    assert json.loads((tmp_path / "fallback" / "results.json").read_text())["evaluation"]["checkpoint_step"] == 6
