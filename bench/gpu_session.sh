@@ -8,7 +8,8 @@
 #                                         # install, check, train, ONNX export with onnxruntime parity, package)
 #                                         # on synthetic data, small preset, 30 s budget; the GNN's (compiled)
 #                                         # and the LSTM job's real loops; PPO with its rollout step captured;
-#                                         # a 64-symbol LSTM cohort job under cProfile (bench/profile_job.py)
+#                                         # PPO's backtest both ways (bench/ppo_backtest.py); a 64-symbol
+#                                         # LSTM cohort job under cProfile (bench/profile_job.py)
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
@@ -42,6 +43,10 @@ else
     --run-dir "$out/ppo_graphs" --total-steps 1048576 --no-baseline-mlp --log-every 1 --eval-every 4 \
     --compile-rollout graphs >"$out/bench/ppo_graphs.log" 2>&1 || { echo "ppo --compile-rollout graphs failed: exit $?"; status=1; }
   cp "$out/ppo_graphs/results.json" "$out/bench/ppo_graphs_results.json" 2>/dev/null || true
+  # PPO's backtest (every validation and the final test) both ways on the GPU, one run: the market's part in
+  # batched passes against the day-by-day loop it replaced (204 -> 74 aten ops a simulated day on the CPU)
+  timeout -k 10 90 python3 bench/ppo_backtest.py --device cuda --out "$out/bench/ppo_backtest_gpu.json" \
+    >"$out/bench/ppo_backtest_gpu.log" 2>&1 || { echo "ppo_backtest failed: exit $?"; status=1; }
   # where the LSTM job's per-symbol time outside the steps goes on a GPU (~0.2 s a symbol on the first H100):
   # 64 symbols in one cohort, the default model, under cProfile (host waits show in the calls that wait)
   timeout -k 10 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
