@@ -14,7 +14,7 @@ from trainers.ppo.evaluate import deterministic_actor, run_policy
 from trainers.ppo.model import SquashedGaussianPolicy, TradingActorCritic
 from trainers.ppo.ppo import make_norms
 
-T, N, F, W = 90, 4, 3, 6
+T, N, F, W = 200, 4, 3, 6
 
 
 def market() -> DeviceMarket:
@@ -89,3 +89,26 @@ def test_the_recurrent_work_runs_once_a_pass_not_once_a_day(days_per_pass, passe
     curve = run_policy(m, spec, 20, 60, deterministic_actor(policy, norms))
     assert curve["values"].shape == (1, 41)
     assert calls == {"window_lstm": passes, "actor.lstm": passes, "critic.lstm": 0}
+
+
+def test_a_pass_is_traded_before_the_next_is_prepared_and_holds_at_most_prepare_days():
+    """Memory: a backtest holds one pass's output at a time (the next pass is prepared after the last day of
+    this one is traded), and a pass is at most PREPARE_DAYS days whatever the period, so a long period or a wide
+    model costs no more than a short one. (Before, every pass was kept and joined: 0.8 GB at 300 stocks.)"""
+    m, spec = market(), EnvSpec(window=W, episode_days=10)
+    calls = []
+
+    def prepare(windows):
+        calls.append(("prepare", len(windows)))
+        return windows.new_empty(len(windows), 0)
+
+    def act(_nothing, portfolio):
+        calls.append(("act", 1))
+        return torch.zeros(len(portfolio), N, dtype=torch.float64)
+
+    days = 2 * evaluate.PREPARE_DAYS + 22
+    run_policy(m, spec, 20, 20 + days, evaluate.Actor(prepare, act))
+    expected = []
+    for size in (evaluate.PREPARE_DAYS, evaluate.PREPARE_DAYS, 22):
+        expected += [("prepare", size)] + [("act", 1)] * size
+    assert calls == expected

@@ -100,9 +100,12 @@ def equal_weight_market(close: np.ndarray, cash: float, cost: float) -> dict:
 
 
 # ---- policies through the environment ----------------------------------------------------------
-# Feature-window elements one batched pass of `Actor.prepare` reads (64 MB in float32): a period's days go
-# through it in a few passes, whatever the period's length and the market's width.
-PREPARE_ELEMENTS = 1 << 24
+# A pass of `Actor.prepare` takes at most PREPARE_DAYS days, fewer where their feature windows would exceed
+# PREPARE_ELEMENTS (16 MB in float32); its output lives until the pass's days are traded, then the next pass
+# runs. So a backtest holds one pass, whatever the period's length, the market's width or the model's (its
+# intermediates, [days, window, hidden], are bounded by the day count); a 349-day test is 6 passes.
+PREPARE_DAYS = 64
+PREPARE_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -122,16 +125,15 @@ def run_policy(market: DeviceMarket, spec: EnvSpec, start: int, stop: int, actor
     made at date start+k, on the window ending there); equity curves [num_envs, days+1], traded value and
     trades [num_envs, days]. Kept on the device: one copy to the host at the end, no wait per simulated day."""
     env = fixed_range_env(market, spec, start, stop, num_envs)
-    dates = torch.arange(start, stop, device=market.device)
-    per_pass = max(1, PREPARE_ELEMENTS // (spec.window * market.n_stocks * market.n_features))
-    prepared = torch.cat([actor.prepare(market.windows(days, spec.window)) for days in dates.split(per_pass)])
+    per_pass = max(1, min(PREPARE_DAYS, PREPARE_ELEMENTS // (spec.window * market.n_stocks * market.n_features)))
     values, traded, trades = [env.value()], [], []
-    for day in range(stop - start):
-        action = actor.act(prepared[day].expand(num_envs, *prepared.shape[1:]), env.portfolio())
-        filled, value = env.advance(action)  # one episode that ends with the period: no reward, no reset
-        values.append(value)
-        traded.append(filled["traded_value"])
-        trades.append(filled["trades"])
+    for days in torch.arange(start, stop, device=market.device).split(per_pass):
+        for prepared in actor.prepare(market.windows(days, spec.window)).unbind():
+            action = actor.act(prepared.expand(num_envs, *prepared.shape), env.portfolio())
+            filled, value = env.advance(action)  # one episode that ends with the period: no reward, no reset
+            values.append(value)
+            traded.append(filled["traded_value"])
+            trades.append(filled["trades"])
     return {name: torch.stack(days, 1).cpu().numpy()
             for name, days in (("values", values), ("traded_value", traded), ("trades", trades))}
 
