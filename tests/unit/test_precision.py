@@ -100,6 +100,8 @@ def test_compile_flag_wraps_the_model():
     step = maybe_compile(model, True)
     assert isinstance(step, CompiledOrEager) and step.eager is model
     assert isinstance(step.compiled, torch._dynamo.eval_frame.OptimizedModule)
+    assert compile_facts(step) == {"compiled": False, "compile_error": None}  # nothing has run compiled yet
+    step(torch.ones(1, 2))
     assert compile_facts(step) == {"compiled": True, "compile_error": None}
     assert compile_facts(model) == {"compiled": False, "compile_error": None}  # --no-compile
 
@@ -188,6 +190,7 @@ def test_compile_facts_of_several_ranks_say_which_fell_back(monkeypatch):
 
     compiled = CompiledOrEager(lambda x: x, lambda x: x)
     fell_back = CompiledOrEager(lambda x: x, lambda x: x)
+    compiled(1)
     fell_back.error = "no working compiler on this machine"
     ctx = DistContext(rank=0, local_rank=0, world_size=3, local_world_size=3, device=torch.device("cpu"), backend="gloo")
     others = {"ok": compile_facts(compiled), "failed": compile_facts(fell_back)}

@@ -176,6 +176,24 @@ def eager_when_compile_fails(model: GPT, log) -> CompiledOrEager:
     return model.forward
 
 
+def every_rank_compiles(ctx: DistContext, failures: tuple) -> str | None:
+    """FSDP2's ranks cannot run a block some compiled and some eager (their collectives differ: two ranks
+    crashed on gloo's size check when one fell back in the training graph), so before the first forward each
+    rank compiles a tiny function's forward and backward with inductor on its device, and the ranks agree.
+    None when every rank can; else why not, with the first rank that cannot (no C compiler or triton there)."""
+    from trainers.runtime.dist import all_gather_object
+
+    error = None
+    try:
+        x = torch.ones(4, device=ctx.device, requires_grad=True)
+        torch.compile(lambda t: (t * 2.0).sin().sum())(x).backward()
+    except failures as exc:
+        error = " ".join(str(exc).split())[:300]
+    every = all_gather_object(ctx, error)
+    failed = [rank for rank, e in enumerate(every) if e]
+    return f"rank {failed[0]} cannot compile, so no rank does (FSDP2): {every[failed[0]]}" if failed else None
+
+
 def materialise(model: GPT, parallel: str, seed: int, ctx: DistContext) -> None:
     """Allocate the weights on the device and draw them. DDP: the same draw on every rank. FSDP:
     each rank draws its own shards (a stream per rank), so no rank ever holds the full model."""
@@ -194,7 +212,8 @@ def train(cfg: GptConfig, started_at: float | None = None) -> dict | None:
     started_at = time.time() if started_at is None else started_at
     cfg.validate()
     cfg.check_end()
-    with distributed(cfg.device, cfg.collective_timeout_s) as ctx:
+    # (the stance a compile fallback sets ends with the run: a process that runs another job compiles again)
+    with distributed(cfg.device, cfg.collective_timeout_s) as ctx, torch.compiler.set_stance("default"):
         return _train(cfg, ctx, started_at)
 
 
@@ -236,6 +255,10 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
         wrap(model, parallel, checkpointing, compile_blocks, ctx, precision)
         materialise(model, parallel, cfg.seed, ctx)
         compiled = eager_when_compile_fails(model, log) if compile_blocks else None
+        if compiled is not None and parallel == "fsdp" and ctx.distributed:
+            refused = every_rank_compiles(ctx, compiled.failures)
+            if refused:
+                compiled.fall_back(refused)
         n_params = count_parameters(model)  # DTensors count their global size
         optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, cfg.beta2), ctx.device, cfg.gpu_defaults)
         scaler = make_grad_scaler(ctx.device, precision)

@@ -111,6 +111,7 @@ class CompiledOrEager:
 
         self.compiled, self.eager, self.log, self.off_flag = compiled, eager, log, off_flag
         self.error: str | None = None
+        self.ran_compiled = False  # a compiled call has returned (a run that stepped nothing compiled nothing)
         self.failures = (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.TritonMissing,
                          torch._inductor.exc.GPUTooOldForTriton)  # (the last two reach us unwrapped)
 
@@ -122,21 +123,27 @@ class CompiledOrEager:
         if self.error is None:
             try:
                 with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
-                    return self.compiled(*args, **kwargs)
+                    out = self.compiled(*args, **kwargs)
+                self.ran_compiled = True
+                return out
             except self.failures as exc:
-                self.error = " ".join(str(exc).split())[:300]
-                if self.log is not None:
-                    self.log.warning("torch.compile failed; training eager from here (%s skips the try): %s",
-                                     self.off_flag, self.error)
+                self.fall_back(str(exc))
         return self.eager(*args, **kwargs)
+
+    def fall_back(self, error: str) -> None:
+        """Eager from here on, for `error` (said once in the log)."""
+        self.error = " ".join(error.split())[:300]
+        if self.log is not None:
+            self.log.warning("torch.compile failed; training eager from here (%s skips the try): %s",
+                             self.off_flag, self.error)
 
 
 def compile_facts(step, ctx=None) -> dict:
-    """results.json's record of a step maybe_compile made: compiled or not, and why not when it failed.
-    Collective with `ctx` (a DistContext): each rank falls back on its own, so the run counts as compiled only
-    where every rank's step is, and the error says which ranks fell back."""
+    """results.json's record of a step maybe_compile made: compiled (a compiled call ran, none failed) or not,
+    and why not when it failed. Collective with `ctx` (a DistContext): each rank falls back on its own, so the
+    run counts as compiled only where every rank's step is, and the error says which ranks fell back."""
     tried = isinstance(step, CompiledOrEager)
-    mine = {"compiled": tried and step.is_compiled, "compile_error": step.error if tried else None}
+    mine = {"compiled": tried and step.is_compiled and step.ran_compiled, "compile_error": step.error if tried else None}
     if ctx is None:
         return mine
     from trainers.runtime.dist import all_gather_object
