@@ -58,6 +58,7 @@ def test_a_block_compile_that_fails_trains_eager_to_the_numbers_of_compile_off(t
     assert read_results(tmp_path / "eager")["training"]["compile_error"] is None
 
 
+@pytest.mark.slow  # two processes; their numbers are compared with a run of the same kernels (no SIMD pass needed)
 def test_two_fsdp_ranks_one_without_a_c_compiler_agree_to_train_eager_to_the_numbers_of_compile_off(tmp_path):
     """A real failure, not a stand-in: inductor's C++ kernels need the compiler CXX names, here one that works on
     rank 0 only. FSDP2's ranks cannot fall back one by one (a rank falling back inside a training step crashed
