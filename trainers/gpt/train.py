@@ -188,7 +188,7 @@ def every_rank_compiles(ctx: DistContext, failures: tuple) -> str | None:
         x = torch.ones(4, device=ctx.device, requires_grad=True)
         torch.compile(lambda t: (t * 2.0).sin().sum())(x).backward()
     except failures as exc:
-        error = " ".join(str(exc).split())[:300]
+        error = str(exc)  # (CompiledOrEager.fall_back trims it for the log and results.json)
     every = all_gather_object(ctx, error)
     failed = [rank for rank, e in enumerate(every) if e]
     return f"rank {failed[0]} cannot compile, so no rank does (FSDP2): {every[failed[0]]}" if failed else None
