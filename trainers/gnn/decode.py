@@ -87,17 +87,26 @@ def _colors(c: np.ndarray) -> int:
     return int(len(np.unique(c)))
 
 
-def color_with_model(g: Graph, logits_for: Callable[[int], np.ndarray], max_colors: int, search_iters: int,
-                     search_seconds: float, seed: int = 0) -> tuple[np.ndarray, dict]:
-    """Every decoding stage (module docstring) for one graph. `logits_for(k)` runs the model with k
-    colours offered and returns [n, max_colors] logits. Returns the best valid colouring and the
-    report of each stage (colours, conflicts, seconds)."""
-    t0 = time.perf_counter()
+def model_schedule(g: Graph, max_colors: int) -> tuple[int, int, list[int]]:
+    """The clique lower bound, the greedy bound offered first, and every colour count the model is
+    asked with (most first): what `color_with_model` will ask `logits_for` for, known before it runs."""
     lower = clique_lower_bound(g)
     bound = colors_offered(g, max_colors)
+    return lower, bound, offered_schedule(bound, lower)
+
+
+def color_with_model(g: Graph, logits_for: Callable[[int], np.ndarray], max_colors: int, search_iters: int,
+                     search_seconds: float, seed: int = 0,
+                     schedule_of: tuple[int, int, list[int]] | None = None) -> tuple[np.ndarray, dict]:
+    """Every decoding stage (module docstring) for one graph. `logits_for(k)` runs the model with k
+    colours offered and returns [n, max_colors] logits. Returns the best valid colouring and the
+    report of each stage (colours, conflicts, seconds). `schedule_of`: `model_schedule(g, max_colors)`
+    where the caller already has it."""
+    t0 = time.perf_counter()
+    lower, bound, offered = schedule_of or model_schedule(g, max_colors)
     seconds = {"model": 0.0, "repair": 0.0, "search": 0.0}
     schedule, raws, fixeds = [], [], []
-    for k in offered_schedule(bound, lower):
+    for k in offered:
         t = time.perf_counter()
         raw = np.asarray(logits_for(k)).argmax(-1)
         seconds["model"] += time.perf_counter() - t

@@ -5,6 +5,8 @@ strategies and DSATUR, sharded over ranks; the validation loss training watches;
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +15,9 @@ import torch
 from trainers.gnn.batch import DeviceGraphs, make_batch, potts_loss
 from trainers.gnn.build import build_model
 from trainers.gnn.config import GnnConfig
-from trainers.gnn.decode import classical, color_with_model
+from trainers.gnn.decode import classical, color_with_model, model_schedule
 from trainers.gnn.graphs import Graph, GraphSplit, benchmark_set
+from trainers.gnn.size import CPU_NODES
 from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_sum, pick_device
 from trainers.runtime.results import merge_results
 from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config, single_process_context
@@ -23,28 +26,67 @@ from trainers.runtime.written import write_result
 EVAL_SEED = 10_000  # random node features at evaluation: fixed, so every evaluation is comparable
 
 
+def graphs_in_passes(graphs: list[Graph], schedules: list[list[int]], nodes_per_batch: int) -> Iterator[list[int]]:
+    """Consecutive runs of graph indices whose (graph, colours offered) blocks hold about
+    `nodes_per_batch` nodes in all: one model pass each (a graph whose schedule alone holds more
+    goes alone)."""
+    run, nodes = [], 0
+    for i, (g, offered) in enumerate(zip(graphs, schedules)):
+        size = g.n * len(offered)
+        if run and nodes + size > nodes_per_batch:
+            yield run
+            run, nodes = [], 0
+        run.append(i)
+        nodes += size
+    if run:
+        yield run
+
+
 @torch.no_grad()
-def color_graph(model, g: Graph, cfg: GnnConfig, seed: int, device) -> tuple[np.ndarray, dict]:
-    """Every decoding stage for one graph with the PyTorch model (as `trainers gnn color` does with ONNX)."""
-
-    def logits_for(k: int) -> np.ndarray:
-        b = make_batch([g], cfg.max_colors, cfg.random_features, [seed], device, offered=[k])
-        return model(b.x, b.edge_index, b.color_mask).cpu().numpy()
-
-    return color_with_model(g, logits_for, cfg.max_colors, cfg.search_iters, cfg.search_seconds, seed)
+def scheduled_logits(model, graphs: list[Graph], seeds: list[int], schedules: list[list[int]], max_colors: int,
+                     random_dims: int, device) -> tuple[list[dict[int, np.ndarray]], list[float]]:
+    """The model's logits for each graph at every colour count of its schedule, in one pass: each
+    (graph, count) pair is one block of a block-diagonal batch, read to the host once. The model
+    passes no message between blocks, so a block's logits are its graph's alone (on a GPU a pass per
+    pair was its own launches and host wait). Also each graph's share of the pass's seconds, by nodes."""
+    t0 = time.perf_counter()
+    pairs = [(i, k) for i, offered in enumerate(schedules) for k in offered]
+    b = make_batch([graphs[i] for i, _ in pairs], max_colors, random_dims, [seeds[i] for i, _ in pairs], device,
+                   offered=[k for _, k in pairs])
+    logits = model(b.x, b.edge_index, b.color_mask).cpu().numpy()
+    elapsed = time.perf_counter() - t0
+    tables: list[dict[int, np.ndarray]] = [{} for _ in graphs]
+    start = 0
+    for i, k in pairs:
+        tables[i][k] = logits[start:start + graphs[i].n]
+        start += graphs[i].n
+    nodes = [g.n * len(offered) for g, offered in zip(graphs, schedules)]
+    total = sum(nodes)
+    return tables, [elapsed * n / total if total else elapsed / len(graphs) for n in nodes]
 
 
 def evaluate(model, cfg: GnnConfig, val: GraphSplit | None, ctx: DistContext) -> dict | None:
-    """Collective: benchmark set + validation split, sharded over ranks, gathered on rank 0."""
+    """Collective: benchmark set + validation split, sharded over ranks, gathered on rank 0. The
+    model runs over this rank's graphs in passes of about --nodes-per-batch nodes, every colour
+    count of each graph's schedule in its pass; then each graph goes through every decoding stage."""
     model.eval()
     bench = benchmark_set()
     jobs = [("benchmark", i) for i in range(len(bench))] + ([("val", i) for i in range(len(val))] if val else [])
+    mine = jobs[ctx.rank::ctx.world_size]
+    graphs = [bench[i] if kind == "benchmark" else val[i] for kind, i in mine]
+    schedules = [model_schedule(g, cfg.max_colors) for g in graphs]
     rows = []
-    for kind, i in jobs[ctx.rank::ctx.world_size]:
-        g = bench[i] if kind == "benchmark" else val[i]
-        _, r = color_graph(model, g, cfg, seed=EVAL_SEED + i, device=ctx.device)
-        r.update(kind=kind, name=g.name, chromatic=g.chromatic, upper_k=g.upper_k, classical=classical(g))
-        rows.append(r)
+    for run in graphs_in_passes(graphs, [s[2] for s in schedules], cfg.nodes_per_batch or CPU_NODES):
+        tables, shares = scheduled_logits(model, [graphs[j] for j in run], [EVAL_SEED + mine[j][1] for j in run],
+                                          [schedules[j][2] for j in run], cfg.max_colors, cfg.random_features,
+                                          ctx.device)
+        for j, table, share in zip(run, tables, shares):
+            (kind, i), g = mine[j], graphs[j]
+            _, r = color_with_model(g, table.__getitem__, cfg.max_colors, cfg.search_iters, cfg.search_seconds,
+                                    EVAL_SEED + i, schedule_of=schedules[j])
+            r["seconds"].update(model=round(share, 4), total=round(r["seconds"]["total"] + share, 4))
+            r.update(kind=kind, name=g.name, chromatic=g.chromatic, upper_k=g.upper_k, classical=classical(g))
+            rows.append(r)
     gathered = all_gather_object(ctx, rows)
     model.train()
     if not ctx.is_main:
