@@ -10,7 +10,8 @@ import pytest
 
 from conftest import run_cli, run_torchrun
 from trainers.cli import main
-from trainers.gnn.graphs import conflicts, mycielski, queen, write_dimacs
+from trainers.gnn.graphs import GraphSplit, conflicts, mycielski, queen, write_dimacs
+from trainers.ops.commands import load_workload
 
 BLOCK_TORCH = "import sys; sys.modules['torch'] = None\nfrom trainers.cli import main\n"
 
@@ -32,6 +33,10 @@ def test_two_rank_training_to_onnx_table_and_color_cli(tmp_path, capsys):
     assert t["world_size"] == 2 and t["steps"] == 3 * 4 and r["trainer"] == "gnn"  # 1961 nodes / (2 x 250)
     assert t["ddp"] == {"gradient_as_bucket_view": True, "static_graph": True, "sync_buffers_each_forward": False}
     assert t["graphs_per_s_per_device"] > 0 and t["nodes_per_s_per_device"] > t["graphs_per_s_per_device"]
+    # the plan's FLOPs a node for these options, per graph: a GPU run's MFU (None on a CPU) calibrates `trainers plan`
+    per_node = load_workload("gnn", ["--data-dir", str(data), "--hidden", "32", "--layers", "2"]).flops_per_item
+    assert r["model"]["flops_per_graph"] == pytest.approx(per_node * GraphSplit(data, "train").nodes.mean(), rel=1e-12)
+    assert per_node > 0 and t["mfu"] is None
     rows = r["evaluation"]["benchmark"]
     assert {row["name"] for row in rows} >= {"queen5_5", "queen8_8", "myciel4", "myciel6"}
     assert all(row["conflicts"] == 0 for row in rows) and r["evaluation"]["val"]["all_valid"]

@@ -10,6 +10,7 @@ import pytest
 
 from conftest import read_metrics, read_results, run_cli, run_torchrun
 from trainers.cli import main
+from trainers.ops.commands import load_workload
 
 TINY = ["--synthetic-tickers", "6", "--num-stocks", "4", "--synthetic-days", "700", "--window", "8",
         "--episode-days", "30", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64", "--hidden", "16",
@@ -27,6 +28,8 @@ def test_two_rank_ddp_training_to_results_evaluate_and_export(tmp_path):
     assert t["world_size"] == 2 and t["stop_reason"] == "completed" and t["steps"] == 32
     assert t["updates_per_agent"] == 8 and t["env_steps_per_update"] == 256
     assert t["throughput"]["unit"] == "env_steps" and t["throughput"]["per_s_steady"] > 0
+    # the FLOPs the plan counts for these options, so a GPU run's MFU (None on a CPU) calibrates `trainers plan`
+    assert r["model"]["flops_per_env_step"] == load_workload("ppo", TINY).flops_per_item > 0 and t["mfu"] is None
     table = r["evaluation"]["table"]
     assert set(table) == {"ppo_clstm", "ppo_mlp", "buy_and_hold_equal_weight", "equal_weight_market_rebalanced",
                           "random_policy"}

@@ -3,6 +3,7 @@ thousand environments and a minibatch scaled alike, as long as each agent keeps 
 says; a resume keeps the run folder's numbers; a minibatch larger than a rollout refused (by the plan too)."""
 
 import pytest
+import torch
 
 from trainers.errors import UsageError
 from trainers.ppo.config import PpoConfig
@@ -11,6 +12,7 @@ from trainers.ppo.size import (
     MAX_AUTO_ENVS,
     MIN_UPDATES_PER_AGENT,
     env_batch,
+    flops_per_env_step,
     rollout_bytes_per_env,
     size_for_device,
     workload,
@@ -81,3 +83,17 @@ def test_a_minibatch_larger_than_a_rollout_is_refused_by_the_run_and_the_plan(mo
 def test_the_plan_describes_one_gpus_default():
     w = workload(PpoConfig(num_stocks=4, window=6, hidden=16, total_steps=LONG))
     assert w.shape["envs"] == MAX_AUTO_ENVS and w.items_per_micro == MAX_AUTO_ENVS * 64
+
+
+@pytest.mark.parametrize("count", ["ppo", "gnn"])
+def test_the_runs_flop_count_leaves_the_global_rng_as_it_was(count):
+    """Training counts its FLOPs per item (for its MFU) before it builds its models: the count's own
+    models and inputs must not move the seed the run's initialisation draws from."""
+    from trainers.gnn.config import GnnConfig
+    from trainers.gnn.size import flops_per_node
+
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    flops = (flops_per_env_step(PpoConfig(num_stocks=4, window=6, hidden=16), 4) if count == "ppo" else
+             flops_per_node(GnnConfig(hidden=16, layers=2)))
+    assert flops > 0 and torch.equal(torch.get_rng_state(), before)

@@ -6,6 +6,7 @@ drawn by the same generator `trainers gnn data` uses; the dataset's own counts a
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from trainers.gnn.config import GnnConfig
@@ -33,26 +34,44 @@ def dataset_counts(cfg: GnnConfig) -> tuple[int, int, int, str]:
         return 0, 0, 0, ""
 
 
-def _measured(cfg: GnnConfig) -> tuple[float, float, int, list]:
-    """(saved bytes per node, FLOPs per node, parameters, the sample graphs): the real model on the CPU."""
+def _sample(cfg: GnnConfig) -> tuple[list, Callable[[int], tuple]]:
+    """The sample graphs and the model's inputs for the first b of them (on the CPU)."""
     import torch
 
     from trainers.gnn.batch import make_batch
-    from trainers.gnn.build import build_model
     from trainers.gnn.graphs import random_graph
 
     sample = [random_graph(i, cfg.seed, DEPLOY_MIN_NODES, DEPLOY_MAX_NODES) for i in range(SAMPLE_GRAPHS)]
-    model = build_model(cfg).train()
 
     def inputs(b: int) -> tuple:
         batch = make_batch(sample[:b], cfg.max_colors, cfg.random_features, list(range(b)), torch.device("cpu"))
         return batch.x, batch.edge_index, batch.color_mask
+    return sample, inputs
 
+
+def flops_per_node(cfg: GnnConfig, model=None) -> float:
+    """Matmul FLOPs of a training step per node (forward and backward: 3 forwards), counted on the sample
+    graphs with a CPU copy of the model (or `model`), the global RNG untouched."""
+    import torch
+
+    from trainers.gnn.build import build_model
+
+    with torch.random.fork_rng(devices=[]):
+        sample, inputs = _sample(cfg)
+        model = model if model is not None else build_model(cfg).train()
+        return 3 * forward_flops(model, inputs(SAMPLE_GRAPHS)) / sum(g.n for g in sample)
+
+
+def _measured(cfg: GnnConfig) -> tuple[float, float, int, list]:
+    """(saved bytes per node, FLOPs per node, parameters, the sample graphs): the real model on the CPU."""
+    from trainers.gnn.build import build_model
+
+    sample, inputs = _sample(cfg)
+    model = build_model(cfg).train()
     # saved_bytes_per_item's slope runs between 32 and 96 graphs: per graph of that stretch, then per node
     per_graph = saved_bytes_per_item(model, inputs, batches=(32, SAMPLE_GRAPHS))
     per_node = per_graph * (SAMPLE_GRAPHS - 32) / sum(g.n for g in sample[32:])
-    flops_per_node = 3 * forward_flops(model, inputs(SAMPLE_GRAPHS)) / sum(g.n for g in sample)
-    return per_node, flops_per_node, sum(p.numel() for p in model.parameters()), sample
+    return per_node, flops_per_node(cfg, model), sum(p.numel() for p in model.parameters()), sample
 
 
 SIZES = ("nodes_per_batch",)  # decided by the device when left out (a resume keeps the folder's)

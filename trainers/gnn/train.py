@@ -24,7 +24,7 @@ from trainers.gnn.config import GnnConfig
 from trainers.gnn.evaluate import EVAL_SEED, evaluate, markdown_table, validation_loss
 from trainers.gnn.graphs import GraphSplit
 from trainers.gnn.sampling import NodeBudgetCursor, padded_capacity
-from trainers.gnn.size import SIZES, nodes_per_step
+from trainers.gnn.size import SIZES, flops_per_node, nodes_per_step
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
@@ -66,11 +66,14 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     torch.manual_seed(cfg.seed)  # identical init on every rank
     model = build_model(cfg).to(ctx.device)
     n_params = sum(p.numel() for p in model.parameters())
+    # the plan's count, per trained graph (every graph once an epoch): a GPU run's MFU calibrates `trainers plan`
+    flops_per_graph = flops_per_node(cfg) * float(train_split.nodes.mean())
     # fused on CUDA; no decay on biases and norms (weight decay is 0 by default: plain AdamW)
     optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.999), ctx.device, cfg.gpu_defaults)
 
     with Run(cfg, ctx, "gnn", {"model": model, "optimizer": optimizer}, total_steps, unit="graphs",
-             metric_name="conflict_fraction", started_at=started_at, data_fingerprint=train_split.fingerprint) as run:
+             metric_name="conflict_fraction", started_at=started_at, data_fingerprint=train_split.fingerprint,
+             flops_per_item=flops_per_graph) as run:
         train_data = DeviceGraphs(train_split, cfg.max_colors, cfg.random_features, ctx.device,
                                   fewer_colors=cfg.fewer_colors)
         val_data = DeviceGraphs(val_split, cfg.max_colors, cfg.random_features, ctx.device, fixed_random_seed=EVAL_SEED)
@@ -135,7 +138,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                             "train_nodes": int(train_split.nodes.sum()), "val_graphs": len(val_split),
                             "fingerprint": train_split.fingerprint},
                    "model": {"parameters": n_params, "hidden": cfg.hidden, "layers": cfg.layers,
-                             "max_colors": cfg.max_colors},
+                             "max_colors": cfg.max_colors, "flops_per_graph": flops_per_graph},
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "nodes_per_batch": cfg.nodes_per_batch, "ddp": _ddp_facts(train_model),
                                 **compile_facts(step_model, ctx), "padded_to": list(capacity) if compiled else None,

@@ -58,10 +58,32 @@ def size_for_device(cfg: PpoConfig, device, world_size: int) -> None:
     cfg.check_rollout()
 
 
+def _inputs(n_stocks: int, window: int):
+    import torch
+
+    def inputs(b: int) -> tuple:
+        return torch.randn(b, window, n_stocks, len(FEATURES)), torch.randn(b, n_stocks + 1), torch.randn(b, n_stocks)
+    return inputs
+
+
+def flops_per_env_step(cfg: PpoConfig, n_stocks: int, policy=None) -> float:
+    """Matmul FLOPs of one environment step, the mean over the run's agents (each makes as many): an
+    agent's acting forward, then a forward and backward (3 forwards) of its sample in each update epoch.
+    Counted on CPU copies of the models (`policy` stands for the main encoder's), the global RNG untouched."""
+    import torch
+
+    from trainers.ppo.build import build_model
+
+    encoders = [encoder for encoder, _seed in cfg.agents()]
+    with torch.random.fork_rng(devices=[]):
+        forwards = {e: forward_flops(policy if policy is not None and e == cfg.encoder else
+                                     build_model(cfg, n_stocks, e).train(), _inputs(n_stocks, cfg.window)(1))
+                    for e in set(encoders)}
+    return sum(forwards[e] * (1 + 3 * cfg.update_epochs) for e in encoders) / len(encoders)
+
+
 def workload(cfg: PpoConfig) -> Workload:
     import dataclasses
-
-    import torch
 
     from trainers.ppo.build import build_model
 
@@ -71,13 +93,8 @@ def workload(cfg: PpoConfig) -> Workload:
 
     policy = build_model(cfg).train()
     n, f, w = cfg.num_stocks, len(FEATURES), cfg.window
-
-    def inputs(b: int) -> tuple:
-        return torch.randn(b, w, n, f), torch.randn(b, n + 1), torch.randn(b, n)
-
-    per_sample = saved_bytes_per_item(policy, inputs)
-    forward = forward_flops(policy, inputs(1))
-    flops_per_env_step = forward + 3 * forward * cfg.update_epochs  # acting, then each update epoch
+    per_sample = saved_bytes_per_item(policy, _inputs(n, w))
+    flops = flops_per_env_step(cfg, n, policy)
     parameters = sum(p.numel() for p in policy.parameters())
     rollout = cfg.num_envs * cfg.rollout_steps * (w * n * f + 3 * n + 8) * 4  # observations, actions, stats
     features = cfg.synthetic_days * n * f * 4
@@ -88,10 +105,11 @@ def workload(cfg: PpoConfig) -> Workload:
     floor = cfg.rollout_steps * ACT_STEP_S + cfg.update_epochs * minibatches * SMALL_STEP_S
     return Workload(
         trainer="ppo", parameters=parameters, n_blocks=1, block_parameters=parameters, unit="env steps",
-        items_per_micro=per_update, grad_accum=1, flops_per_item=flops_per_env_step,
+        items_per_micro=per_update, grad_accum=1, flops_per_item=flops,
         activation_bytes=lambda _micro, _ck: int(per_sample * cfg.batch_size), kind="small", strategies=("ddp",),
         items_total=float(cfg.steps_per_agent() * len(cfg.agents())),  # every agent of the run, one after another
         extra_bytes=rollout + features, min_step_s=floor,
         shape={"encoder": cfg.encoder, "hidden": cfg.hidden, "stocks": n, "window": w, "envs": cfg.num_envs},
-        notes=[f"an env step costs one acting forward and {cfg.update_epochs} training passes of its sample; "
+        notes=[f"an env step costs one acting forward and {cfg.update_epochs} training passes of its sample (FLOPs: the "
+               f"mean over the run's agents, {', '.join(e for e, _ in cfg.agents())}); "
                f"the rollout buffer ({rollout / 2**20:.1f} MiB) stays on the device"])

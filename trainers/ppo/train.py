@@ -29,7 +29,7 @@ from trainers.ppo.data import env_spec, fix_date_range, load_trading_data
 from trainers.ppo.env import DeviceMarket, VecPortfolioEnv
 from trainers.ppo.evaluate import evaluate_agents, validation_score
 from trainers.ppo.features import FEATURES
-from trainers.ppo.size import SIZES, size_for_device
+from trainers.ppo.size import SIZES, flops_per_env_step, size_for_device
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
@@ -144,13 +144,14 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     total_steps = updates * len(agents.agents)
     scaler = make_grad_scaler(ctx.device, precision)
     n_params = {a.encoder: sum(p.numel() for p in a.policy.parameters()) for a in agents.agents}
+    flops = flops_per_env_step(cfg, data.n_stocks)  # the plan's count: a GPU run's MFU calibrates `trainers plan`
 
     def inputs(obs):
         t, portfolio = obs
         return market.windows(t, cfg.window), portfolio
 
     with Run(cfg, ctx, "ppo", {"agents": agents, "scaler": scaler}, total_steps, unit="env_steps",
-             metric_name="pg_loss", started_at=started_at) as run:
+             metric_name="pg_loss", started_at=started_at, flops_per_item=flops) as run:
         log = run.log
         if ctx.is_main and (saved_world is None or cfg.restart):
             atomic_write_json(run_dir / SCHEDULE, {"updates_per_agent": updates, "world_size": ctx.world_size})
@@ -223,7 +224,8 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
 
         summary = {"data": data_info,
                    "model": {"parameters": n_params, "encoder": cfg.encoder, "heads": cfg.heads, "hidden": cfg.hidden,
-                             "window": cfg.window, "n_stocks": data.n_stocks, "n_features": len(FEATURES)},
+                             "window": cfg.window, "n_stocks": data.n_stocks, "n_features": len(FEATURES),
+                             "flops_per_env_step": flops},
                    "training": {"updates_per_agent": updates, "env_steps_per_update": per_update,
                                 "agents": [f"{e}/seed{sd}" for e, sd in cfg.agents()], "precision": precision.name,
                                 "tf32": tf32, **compile_facts(rollout_step, ctx)}}
