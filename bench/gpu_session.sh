@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A lent GPU session's device checks in priority order, in two calls of under 10 minutes each (a session
 # has 15 device-minutes, the machine's start included; the first H100 session's figures sized them):
-#   bash bench/gpu_session.sh 1 OUT_DIR   # ~8 min: the plan's predictions; the forecaster's real loop at the
+#   bash bench/gpu_session.sh 1 OUT_DIR   # ~8 min: the disk's durable write (bench/disk_write.py, seconds); the
+#                                         # plan's predictions; the forecaster's real loop at the
 #                                         # deploy's default preset (151m); PPO at its GPU-sized defaults;
 #                                         # the LSTM job in cohorts vs one symbol at a time (64; 500 in cohorts)
 #   bash bench/gpu_session.sh 2 OUT_DIR   # ~8 min: the forecaster's whole deploy on the GPU (preflight,
@@ -24,6 +25,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 status=0
 bench() { python3 bench/gpu.py --out-dir "$out/bench" "$@" || status=1; }
 if [[ "$part" == 1 ]]; then
+  # a durable small write on this host's disk (~15 a symbol in the LSTM job; under 1 ms on the dev VM): seconds
+  timeout -k 5 60 python3 bench/disk_write.py --dir "$out/disk_probe" --out "$out/bench/disk_write_gpu.json" \
+    >/dev/null 2>&1 || { echo "disk_write failed: exit $?"; status=1; }
   bench --only plan,run_forecast,run_ppo --total-min 3.3
   bench --only lstm_cohort --timeout lstm_cohort=270 --total-min 4.6
 else
