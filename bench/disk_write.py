@@ -53,7 +53,7 @@ def time_writes(folder: Path, write, writes: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default=None, help="a folder on the filesystem to measure (default: a temp folder)")
+    ap.add_argument("--dir", default=None, help="an existing folder on the filesystem to measure (default: the temp folder)")
     ap.add_argument("--writes", type=int, default=200)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
@@ -61,8 +61,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --writes {args.writes} must be >= 1", file=sys.stderr)
         return 2
     base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
-    base.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="disk_write.", dir=base))  # its own: nothing of the user's is touched
+    if not base.is_dir():
+        print(f"error: --dir {base} is not an existing folder; give the folder whose filesystem to measure",
+              file=sys.stderr)
+        return 2
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="disk_write.", dir=base))  # its own: nothing of the user's is touched
+    except OSError as exc:
+        print(f"error: --dir {base}: cannot write there ({exc.strerror or exc}); give a writable folder", file=sys.stderr)
+        return 2
     try:
         rows = {"durable": time_writes(folder, atomic_write_json, args.writes),
                 "no_fsync": time_writes(folder, no_fsync_write, args.writes)}

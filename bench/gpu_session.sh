@@ -26,7 +26,7 @@ status=0
 bench() { python3 bench/gpu.py --out-dir "$out/bench" "$@" || status=1; }
 if [[ "$part" == 1 ]]; then
   # a durable small write on this host's disk (~15 a symbol in the LSTM job; under 1 ms on the dev VM): seconds
-  timeout -k 5 60 python3 bench/disk_write.py --dir "$out/disk_probe" --out "$out/bench/disk_write_gpu.json" \
+  timeout -k 5 60 python3 bench/disk_write.py --dir "$out" --out "$out/bench/disk_write_gpu.json" \
     >/dev/null 2>&1 || { echo "disk_write failed: exit $?"; status=1; }
   bench --only plan,run_forecast,run_ppo --total-min 3.3
   bench --only lstm_cohort --timeout lstm_cohort=270 --total-min 4.6

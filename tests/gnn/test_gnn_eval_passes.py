@@ -2,6 +2,8 @@
 is its launches and a host wait; it was one pass per graph per colour count offered). Each graph's
 logits, decoded stages and seeds must be what one graph alone at one colour count gives."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -49,9 +51,32 @@ def test_passes_hold_about_the_node_budget_and_every_graph_once():
     graphs = [Graph(f"g{n}", n, np.zeros((0, 2), np.int64)) for n in (10, 30, 5, 50, 20, 100)]
     schedules = [[3, 2]] * 6  # each graph's blocks: twice its nodes
     passes = list(graphs_in_passes(graphs, schedules, 100))
-    assert passes == [[0, 1, 2], [3], [4], [5]]  # 20+60+10; 100; 40; 200 alone (over the budget by itself)
-    assert [i for p in passes for i in p] == list(range(6))
-    assert list(graphs_in_passes(graphs, schedules, 10**9)) == [list(range(6))]
+    whole = [3, 2]
+    assert passes == [[(0, whole), (1, whole), (2, whole)], [(3, whole)], [(4, whole)],  # 20+60+10; 100; 40
+                      [(5, [3])], [(5, [2])]]  # 200 > 100: a pass per count, each of the graph's 100 nodes
+    assert sorted((i, k) for p in passes for i, counts in p for k in counts) == [(i, k) for i in range(6) for k in (2, 3)]
+    assert list(graphs_in_passes(graphs, schedules, 10**9)) == [[(i, whole) for i in range(6)]]
+
+
+def test_a_graphs_seconds_count_its_bounds_and_its_share_of_each_pass_by_nodes(monkeypatch):
+    """results.md sets a graph's total beside DSATUR's: it must hold the bounds and schedule (the clique
+    search, the greedy bound) computed before its pass, and its own share of the pass, not an equal one."""
+    import trainers.gnn.evaluate as evaluate_mod
+
+    m = model()
+    graphs = [random_graph(i, 4, 5, 40) for i in range(4)]
+    schedules = [model_schedule(g, MAX_COLORS)[2] for g in graphs]
+    _, shares = scheduled_logits(m, graphs, [0, 1, 2, 3], schedules, MAX_COLORS, RANDOM, torch.device("cpu"))
+    blocks = [g.n * len(s) for g, s in zip(graphs, schedules)]
+    assert len(set(blocks)) > 1 and shares == pytest.approx([sum(shares) * b / sum(blocks) for b in blocks])
+
+    def slow_schedule(g, max_colors):
+        time.sleep(0.03)
+        return model_schedule(g, max_colors)
+    monkeypatch.setattr(evaluate_mod, "model_schedule", slow_schedule)
+    cfg = GnnConfig(max_colors=MAX_COLORS, random_features=RANDOM, search_iters=0, nodes_per_batch=10**6)
+    rows = evaluate(m, cfg, None, single_process_context("cpu"))["benchmark"]
+    assert all(r["seconds"]["total"] >= 0.03 + r["seconds"]["model"] for r in rows)
 
 
 @pytest.mark.parametrize("nodes_per_batch", [1, 300, 10**6])  # a pass a graph, several graphs a pass, one pass

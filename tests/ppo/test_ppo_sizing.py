@@ -97,3 +97,18 @@ def test_the_runs_flop_count_leaves_the_global_rng_as_it_was(count):
     flops = (flops_per_env_step(PpoConfig(num_stocks=4, window=6, hidden=16), 4) if count == "ppo" else
              flops_per_node(GnnConfig(hidden=16, layers=2)))
     assert flops > 0 and torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("options", [{}, {"seeds": 2}, {"baseline_mlp": False}, {"encoder": "mlp"}])
+def test_the_flops_of_an_env_step_are_the_mean_over_the_runs_agents(options):
+    """Each agent makes as many env steps: the run's FLOPs an env step are the mean of its agents' (the CLSTM
+    agent costs several times the MLP baseline), each an acting forward and 3 forwards an update epoch."""
+    from trainers.ops.plan import forward_flops
+    from trainers.ppo.build import build_model
+
+    cfg = PpoConfig(num_stocks=4, window=6, hidden=16, update_epochs=3, **options)
+    one = {e: forward_flops(build_model(cfg, 4, e), (torch.randn(1, 6, 4, 6), torch.randn(1, 5), torch.randn(1, 4)))
+           for e in ("clstm", "mlp")}
+    assert one["clstm"] > 2 * one["mlp"]
+    agents = [e for e, _ in cfg.agents()]
+    assert flops_per_env_step(cfg, 4) == pytest.approx(sum(one[e] for e in agents) / len(agents) * (1 + 3 * 3))

@@ -115,7 +115,7 @@ def test_the_ppo_backtest_benchmark_compares_the_two_loops_on_the_same_curves(tm
         ppo_backtest.main(["--repeats", "0"])
 
 
-def test_the_disk_write_benchmark_times_both_writes_in_a_folder_of_its_own(tmp_path, capsys):
+def test_the_disk_write_benchmark_times_both_writes_in_a_folder_of_its_own(tmp_path, capsys, monkeypatch):
     """bench/disk_write.py (a GPU host's fsync cost, for the LSTM job's per-symbol bookkeeping): both rows
     timed, the folder given left as it was (it writes only into a temp folder of its own, then removes it)."""
     sys.path.insert(0, str(ROOT / "bench"))
@@ -123,10 +123,20 @@ def test_the_disk_write_benchmark_times_both_writes_in_a_folder_of_its_own(tmp_p
 
     (tmp_path / "user.txt").write_text("kept")
     out = tmp_path / "out" / "disk.json"
+    synced = []
+    monkeypatch.setattr(disk_write.os, "fsync", lambda fd: synced.append(fd))  # the kit's atomic_write's os too
     assert disk_write.main(["--dir", str(tmp_path), "--writes", "6", "--out", str(out)]) == 0
+    assert len(synced) == 2 * 6  # the durable row: each write's file and folder; the other row none
     record = json.loads(out.read_text())
     for row in ("durable", "no_fsync"):
         assert record[row]["writes"] == 6 and 0 < record[row]["median_ms"] <= record[row]["max_ms"], row
     assert record["fsync_cost_ms"] == record["durable"]["median_ms"] - record["no_fsync"]["median_ms"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "user.txt"] and (tmp_path / "user.txt").read_text() == "kept"
-    assert disk_write.main(["--writes", "0"]) == 2 and "--writes 0 must be >= 1" in capsys.readouterr().err
+    capsys.readouterr()
+    for args, needle in ((["--writes", "0"], "--writes 0 must be >= 1"),
+                         (["--dir", str(tmp_path / "user.txt")], "is not an existing folder"),
+                         (["--dir", str(tmp_path / "missing")], "is not an existing folder")):
+        assert disk_write.main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "missing").exists()

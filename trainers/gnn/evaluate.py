@@ -26,17 +26,21 @@ from trainers.runtime.written import write_result
 EVAL_SEED = 10_000  # random node features at evaluation: fixed, so every evaluation is comparable
 
 
-def graphs_in_passes(graphs: list[Graph], schedules: list[list[int]], nodes_per_batch: int) -> Iterator[list[int]]:
-    """Consecutive runs of graph indices whose (graph, colours offered) blocks hold about
-    `nodes_per_batch` nodes in all: one model pass each (a graph whose schedule alone holds more
-    goes alone)."""
+def graphs_in_passes(graphs: list[Graph], schedules: list[list[int]],
+                     nodes_per_batch: int) -> Iterator[list[tuple[int, list[int]]]]:
+    """The model passes of an evaluation, each a list of (graph index, colour counts): consecutive
+    graphs with all their counts, about `nodes_per_batch` nodes of blocks in all; a graph whose
+    counts alone hold more gets a pass per count (as many nodes as the graph, never more)."""
     run, nodes = [], 0
     for i, (g, offered) in enumerate(zip(graphs, schedules)):
         size = g.n * len(offered)
         if run and nodes + size > nodes_per_batch:
             yield run
             run, nodes = [], 0
-        run.append(i)
+        if size > nodes_per_batch and len(offered) > 1:
+            yield from ([(i, [k])] for k in offered)
+            continue
+        run.append((i, list(offered)))
         nodes += size
     if run:
         yield run
@@ -68,23 +72,33 @@ def scheduled_logits(model, graphs: list[Graph], seeds: list[int], schedules: li
 def evaluate(model, cfg: GnnConfig, val: GraphSplit | None, ctx: DistContext) -> dict | None:
     """Collective: benchmark set + validation split, sharded over ranks, gathered on rank 0. The
     model runs over this rank's graphs in passes of about --nodes-per-batch nodes, every colour
-    count of each graph's schedule in its pass; then each graph goes through every decoding stage."""
+    count of each graph's schedule in its pass; then each graph goes through every decoding stage.
+    A graph's seconds: its bounds and schedule, its share of its passes and its decoding stages."""
     model.eval()
     bench = benchmark_set()
     jobs = [("benchmark", i) for i in range(len(bench))] + ([("val", i) for i in range(len(val))] if val else [])
     mine = jobs[ctx.rank::ctx.world_size]
     graphs = [bench[i] if kind == "benchmark" else val[i] for kind, i in mine]
-    schedules = [model_schedule(g, cfg.max_colors) for g in graphs]
+    schedules, schedule_s, model_s = [], [], [0.0] * len(graphs)
+    for g in graphs:
+        t = time.perf_counter()
+        schedules.append(model_schedule(g, cfg.max_colors))
+        schedule_s.append(time.perf_counter() - t)
+    tables: dict[int, dict[int, np.ndarray]] = {}  # the graphs whose counts are not all computed yet
     rows = []
     for run in graphs_in_passes(graphs, [s[2] for s in schedules], cfg.nodes_per_batch or CPU_NODES):
-        tables, shares = scheduled_logits(model, [graphs[j] for j in run], [EVAL_SEED + mine[j][1] for j in run],
-                                          [schedules[j][2] for j in run], cfg.max_colors, cfg.random_features,
-                                          ctx.device)
-        for j, table, share in zip(run, tables, shares):
+        done, shares = scheduled_logits(model, [graphs[j] for j, _ in run], [EVAL_SEED + mine[j][1] for j, _ in run],
+                                        [counts for _, counts in run], cfg.max_colors, cfg.random_features, ctx.device)
+        for (j, _), table, share in zip(run, done, shares):
+            tables.setdefault(j, {}).update(table)
+            model_s[j] += share
+            if len(tables[j]) < len(schedules[j][2]):
+                continue
             (kind, i), g = mine[j], graphs[j]
-            _, r = color_with_model(g, table.__getitem__, cfg.max_colors, cfg.search_iters, cfg.search_seconds,
-                                    EVAL_SEED + i, schedule_of=schedules[j])
-            r["seconds"].update(model=round(share, 4), total=round(r["seconds"]["total"] + share, 4))
+            _, r = color_with_model(g, tables.pop(j).__getitem__, cfg.max_colors, cfg.search_iters,
+                                    cfg.search_seconds, EVAL_SEED + i, schedule_of=schedules[j])
+            r["seconds"].update(model=round(model_s[j], 4),
+                                total=round(r["seconds"]["total"] + schedule_s[j] + model_s[j], 4))
             r.update(kind=kind, name=g.name, chromatic=g.chromatic, upper_k=g.upper_k, classical=classical(g))
             rows.append(r)
     gathered = all_gather_object(ctx, rows)

@@ -111,5 +111,5 @@ def workload(cfg: PpoConfig) -> Workload:
         extra_bytes=rollout + features, min_step_s=floor,
         shape={"encoder": cfg.encoder, "hidden": cfg.hidden, "stocks": n, "window": w, "envs": cfg.num_envs},
         notes=[f"an env step costs one acting forward and {cfg.update_epochs} training passes of its sample (FLOPs: the "
-               f"mean over the run's agents, {', '.join(e for e, _ in cfg.agents())}); "
+               f"mean over the run's agents, {', '.join(dict.fromkeys(e for e, _ in cfg.agents()))}); "
                f"the rollout buffer ({rollout / 2**20:.1f} MiB) stays on the device"])

@@ -144,7 +144,8 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     total_steps = updates * len(agents.agents)
     scaler = make_grad_scaler(ctx.device, precision)
     n_params = {a.encoder: sum(p.numel() for p in a.policy.parameters()) for a in agents.agents}
-    flops = flops_per_env_step(cfg, data.n_stocks)  # the plan's count: a GPU run's MFU calibrates `trainers plan`
+    # the plan's count: a GPU run's MFU calibrates `trainers plan`; unknown where --target-kl may cut an update short
+    flops = None if cfg.target_kl is not None else flops_per_env_step(cfg, data.n_stocks)
 
     def inputs(obs):
         t, portfolio = obs
