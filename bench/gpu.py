@@ -275,6 +275,12 @@ def collect_run(s: Setup, step: Step, facts: dict) -> dict:
            "parameters": (results.get("model") or {}).get("parameters")}  # the plan takes the row nearest its size
     if trainer == "gnn" and t.get("nodes_per_s_per_device"):  # the plan counts nodes, the loop graphs
         row["nodes_per_s"] = t["nodes_per_s_per_device"] * (t.get("world_size") or 1)
+    # the plan's items a step on one device: a small model's MFU holds for about that step only (measured_mfu)
+    config = results.get("config") or {}
+    if trainer == "gnn":
+        row["items_per_step"] = t.get("nodes_per_batch")
+    elif trainer == "ppo" and config.get("num_envs") and config.get("rollout_steps"):
+        row["items_per_step"] = config["num_envs"] * config["rollout_steps"]
     if trainer == "lstm":  # a job of many small runs: samples over the job's wall time, every worker together
         symbols = [json.loads(p.read_text()).get("training", {})
                    for p in sorted((step.run_dir / "symbols").glob("*/results.json"))]

@@ -111,6 +111,10 @@ def test_the_dry_runs_figures_are_real_runs(dry):
             assert t["precision"] == "bf16"  # the GPU configuration, rehearsed
         if trainer == "ppo":
             assert t["precision"] == "fp32"  # its policy in fp32 on a GPU too (the ratio), unless asked
+        # the step each small model's MFU was measured at, which `trainers plan` matches (measured_mfu)
+        if trainer in ("gnn", "ppo"):
+            c = r["config"]
+            assert x["items_per_step"] == (c["nodes_per_batch"] if trainer == "gnn" else c["num_envs"] * c["rollout_steps"])
     packing = read("cohort_packing_gpu.json")  # the LSTM job one symbol at a time, then in cohorts (auto)
     assert [(j["symbols"], j["cohort"], j["largest_cohort"]) for j in packing["jobs"]] == [(2, "1", 1), (2, "auto", 2)]
     assert packing["job_wall_ratio_cohort_vs_one_at_a_time"]["2 symbols, cohort auto"] > 0

@@ -96,6 +96,29 @@ def test_the_measured_mfu_is_the_one_of_the_nearest_size_not_the_best_of_any(tmp
     assert measured_mfu("gpt", h100, tmp_path, parameters=20_000_000) == 0.5
 
 
+def test_a_small_models_measured_mfu_is_the_one_of_the_nearest_step(tmp_path, monkeypatch):
+    """A launch-bound model's MFU grows with its step: PPO at 64 environments a step uses the card far less
+    than at 1,024. A plan for either takes the run of the nearest step (bench/gpu.py's items_per_step), so the
+    64-environment run cannot make a plan at 1,024 pessimistic 10x, nor the reverse; rows of no step size count
+    only when none has one, and a garbled step size is no size."""
+    record = {"device": "NVIDIA H100 80GB HBM3", "trainer": "ppo", "results": [
+        {"mfu": 0.0005, "items_per_step": 64 * 64, "parameters": {"clstm": 114430}},
+        {"mfu": 0.007, "items_per_step": 1024 * 64, "parameters": {"clstm": 114430}},
+        {"mfu": 0.9, "items_per_step": float("inf")}, {"mfu": 0.8, "items_per_step": True}]}
+    (tmp_path / "run_ppo_gpu.json").write_text(json.dumps(record))
+    h100 = DEVICES["h100-sxm"]
+    assert measured_mfu("ppo", h100, tmp_path, items_per_step=64 * 64) == 0.0005
+    assert measured_mfu("ppo", h100, tmp_path, items_per_step=1024 * 64) == 0.007
+    assert measured_mfu("ppo", h100, tmp_path, items_per_step=2048 * 64) == 0.007
+    assert measured_mfu("ppo", h100, tmp_path) == 0.9  # no step asked: the best row, as before
+    import trainers.ops.plan as plan_mod  # the plan reads the committed results; here the record above
+
+    monkeypatch.setattr(plan_mod, "measured_mfu", lambda *a, **k: measured_mfu(*a, **{**k, "root": tmp_path}))
+    for envs, expected in ((64, 0.0005), (1024, 0.007)):
+        w = load_workload("ppo", ["--num-stocks", "4", "--window", "6", "--hidden", "16", "--num-envs", str(envs)])
+        assert plan(w, h100, 1).mfu["value"] == expected, envs
+
+
 def test_a_garbled_gpu_benchmark_file_is_skipped_never_fatal(tmp_path):
     """GPU JSONs are rewritten by make bench-gpu on machines we do not control (issue 34): a file whose top
     level is a list, a peer entry that is a string, rows that are not a list: the others still count."""

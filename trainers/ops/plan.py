@@ -85,16 +85,19 @@ def memory(w: Workload, strategy: str, gpus: int, compute_bytes: int, items_per_
     return out
 
 
-def measured_mfu(trainer: str, device: Device, root: Path | None = None, parameters: int | None = None) -> float | None:
+def measured_mfu(trainer: str, device: Device, root: Path | None = None, parameters: int | None = None,
+                 items_per_step: int | None = None) -> float | None:
     """The MFU a committed GPU benchmark of ours measured for this trainer on this device, if any.
 
     A benchmark holds rows of several sizes (presets, GPT depths), and MFU grows with size: given the
     planned model's `parameters`, the rows nearest to it in size (by ratio) decide, not the best row of
-    any size, which would promise a small model the MFU of a large one. Among rows of that size the
-    highest counts (the compiled configuration a GPU deploy runs). Rows without a size decide only when
-    no row has one."""
+    any size, which would promise a small model the MFU of a large one. Among those, given the planned
+    step's `items_per_step`, the rows nearest to it in step size decide where rows record theirs (a small
+    model is bound by launches: 64 environments a step use the card far less than 1,024, and a plan
+    for either must not take the other's MFU). Among rows left the highest counts (the compiled
+    configuration a GPU deploy runs). Rows without a size decide only when no row has one."""
     root = root or Path(__file__).resolve().parents[2] / "bench" / "results"
-    rows: list[tuple[float, int | None]] = []  # (mfu, parameters of the model it was measured on)
+    rows: list[tuple[float, int | None, int | None]] = []  # (mfu, parameters, items a step it was measured at)
     # in any folder below (a GPU run's files are kept together with their README: bench/results/gpu_h200)
     for path in sorted(root.rglob(f"*{trainer}*gpu*.json")) + sorted(root.rglob("train_gpu*.json")):
         try:
@@ -113,16 +116,20 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None, paramet
             measured = row.get("kit") if isinstance(row.get("kit"), dict) else row
             value, size = measured.get("mfu"), measured.get("parameters") or row.get("parameters")
             if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
-                rows.append((float(value), int(size) if isinstance(size, (int, float)) and size > 0 else None))
+                rows.append((float(value), _positive_int(size), _positive_int(row.get("items_per_step"))))
     if not rows:
         return None
-    sized = [(v, n) for v, n in rows if n is not None]
-    if parameters and sized:
-        def distance(n: int) -> float:
-            return abs(math.log(n / parameters))
-        nearest = min(distance(n) for _, n in sized)
-        rows = [(v, n) for v, n in sized if distance(n) == nearest]
-    return max(v for v, _ in rows)
+    for given, at in ((parameters, 1), (items_per_step, 2)):
+        sized = [r for r in rows if r[at] is not None]
+        if given and sized:
+            nearest = min(abs(math.log(r[at] / given)) for r in sized)
+            rows = [r for r in sized if abs(math.log(r[at] / given)) == nearest]
+    return max(r[0] for r in rows)
+
+
+def _positive_int(value) -> int | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return int(value) if ok else None
 
 
 def step_time(w: Workload, strategy: str, gpus: int, device: Device, mfu: float, grad_accum: int | None = None,
@@ -186,7 +193,7 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
     else:
         chosen = parallel if strategies[parallel]["fits"] else None
     fix = None if chosen else suggest_fix(w, device, gpus, compute_bytes, parallel)
-    measured = measured_mfu(w.trainer, device, parameters=w.parameters)
+    measured = measured_mfu(w.trainer, device, parameters=w.parameters, items_per_step=w.items_per_micro)
     used_mfu = mfu or measured or DEFAULT_MFU.get(w.kind, 0.3)
     source = ("given" if mfu else "measured by this repository's GPU benchmark" if measured else
               f"ASSUMED (no GPU benchmark of ours for {w.trainer} on {device.key}; default for {w.kind} models)")
