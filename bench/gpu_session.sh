@@ -9,7 +9,8 @@
 #                                         # install, check, train, ONNX export with onnxruntime parity, package)
 #                                         # on synthetic data, small preset, 30 s budget; the GNN's (compiled)
 #                                         # and the LSTM job's real loops; PPO with its rollout step captured;
-#                                         # PPO's backtest both ways (bench/ppo_backtest.py); a 64-symbol
+#                                         # PPO's backtest both ways (bench/ppo_backtest.py); PPO's update
+#                                         # under torch.profiler (bench/profile_job.py --ops); a 64-symbol
 #                                         # LSTM cohort job under cProfile (bench/profile_job.py)
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
@@ -20,6 +21,10 @@ out="${2:?usage: bash bench/gpu_session.sh 1|2 OUT_DIR}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 mkdir -p "$out/bench"
+# the tarball of what finished, however the call ends: run it as `timeout 570 bash bench/gpu_session.sh N OUT`
+# inside a device call's 600 s, and a cut session still brings back every step done before the cut
+trap 'tar -C "$out" -czf "$out/gpu_session.tar.gz" bench' EXIT
+trap 'exit 143' TERM INT
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/bench/nvidia_smi.txt"
 status=0
@@ -51,11 +56,15 @@ else
   # batched passes against the day-by-day loop it replaced (204 -> 74 aten ops a simulated day on the CPU)
   timeout -k 10 90 python3 bench/ppo_backtest.py --device cuda --out "$out/bench/ppo_backtest_gpu.json" \
     >"$out/bench/ppo_backtest_gpu.log" 2>&1 || { echo "ppo_backtest failed: exit $?"; status=1; }
+  # where PPO's update at 1,024 environments spends its time on the GPU (79,401 env steps/s on the first H100,
+  # 100,000 asked): torch.profiler's top operations by device and by host time over 3 updates
+  timeout -k 10 100 python3 bench/profile_job.py --ops --out "$out/bench/profile_ppo_ops_gpu.json" -- ppo train \
+    --run-dir "$out/ppo_ops" --num-envs 1024 --batch-size 8192 --total-steps 196608 --no-baseline-mlp \
+    --eval-every 1000 --random-runs 1 >"$out/bench/profile_ppo_ops_gpu.log" 2>&1 || { echo "profile_job --ops failed: exit $?"; status=1; }
   # where the LSTM job's per-symbol time outside the steps goes on a GPU (~0.2 s a symbol on the first H100):
   # 64 symbols in one cohort, the default model, under cProfile (host waits show in the calls that wait)
   timeout -k 10 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
     --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto --run-dir "$out/lstm_profiled" \
     >"$out/bench/profile_lstm_cohort_gpu.log" 2>&1 || { echo "profile_job failed: exit $?"; status=1; }
 fi
-tar -C "$out" -czf "$out/gpu_session.tar.gz" bench
 exit "$status"

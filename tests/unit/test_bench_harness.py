@@ -97,6 +97,28 @@ def test_the_job_profiler_names_where_a_cohort_jobs_time_goes(tmp_path, capsys):
     assert exited.value.code == 2 and "give the trainers command" in capsys.readouterr().err
 
 
+def test_the_job_profiler_ops_mode_names_the_operations_a_ppo_job_spends_on(tmp_path):
+    """--ops: torch.profiler over a trainers command (here a tiny PPO job on the CPU: host time only) keeps its
+    top operations with their calls; the LSTMs of the CLSTM agent are among them."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from profile_job import main as profile_main
+
+    out = tmp_path / "ops.json"
+    job = ["ppo", "train", "--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days", "500", "--window", "8",
+           "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "8", "--batch-size", "32", "--hidden", "8",
+           "--total-steps", "128", "--no-baseline-mlp", "--random-runs", "1", "--device", "cpu",
+           "--run-dir", str(tmp_path / "job")]
+    assert profile_main(["--ops", "--out", str(out), "--top", "25", "--", *job]) == 0
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "profile_job_ops" and record["exit_code"] == 0 and record["activities"] == ["CPU"]
+    rows = record["by_host_time"]
+    assert 0 < len(rows) <= 25 and record["by_device_time"] == [] and record["device_s"] is None
+    assert sum(r["share"] for r in rows) <= 1 + 1e-9 and all(r["calls"] > 0 and r["host_s"] > 0 for r in rows)
+    assert rows == sorted(rows, key=lambda r: -r["host_s"]) and record["ops_dispatched"] > sum(r["calls"] for r in rows[:1])
+    assert any("rnn" in r["op"] or "lstm" in r["op"] for r in rows), [r["op"] for r in rows]  # mkldnn_rnn_layer on a CPU
+    assert (tmp_path / "job" / "results.json").exists()
+
+
 def test_the_ppo_backtest_benchmark_compares_the_two_loops_on_the_same_curves(tmp_path):
     """bench/ppo_backtest.py: run_policy and the day-by-day loop it replaced, on one market and one agent that
     trades: the same equity curves, fewer operations a simulated day (the committed JSON's figures)."""
