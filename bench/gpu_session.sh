@@ -24,20 +24,26 @@ mkdir -p "$out/bench"
 # the tarball of what finished, however the call ends: run it as `timeout 570 bash bench/gpu_session.sh N OUT`
 # inside a device call's 600 s, and a cut session still brings back every step done before the cut
 trap 'tar -C "$out" -czf "$out/gpu_session.tar.gz" bench' EXIT
-trap 'exit 143' TERM INT
+# A step under its own time limit runs in the background and is waited for: a TERM to this script (the call's
+# `timeout`) interrupts the wait at once and the trap passes it to the step's `timeout`, which ends the step's
+# whole process group. Run in the foreground, a step (its own process group, out of the TERM's reach) held the
+# trap until its own limit, so the tarball could come after the device call was gone.
+step_pid=""
+step() { timeout -k 10 "$@" & step_pid=$!; wait "$step_pid"; }
+trap 'if [[ -n "$step_pid" ]]; then kill -TERM "$step_pid" 2>/dev/null || true; fi; exit 143' TERM INT
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/bench/nvidia_smi.txt"
 status=0
 bench() { python3 bench/gpu.py --out-dir "$out/bench" "$@" || status=1; }
 if [[ "$part" == 1 ]]; then
   # a durable small write on this host's disk (~15 a symbol in the LSTM job; under 1 ms on the dev VM): seconds
-  timeout -k 5 60 python3 bench/disk_write.py --dir "$out" --out "$out/bench/disk_write_gpu.json" \
+  step 60 python3 bench/disk_write.py --dir "$out" --out "$out/bench/disk_write_gpu.json" \
     >/dev/null 2>&1 || { echo "disk_write failed: exit $?"; status=1; }
   bench --only plan,run_forecast,run_ppo --total-min 3.3
   bench --only lstm_cohort --timeout lstm_cohort=270 --total-min 4.6
 else
   deploy="$out/deploy"
-  timeout -k 10 180 env TRAINERS_PYTHON=python3 bash deploy_8gpu.sh --trainer forecast --foreground --skip-data \
+  step 180 env TRAINERS_PYTHON=python3 bash deploy_8gpu.sh --trainer forecast --foreground --skip-data \
     --preset small --max-hours 0.008 --usd-per-gpu-hour 3 --out "$deploy" -- --source synthetic \
     >"$out/bench/deploy-forecast.out" 2>&1 || { echo "deploy failed: exit $?"; status=1; }
   tail -5 "$out/bench/deploy-forecast.out"
@@ -48,22 +54,22 @@ else
   bench --only run_gnn,run_lstm --total-min 2
   # PPO's rollout step captured as a CUDA graph (--compile-rollout graphs, off by default until measured): the
   # run_ppo step's job, its results.json beside run_ppo_gpu.json (per_s_steady under training.throughput)
-  timeout -k 10 150 python3 -m torch.distributed.run --standalone --nproc_per_node=1 -m trainers ppo train \
+  step 150 python3 -m torch.distributed.run --standalone --nproc_per_node=1 -m trainers ppo train \
     --run-dir "$out/ppo_graphs" --total-steps 1048576 --no-baseline-mlp --log-every 1 --eval-every 4 \
     --compile-rollout graphs >"$out/bench/ppo_graphs.log" 2>&1 || { echo "ppo --compile-rollout graphs failed: exit $?"; status=1; }
   cp "$out/ppo_graphs/results.json" "$out/bench/ppo_graphs_results.json" 2>/dev/null || true
   # PPO's backtest (every validation and the final test) both ways on the GPU, one run: the market's part in
   # batched passes against the day-by-day loop it replaced (204 -> 74 aten ops a simulated day on the CPU)
-  timeout -k 10 90 python3 bench/ppo_backtest.py --device cuda --out "$out/bench/ppo_backtest_gpu.json" \
+  step 90 python3 bench/ppo_backtest.py --device cuda --out "$out/bench/ppo_backtest_gpu.json" \
     >"$out/bench/ppo_backtest_gpu.log" 2>&1 || { echo "ppo_backtest failed: exit $?"; status=1; }
   # where PPO's update at 1,024 environments spends its time on the GPU (79,401 env steps/s on the first H100,
   # 100,000 asked): torch.profiler's top operations by device and by host time over 3 updates
-  timeout -k 10 100 python3 bench/profile_job.py --ops --out "$out/bench/profile_ppo_ops_gpu.json" -- ppo train \
+  step 100 python3 bench/profile_job.py --ops --out "$out/bench/profile_ppo_ops_gpu.json" -- ppo train \
     --run-dir "$out/ppo_ops" --num-envs 1024 --batch-size 8192 --total-steps 196608 --no-baseline-mlp \
     --eval-every 1000 --random-runs 1 >"$out/bench/profile_ppo_ops_gpu.log" 2>&1 || { echo "profile_job --ops failed: exit $?"; status=1; }
   # where the LSTM job's per-symbol time outside the steps goes on a GPU (~0.2 s a symbol on the first H100):
   # 64 symbols in one cohort, the default model, under cProfile (host waits show in the calls that wait)
-  timeout -k 10 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
+  step 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
     --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto --run-dir "$out/lstm_profiled" \
     >"$out/bench/profile_lstm_cohort_gpu.log" 2>&1 || { echo "profile_job failed: exit $?"; status=1; }
 fi

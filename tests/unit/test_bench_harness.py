@@ -117,6 +117,9 @@ def test_the_job_profiler_ops_mode_names_the_operations_a_ppo_job_spends_on(tmp_
     assert rows == sorted(rows, key=lambda r: -r["host_s"]) and record["ops_dispatched"] > sum(r["calls"] for r in rows[:1])
     assert any("rnn" in r["op"] or "lstm" in r["op"] for r in rows), [r["op"] for r in rows]  # mkldnn_rnn_layer on a CPU
     assert (tmp_path / "job" / "results.json").exists()
+    # a job that fails says so: exit 1, its own exit code in the record
+    assert profile_main(["--ops", "--out", str(out), "--", *job[:-2], "--num-envs", "0", "--run-dir", str(tmp_path / "bad")]) == 1
+    assert json.loads(out.read_text())["exit_code"] == 2
 
 
 def test_the_ppo_backtest_benchmark_compares_the_two_loops_on_the_same_curves(tmp_path):

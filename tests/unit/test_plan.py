@@ -104,12 +104,14 @@ def test_a_small_models_measured_mfu_is_the_one_of_the_nearest_step(tmp_path, mo
     record = {"device": "NVIDIA H100 80GB HBM3", "trainer": "ppo", "results": [
         {"mfu": 0.0005, "items_per_step": 64 * 64, "parameters": {"clstm": 114430}},
         {"mfu": 0.007, "items_per_step": 1024 * 64, "parameters": {"clstm": 114430}},
-        {"mfu": 0.9, "items_per_step": float("inf")}, {"mfu": 0.8, "items_per_step": True}]}
+        {"mfu": 0.9, "items_per_step": float("inf")}, {"mfu": 0.8, "items_per_step": True},
+        {"mfu": 0.7, "items_per_step": 0.5}]}
     (tmp_path / "run_ppo_gpu.json").write_text(json.dumps(record))
     h100 = DEVICES["h100-sxm"]
     assert measured_mfu("ppo", h100, tmp_path, items_per_step=64 * 64) == 0.0005
     assert measured_mfu("ppo", h100, tmp_path, items_per_step=1024 * 64) == 0.007
     assert measured_mfu("ppo", h100, tmp_path, items_per_step=2048 * 64) == 0.007
+    assert measured_mfu("ppo", h100, tmp_path, items_per_step=1) == 0.0005  # True and 0.5 are no sizes (0.5: log 0)
     assert measured_mfu("ppo", h100, tmp_path) == 0.9  # no step asked: the best row, as before
     import trainers.ops.plan as plan_mod  # the plan reads the committed results; here the record above
 

@@ -128,7 +128,8 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None, paramet
 
 
 def _positive_int(value) -> int | None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    """A size a row records (parameters, items a step): a finite number >= 1, else none (a garbled file)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 1
     return int(value) if ok else None
 
 
