@@ -49,17 +49,20 @@ def _sample(cfg: GnnConfig) -> tuple[list, Callable[[int], tuple]]:
     return sample, inputs
 
 
-def flops_per_node(cfg: GnnConfig, model=None) -> float:
-    """Matmul FLOPs of a training step per node (forward and backward: 3 forwards), counted on the sample
-    graphs with a CPU copy of the model (or `model`), the global RNG untouched."""
+def _flops_per_node(model, sample: list, inputs: Callable[[int], tuple]) -> float:
+    """A training step's matmul FLOPs per node (forward and backward: 3 forwards) over the sample graphs."""
+    return 3 * forward_flops(model, inputs(SAMPLE_GRAPHS)) / sum(g.n for g in sample)
+
+
+def flops_per_node(cfg: GnnConfig) -> float:
+    """What `_flops_per_node` counts, for a run: a CPU copy of the model, the global RNG untouched."""
     import torch
 
     from trainers.gnn.build import build_model
 
     with torch.random.fork_rng(devices=[]):
         sample, inputs = _sample(cfg)
-        model = model if model is not None else build_model(cfg).train()
-        return 3 * forward_flops(model, inputs(SAMPLE_GRAPHS)) / sum(g.n for g in sample)
+        return _flops_per_node(build_model(cfg).train(), sample, inputs)
 
 
 def _measured(cfg: GnnConfig) -> tuple[float, float, int, list]:
@@ -71,7 +74,7 @@ def _measured(cfg: GnnConfig) -> tuple[float, float, int, list]:
     # saved_bytes_per_item's slope runs between 32 and 96 graphs: per graph of that stretch, then per node
     per_graph = saved_bytes_per_item(model, inputs, batches=(32, SAMPLE_GRAPHS))
     per_node = per_graph * (SAMPLE_GRAPHS - 32) / sum(g.n for g in sample[32:])
-    return per_node, flops_per_node(cfg, model), sum(p.numel() for p in model.parameters()), sample
+    return per_node, _flops_per_node(model, sample, inputs), sum(p.numel() for p in model.parameters()), sample
 
 
 SIZES = ("nodes_per_batch",)  # decided by the device when left out (a resume keeps the folder's)

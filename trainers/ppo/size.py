@@ -66,18 +66,17 @@ def _inputs(n_stocks: int, window: int):
     return inputs
 
 
-def flops_per_env_step(cfg: PpoConfig, n_stocks: int, policy=None) -> float:
+def flops_per_env_step(cfg: PpoConfig, n_stocks: int) -> float:
     """Matmul FLOPs of one environment step, the mean over the run's agents (each makes as many): an
     agent's acting forward, then a forward and backward (3 forwards) of its sample in each update epoch.
-    Counted on CPU copies of the models (`policy` stands for the main encoder's), the global RNG untouched."""
+    Counted on CPU copies of the models, the global RNG untouched."""
     import torch
 
     from trainers.ppo.build import build_model
 
     encoders = [encoder for encoder, _seed in cfg.agents()]
     with torch.random.fork_rng(devices=[]):
-        forwards = {e: forward_flops(policy if policy is not None and e == cfg.encoder else
-                                     build_model(cfg, n_stocks, e).train(), _inputs(n_stocks, cfg.window)(1))
+        forwards = {e: forward_flops(build_model(cfg, n_stocks, e).train(), _inputs(n_stocks, cfg.window)(1))
                     for e in set(encoders)}
     return sum(forwards[e] * (1 + 3 * cfg.update_epochs) for e in encoders) / len(encoders)
 
@@ -94,7 +93,7 @@ def workload(cfg: PpoConfig) -> Workload:
     policy = build_model(cfg).train()
     n, f, w = cfg.num_stocks, len(FEATURES), cfg.window
     per_sample = saved_bytes_per_item(policy, _inputs(n, w))
-    flops = flops_per_env_step(cfg, n, policy)
+    flops = flops_per_env_step(cfg, n)
     parameters = sum(p.numel() for p in policy.parameters())
     rollout = cfg.num_envs * cfg.rollout_steps * (w * n * f + 3 * n + 8) * 4  # observations, actions, stats
     features = cfg.synthetic_days * n * f * 4
