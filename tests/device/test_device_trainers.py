@@ -178,3 +178,37 @@ def test_gnn_colors_with_every_search_on_the_fake_accelerator(trained, tmp_path,
     assert result["conflicts"] == 0
     if search == "population":
         assert result["searched"]["device"] == "cpu:0"  # it ran on "the GPU"
+
+
+def test_an_lstm_cohort_out_of_device_memory_trains_in_passes_on_the_fake_accelerator(tmp_path):
+    """On an accelerator a cohort's validations and final evaluation are stacked passes too: with no pass of
+    2 or more models fitting (TRAINERS_FAULT_MEMORY=1), the validations, the training steps and the final
+    evaluation run one model a pass, on the device (CUDA's placement rules), to the numbers of the same job
+    with the memory it needs; when not even one model fits a pass, each member is tried alone."""
+    job = ["lstm", "train", "--synthetic-tickers", "3", "--synthetic-days", "600", "--window", "8", "--hidden", "8",
+           "--batch-size", "64", "--epochs", "2", "--eval-every", "1", "--no-export", "--cohort", "3"]
+    results = {}
+    for name, extra in (("fits", {}), ("short", {"TRAINERS_FAULT_MEMORY": "1"}), ("none", {"TRAINERS_FAULT_MEMORY": "0"})):
+        run_dir = tmp_path / name
+        proc = run_cli([*job, "--run-dir", str(run_dir)], env={**fake_env(tmp_path / f"{name}-syncs"), **extra})
+        assert proc.returncode == 0, tail(proc)
+        results[name] = {s: read_results(run_dir / "symbols" / s) for s in ("SYN000", "SYN001", "SYN002")}
+    # the first stacked pass, the validation before the first step, halves twice; everything after (training
+    # steps, validations, final evaluation) starts from one model a pass
+    log = (tmp_path / "short" / "training.log").read_text()
+    assert log.count("ran out of device memory") == 2, log
+    assert "validation with 3 models in one pass ran out" in log and "validation with 2 models in one pass" in log
+    assert "in one pass failed" not in log  # the final evaluation in passes, not its member-by-member fallback
+    # not one model a pass fits (0): the first validation sends every member to be tried alone (nn.LSTM)
+    assert all(r["training"]["try"] == 2 and "cohort" not in r["training"] for r in results["none"].values())
+    assert "try 1 failed in its cohort (OutOfMemoryError" in (tmp_path / "none" / "training.log").read_text()
+    for s, fits in results["fits"].items():
+        short = results["short"][s]
+        assert short["training"]["cohort_rows_per_pass"] == 1 and short["training"]["cohort"] == fits["training"]["cohort"]
+        assert (short["training"]["steps"], short["training"]["best_val"]["step"]) == \
+            (fits["training"]["steps"], fits["training"]["best_val"]["step"])
+        assert short["training"]["best_val"]["value"] == pytest.approx(fits["training"]["best_val"]["value"], abs=1e-6)
+        for split in ("val", "test"):
+            for key in ("log_loss", "accuracy", "roc_auc"):
+                assert short["evaluation"][split]["model"][key] == \
+                    pytest.approx(fits["evaluation"][split]["model"][key], abs=1e-6), (s, split, key)

@@ -256,6 +256,113 @@ def test_a_failed_stacked_evaluation_is_made_member_by_member_each_error_its_own
         evaluations.of(members[1])
 
 
+def stacked_step_of(rows_per_pass: int | None, seed: int = 3):
+    """A stack of 5 models with dropout, one batch: (the step's cohort, its losses, its gradients)."""
+    from types import SimpleNamespace
+
+    from trainers.lstm.cohort import stacked_step
+
+    stack = StackedLSTM.of(models(5, dropout=0.3)).train()
+    cohort = SimpleNamespace(model=stack, optimizer=StackedAdamW(list(stack.parameters()), 1e-3, 0.0),
+                             rows_per_pass=rows_per_pass, members=list(range(5)), log=None)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(5, 16, 6, 5, generator=gen)
+    labels = torch.randint(0, 2, (5, 16), generator=gen).float()
+    weights = (torch.rand(5, 16, generator=gen) > 0.2).float()  # padding rows weigh 0
+    pos_weight = torch.rand(5, generator=gen) + 0.5
+    losses = stacked_step(cohort, x, labels, weights, masks_of(stack), pos_weight)
+    return cohort, losses, [p.grad.clone() for p in stack.parameters()]
+
+
+def masks_of(stack):
+    """The dropout masks of a slice of the 5 models of `stack` (each model's own stream)."""
+    seeds, steps = [11, 12, 13, 14, 15], [0, 3, 1, 4, 2]
+    return lambda rows: stack.dropout_masks(seeds[rows], steps[rows], 16, 6, torch.Generator())
+
+
+@pytest.mark.parametrize("rows_per_pass", [1, 2, 3])
+def test_a_step_in_passes_gives_each_model_the_loss_and_gradients_of_one_pass(rows_per_pass):
+    """A cohort too large for the device's memory in one pass trains in passes of fewer models: each model's
+    loss and gradients (its own masks, weights and class weight) are what the one pass gives it."""
+    _, want_losses, want_grads = stacked_step_of(None)
+    _, losses, grads = stacked_step_of(rows_per_pass)
+    assert torch.allclose(losses, want_losses, atol=1e-6, rtol=0)
+    for got, want in zip(grads, want_grads):
+        assert torch.allclose(got, want, atol=1e-6, rtol=0)
+
+
+def test_a_pass_out_of_memory_is_made_again_in_halves_from_clean_gradients(monkeypatch):
+    """Out of memory in the second pass of a step (the first pass's gradients already added): the step is made
+    again in passes of half as many models, from zeroed gradients, to the one pass's numbers; the warning says
+    so once. A single model that does not fit raises."""
+    import logging
+
+    from trainers.lstm.cohort import halving_on_out_of_memory, stacked_step
+
+    cohort, want_losses, want_grads = stacked_step_of(None)
+    cohort.rows_per_pass, cohort.log = 2, logging.getLogger("halving-test")
+    stack, forward, calls = cohort.model, type(cohort.model).forward, []
+
+    def second_pass_runs_out(self, x, masks=None, rows=None):
+        calls.append(len(x))
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return forward(self, x, masks, rows)
+
+    monkeypatch.setattr(type(stack), "forward", second_pass_runs_out)
+    gen = torch.Generator().manual_seed(3)  # the batch of stacked_step_of(seed=3), drawn again
+    x = torch.randn(5, 16, 6, 5, generator=gen)
+    labels = torch.randint(0, 2, (5, 16), generator=gen).float()
+    weights = (torch.rand(5, 16, generator=gen) > 0.2).float()
+    pos_weight = torch.rand(5, generator=gen) + 0.5
+    warnings = []
+    monkeypatch.setattr(cohort.log, "warning", lambda msg, *args: warnings.append(msg % args))
+    losses = halving_on_out_of_memory(cohort, "training step", 5,
+                                      lambda: stacked_step(cohort, x, labels, weights, masks_of(stack), pos_weight))
+    assert calls == [2, 2, 1, 1, 1, 1, 1] and cohort.rows_per_pass == 1
+    assert torch.allclose(losses, want_losses, atol=1e-6, rtol=0)
+    for p, want in zip(stack.parameters(), want_grads):
+        assert torch.allclose(p.grad, want, atol=1e-6, rtol=0)
+    assert len(warnings) == 1 and "training step with 2 models in one pass ran out of device memory (CUDA out of " \
+        "memory. Tried to allocate 2.00 GiB); making it in passes of 1 models" in warnings[0]
+    monkeypatch.setattr(type(stack), "forward", lambda *_a, **_k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+    with pytest.raises(torch.OutOfMemoryError):
+        halving_on_out_of_memory(cohort, "training step", 5,
+                                 lambda: stacked_step(cohort, x, labels, weights, masks_of(stack), pos_weight))
+
+
+def test_a_cohort_out_of_device_memory_trains_in_passes_to_the_same_results(tmp_path):
+    """TRAINERS_FAULT_MEMORY=1: no pass of 2 or more models fits. The first cohort of 3 halves twice (two
+    warnings) and trains in passes of one model; the worker's second cohort (2 symbols) starts there (no third
+    warning); every symbol ends as in the same job with the memory it needs, one pass a step. Under
+    --gpu-defaults, the settings a GPU deploy runs these with (checkpoints written behind the loop)."""
+    assert train(tmp_path / "fits", "--cohort", "3", "--gpu-defaults") == 0
+    assert train(tmp_path / "short", "--cohort", "3", "--gpu-defaults", env={"TRAINERS_FAULT_MEMORY": "1"}) == 0
+    fits, short = symbol_results(tmp_path / "fits"), symbol_results(tmp_path / "short")
+    assert sorted(fits) == sorted(short) == [f"SYN00{k}" for k in range(5)]
+    for s in fits:
+        assert_same_training(fits[s], short[s], tol=1e-6)
+        assert "cohort_rows_per_pass" not in fits[s]["training"] and short[s]["training"]["cohort_rows_per_pass"] == 1
+    log = (tmp_path / "short" / "training.log").read_text()
+    assert log.count("ran out of device memory") == 2, log
+    assert "training step with 3 models in one pass ran out of device memory" in log
+    assert "training step with 2 models in one pass ran out of device memory" in log
+
+
+def test_when_not_one_model_fits_a_pass_each_member_is_tried_alone(tmp_path):
+    """TRAINERS_FAULT_MEMORY=0 (a stacked pass of even one model is out of memory): the members leave the
+    cohort with the error and each is tried again alone (nn.LSTM), to what the one-at-a-time job gives."""
+    assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1") == 0
+    assert train(tmp_path / "none", "--dropout", "0", "--cohort", "5", env={"TRAINERS_FAULT_MEMORY": "0"}) == 0
+    alone, tried = symbol_results(tmp_path / "alone"), symbol_results(tmp_path / "none")
+    assert sorted(alone) == sorted(tried)
+    for s in alone:
+        assert_same_training(alone[s], tried[s])
+        assert tried[s]["training"]["try"] == 2
+    log = (tmp_path / "none" / "training.log").read_text()
+    assert "try 1 failed in its cohort (OutOfMemoryError: CUDA out of memory" in log
+
+
 def test_a_cohort_job_trains_what_the_one_at_a_time_job_trains(tmp_path):
     """Dropout 0: the same weights to 1e-4, the same early stops (patience 2 stops some symbols before
     their last step), the same test figures; SYN002 raises at step 2 in the cohort, is tried again alone

@@ -53,3 +53,16 @@ def test_a_named_symbol_raises_at_its_step_always_or_on_the_first_try_only(monke
         faults.raise_requests()
     monkeypatch.delenv("TRAINERS_FAULT_RAISE")
     assert faults.raise_requests() == {} and "TRAINERS_FAULT_RAISE" not in os.environ
+
+
+def test_a_stacked_pass_of_more_models_than_the_memory_fault_allows_is_out_of_memory(monkeypatch):
+    import torch
+
+    faults.maybe_out_of_memory(10**6)  # unset: anything fits
+    monkeypatch.setenv("TRAINERS_FAULT_MEMORY", "2")
+    faults.maybe_out_of_memory(2)
+    with pytest.raises(torch.OutOfMemoryError, match="a pass of 3 models does not fit"):
+        faults.maybe_out_of_memory(3)
+    monkeypatch.setenv("TRAINERS_FAULT_MEMORY", "two")  # a typo fails loudly, at the job's start
+    with pytest.raises(ValueError, match="TRAINERS_FAULT_MEMORY='two' is not a number of models"):
+        faults.raise_requests()

@@ -12,7 +12,10 @@ another symbol), its own AdamW state and step count, its own seed. A symbol's ch
 what a symbol trained alone saves (its DirectionLSTM state dict and its AdamW state), so it resumes alone
 or in another cohort. A symbol that stops (early, budget, signal, its last step) leaves the cohort: the
 stacked models shrink once fewer than half are still training. A symbol whose bookkeeping raises leaves
-with its error (the worker tries it again alone); the others go on.
+with its error (the worker tries it again alone); the others go on. A stacked pass that runs out of device
+memory (--cohort auto sizes a cohort from an estimate; a user may force a larger one) is made again in passes
+of half as many models, to the same numbers (Cohort.rows_per_pass); only when one model a pass does not fit
+do the members leave, each tried alone.
 
 Equal to training alone (tests/lstm/test_lstm_cohort.py): with --dropout 0, the same weights, metrics and
 early-stop step within 1e-4; with dropout, each symbol's masks come from its own (seed, step) stream, so its
@@ -44,6 +47,7 @@ from trainers.lstm.model import count_parameters
 from trainers.lstm.stacked import StackedAdamW, StackedLSTM, adamw_param_groups, clip_per_model
 from trainers.lstm.worker import SymbolOutcome, Worker
 from trainers.runtime import device as device_mod
+from trainers.runtime import faults
 from trainers.runtime.budget import StopReason
 from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
@@ -81,7 +85,8 @@ class Member:
 class Cohort:
     """The stacked models and their optimizer, and which member sits in which row."""
 
-    def __init__(self, members: list[Member], cfg: LstmConfig, device: torch.device):
+    def __init__(self, members: list[Member], cfg: LstmConfig, device: torch.device,
+                 rows_per_pass: int | None = None, log=None):
         models = []
         for m in members:
             torch.manual_seed(m.cfg.seed)  # each symbol's own init, as when it trains alone
@@ -95,6 +100,12 @@ class Cohort:
         # on a CPU each member's own nn.LSTM, whose fused cell ran them 3-6x faster than the stacked one
         # (16 symbols of the default model: 1.7 s against 10.7 s for the final evaluation's logits)
         self.stacked_evaluation = bool(device_mod.total_memory(device))
+        # At most this many models in one stacked pass (None: all of them). --cohort auto sizes a cohort from an
+        # estimate of its memory, and a user may force a larger one: a pass that runs out of device memory is
+        # made again in passes of half as many models (the same numbers: each model's loss and gradients are
+        # its own), and the worker's next cohorts start from what fitted (Worker.stacked_rows).
+        self.rows_per_pass = rows_per_pass
+        self.log = log
         self._rows = {id(m): k for k, m in enumerate(self.members)}
         self.on_signal = None  # the cohort's handler, once every member's run is entered
 
@@ -177,6 +188,59 @@ def stacked_windows(rows: list[tuple[Member, torch.Tensor, torch.Tensor]]) -> tu
     return torch.stack(xs), torch.nan_to_num(torch.stack(ys)), torch.stack([weight for _, _, weight in rows])
 
 
+def groups(items: list, size: int | None) -> list[list]:
+    """`items` in consecutive groups of at most `size` (None: one group)."""
+    size = size or len(items) or 1
+    return [items[start:start + size] for start in range(0, len(items), size)]
+
+
+def halving_on_out_of_memory(cohort: Cohort, what: str, models: int, work):
+    """`work()` over `models` of the stack, made again with half as many models per pass (cohort.rows_per_pass)
+    each time the device runs out of memory; a single model that does not fit raises. `work` must only compute
+    (the step zeroes its gradients again at its start): nothing it did before the error stands."""
+    while True:
+        try:
+            return work()
+        except torch.OutOfMemoryError as exc:  # CUDA's (raised where the allocation failed: no wait involved)
+            rows = min(cohort.rows_per_pass or models, models)
+            if rows <= 1:
+                raise
+            error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # (outside the handler: the failed attempt's frames and their tensors are released before the retry)
+        cohort.rows_per_pass = -(-rows // 2)
+        device_mod.release_cached_memory(cohort.model.weights[0].device)
+        if cohort.log is not None:
+            cohort.log.warning("the cohort's %s with %d models in one pass ran out of device memory (%s); making "
+                               "it in passes of %d models (the same numbers, more launches)", what, rows, error,
+                               cohort.rows_per_pass)
+
+
+def stacked_step(cohort: Cohort, x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                 masks_of, pos_weight: torch.Tensor) -> torch.Tensor:
+    """Each member's loss [K] (detached), its gradients in the stack's parameters: in one pass, or in passes of
+    cohort.rows_per_pass models, each pass's backward adding only its own rows' gradients (exact: the models'
+    parameters are disjoint). `masks_of(rows)`: the dropout masks of the models at that slice of the stack
+    (each model's its own stream's, so drawn per pass: their memory is a pass's too)."""
+    cohort.optimizer.zero_grad()
+    k = x.shape[0]
+    size = cohort.rows_per_pass or k
+    if size >= k:
+        faults.maybe_out_of_memory(k)
+        losses = member_losses(cohort.model(x, masks_of(slice(0, k))), labels, weights, pos_weight)
+        losses.sum().backward()  # each member's gradients are its own loss's: the parameters are disjoint
+        return losses.detach()
+    parts = []
+    for start in range(0, k, size):
+        part = slice(start, min(start + size, k))
+        rows = torch.arange(part.start, part.stop, device=x.device)
+        faults.maybe_out_of_memory(part.stop - part.start)
+        losses = member_losses(cohort.model(x[part], masks_of(part), rows=rows), labels[part], weights[part],
+                               pos_weight[part])
+        losses.sum().backward()
+        parts.append(losses.detach())
+    return torch.cat(parts)
+
+
 def member_losses(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
                   pos_weight: torch.Tensor) -> torch.Tensor:
     """Each member's mean BCE over its real rows, its class weight on the up bars [K] (0 for a member with
@@ -199,6 +263,7 @@ def stacked_passes(cohort: Cohort, members: list[Member], anchors: list[torch.Te
         for start in range(0, longest, batch_size):
             x, y, w = stacked_windows([(m, *padded(ids[start:start + batch_size], ids, batch_size))
                                        for m, ids in zip(members, anchors)])
+            faults.maybe_out_of_memory(len(members))
             with torch.no_grad():
                 logits = cohort.model(x, rows=rows)
             yield logits.float(), y, w
@@ -212,6 +277,12 @@ def validation_losses(cohort: Cohort, members: list[Member], batch_size: int) ->
     CPU one after another: Cohort.stacked_evaluation)."""
     if not cohort.stacked_evaluation:
         return [validation_loss(cohort.model.model(cohort.row(m)), m.data, batch_size) for m in members]
+    return halving_on_out_of_memory(cohort, "validation", len(members), lambda: [
+        loss for group in groups(members, cohort.rows_per_pass) for loss in _stacked_validation_losses(
+            cohort, group, batch_size)])
+
+
+def _stacked_validation_losses(cohort: Cohort, members: list[Member], batch_size: int) -> list[float]:
     sums = torch.zeros(len(members), dtype=torch.float64, device=cohort.model.weights[0].device)
     for logits, labels, weights in stacked_passes(cohort, members, [m.data.ids["val"] for m in members], batch_size):
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="none")
@@ -222,8 +293,14 @@ def validation_losses(cohort: Cohort, members: list[Member], batch_size: int) ->
 
 def evaluation_logits(cohort: Cohort, members: list[Member], batch_size: int) -> list[list[np.ndarray]]:
     """Each member's logits on its `evaluation_anchors` (trainers.lstm.evaluate), the members' models run
-    together: a symbol's final evaluation costs the cohort's passes over the longest member's windows,
-    not passes of its own (on a GPU, each a launch-bound model call), and one read to the host."""
+    together (at most cohort.rows_per_pass at a time): a symbol's final evaluation costs the cohort's passes
+    over the longest member's windows, not passes of its own (on a GPU, each a launch-bound model call), and
+    one read to the host."""
+    return [logits for group in groups(members, cohort.rows_per_pass)
+            for logits in _stacked_evaluation_logits(cohort, group, batch_size)]
+
+
+def _stacked_evaluation_logits(cohort: Cohort, members: list[Member], batch_size: int) -> list[list[np.ndarray]]:
     sets = [evaluation_anchors(m.data) for m in members]
     anchors = [torch.cat(s) for s in sets]
     logits = torch.cat([out for out, _, _ in stacked_passes(cohort, members, anchors, batch_size)], dim=1).cpu()
@@ -244,7 +321,7 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
         scfg = symbol_config(cfg, data.symbol)
         data.to(device)
         members.append(Member(scfg, data, planned_steps(scfg, len(data.ids["train"]))))
-    cohort = Cohort(members, cfg, device)
+    cohort = Cohort(members, cfg, device, worker.stacked_rows, worker.log)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         def on_signal(signum, _frame):  # every member stops at its next step, with a checkpoint
@@ -259,6 +336,7 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
             cohort.hold_signals()  # (each run installs its own handler as it opens)
         _train(cfg, members, cohort, worker, attempt)
     finally:
+        worker.stacked_rows = cohort.rows_per_pass  # what fitted: the worker's next cohorts start from it
         for m in members:
             _close(m)
         for sig, handler in handlers.items():
@@ -295,11 +373,16 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
             pos_weight = torch.tensor([m.data.pos_weight for m in stack], device=device)
         stepping = time.perf_counter()
         x, y, w = batch_of(stack, cfg.batch_size)
-        masks = cohort.model.dropout_masks([m.cfg.seed for m in stack], [m.step for m in stack], cfg.batch_size,
-                                           cfg.window, generator)
-        losses = member_losses(cohort.model(x, masks), y, w, pos_weight)
-        cohort.optimizer.zero_grad()
-        losses.sum().backward()  # each member's gradients are its own loss's: the parameters are disjoint
+        seeds, steps = [m.cfg.seed for m in stack], [m.step for m in stack]
+
+        def masks_of(rows: slice) -> dict[str, torch.Tensor] | None:
+            return cohort.model.dropout_masks(seeds[rows], steps[rows], cfg.batch_size, cfg.window, generator)
+        try:
+            losses = halving_on_out_of_memory(cohort, "training step", len(stack),
+                                              lambda: stacked_step(cohort, x, y, w, masks_of, pos_weight))
+        except torch.OutOfMemoryError as exc:  # not even one model a pass fits
+            _all_leave([m for m in stack if not m.done], cohort, exc)
+            continue
         clip_per_model(list(cohort.model.parameters()), cfg.grad_clip, training)
         cohort.optimizer.step(training)
         stepped = [m for m in stack if not m.done]
@@ -308,7 +391,7 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
             m.step_seconds += share
         due = []
         for m in stepped:
-            _guarded(m, cohort, lambda m=m: _after_step(m, losses[cohort.row(m)].detach(), worker, attempt, due))
+            _guarded(m, cohort, lambda m=m: _after_step(m, losses[cohort.row(m)], worker, attempt, due))
         _evaluated(cohort, [m for m in due if not m.done], cfg.eval_batch_size)
         ending = []
         for m in stepped:
@@ -323,6 +406,16 @@ def _guarded(m: Member, cohort: Cohort, work) -> None:
         work()
     except Exception as exc:  # noqa: BLE001 - one symbol's error must not stop the others (the worker retries it)
         m.error = exc
+        _close(m, cohort)
+
+
+def _all_leave(members: list[Member], cohort: Cohort, exc: torch.OutOfMemoryError) -> None:
+    """Out of device memory with one model a pass: every member leaves with the error, and the worker tries
+    each alone (nn.LSTM's own kernels), where it trains or is recorded failed with the reason. Without its
+    traceback: the failed pass's frames hold device memory the tries alone need."""
+    error = exc.with_traceback(None)
+    for m in members:
+        m.error = error
         _close(m, cohort)
 
 
@@ -352,7 +445,12 @@ def _start(m: Member, cohort: Cohort, worker: Worker, fresh: list[Member]) -> No
 def _evaluated(cohort: Cohort, members: list[Member], batch_size: int, initial: bool = False) -> None:
     if not members:
         return
-    for m, loss in zip(members, validation_losses(cohort, members, batch_size)):
+    try:
+        losses = validation_losses(cohort, members, batch_size)
+    except torch.OutOfMemoryError as exc:  # not even one model a pass fits
+        _all_leave(members, cohort, exc)
+        return
+    for m, loss in zip(members, losses):
         _guarded(m, cohort, lambda m=m, loss=loss: m.run.evaluated(0 if initial else m.step, loss, initial=initial))
 
 
@@ -412,7 +510,9 @@ class FinalEvaluations:
         together: dict[int, list[np.ndarray]] = {}
         if len(restored) > 1 and self.cohort.stacked_evaluation:
             try:
-                together = dict(zip([id(m) for m in restored], evaluation_logits(self.cohort, restored, self.batch_size)))
+                together = dict(zip([id(m) for m in restored], halving_on_out_of_memory(
+                    self.cohort, "final evaluation", len(restored),
+                    lambda: evaluation_logits(self.cohort, restored, self.batch_size))))
             except Exception as exc:  # noqa: BLE001 - made again member by member below, each error its own
                 if self.log is not None:
                     self.log.warning("the final evaluation of %d cohort members in one pass failed (%s: %s); evaluating "
@@ -453,7 +553,8 @@ def _finish(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt:
                          "parameters": cohort.parameters},
                "training": {"epoch": m.cursor.epoch, "steps_per_epoch": m.cursor.steps_per_epoch,
                             "pos_weight": data.pos_weight, "worker": worker.rank, "try": attempt,
-                            "cohort": len(cohort.members)}}
+                            "cohort": len(cohort.members),
+                            **({"cohort_rows_per_pass": cohort.rows_per_pass} if cohort.rows_per_pass else {})}}
     results = run.finish(summary, evaluate=evaluate)
     m.outcome = SymbolOutcome(run.reason, run.signal_name, run.step, results, m.step_seconds)
     _close(m, cohort)

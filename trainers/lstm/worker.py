@@ -78,6 +78,7 @@ class Worker:
         self.restart = ctx.restart_count
         self.budget = Budget(cfg.max_hours, cfg.budget_usd, cfg.usd_per_gpu_hour, attempt["devices"])
         self.signalled: str | None = None  # a signal this process got (between symbols or inside one)
+        self.stacked_rows: int | None = None  # the most models of a cohort one stacked pass fitted, once one did not
 
     def elapsed_s(self) -> float:
         return self.attempt["elapsed_before_s"] + time.time() - self.attempt["started_at"]

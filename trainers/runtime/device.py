@@ -63,6 +63,13 @@ def synchronize(device: torch.device | None = None) -> None:
         torch.cuda.synchronize(device)
 
 
+def release_cached_memory(device: torch.device) -> None:
+    """After an out-of-memory error: the allocator's cached blocks go back to the device, so a smaller retry
+    starts from the memory really in use, not from a cache fragmented by the failed attempt."""
+    if is_cuda(device):
+        torch.cuda.empty_cache()
+
+
 def capability(device: torch.device) -> tuple[int, int] | None:
     return torch.cuda.get_device_capability(device) if is_cuda(device) else None
 

@@ -2,6 +2,7 @@
 
     TRAINERS_FAULT=sigkill@rank1:step25                     a rank signals itself at an optimizer step
     TRAINERS_FAULT_RAISE=SYN001@step2:always,SYN002@step2:once   a named piece of work raises
+    TRAINERS_FAULT_MEMORY=2                                 a stacked pass of more than 2 models is out of memory
 
 `TRAINERS_FAULT`: the named rank sends the signal to itself when it reaches that optimizer step, on
 the first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted job runs through. It exercises
@@ -18,6 +19,10 @@ given step: `always` on every try, `once` on the first try only (so a retry succ
 exercises a trainer's handling of one failing unit among many. The loop that owns the work calls
 `maybe_raise(name, step, attempt)`; `raise_requests()` parses the variable (a malformed one is a
 ValueError, so a typo in a test fails loudly instead of testing nothing).
+
+`TRAINERS_FAULT_MEMORY=N`: a pass of an LSTM cohort's stacked models (training step or evaluation) over more
+than N models raises torch.OutOfMemoryError, as CUDA's allocator would on a card too small for the cohort
+(0: not even one model fits). The cohort calls `maybe_out_of_memory(models)` before each stacked pass.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from collections.abc import Iterator
 _SPEC = re.compile(r"^(sigkill|sigterm)@rank(\d+):step(\d+)$")
 _RAISE = re.compile(r"^([^@,\s]+)@step(\d+):(always|once)$")
 RAISE_ENV = "TRAINERS_FAULT_RAISE"
+MEMORY_ENV = "TRAINERS_FAULT_MEMORY"
 
 _worker_rank: int | None = None  # set by `as_worker`: this process's rank for TRAINERS_FAULT
 
@@ -62,6 +68,7 @@ def maybe_inject(rank: int, step: int, restart_count: int) -> None:
 def raise_requests() -> dict[str, tuple[int, str]]:
     """{name: (step, 'always' | 'once')} from TRAINERS_FAULT_RAISE (empty when unset)."""
     spec = os.environ.get(RAISE_ENV, "")
+    memory_limit()  # (a malformed TRAINERS_FAULT_MEMORY fails here too, before any work)
     out = {}
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         m = _RAISE.match(part)
@@ -76,3 +83,23 @@ def maybe_raise(name: str, step: int, attempt: int) -> None:
     want = raise_requests().get(name)
     if want is not None and step == want[0] and (want[1] == "always" or attempt == 1):
         raise RuntimeError(f"{RAISE_ENV} asked {name} to fail at step {step} (try {attempt})")
+
+
+def memory_limit() -> int | None:
+    """The most models a stacked pass may hold under TRAINERS_FAULT_MEMORY (None when unset)."""
+    spec = os.environ.get(MEMORY_ENV, "")
+    if not spec:
+        return None
+    if not spec.isdigit():
+        raise ValueError(f"{MEMORY_ENV}={spec!r} is not a number of models (0 or more)")
+    return int(spec)
+
+
+def maybe_out_of_memory(models: int) -> None:
+    """Raise torch.OutOfMemoryError if TRAINERS_FAULT_MEMORY says `models` in one stacked pass do not fit."""
+    limit = memory_limit()
+    if limit is not None and models > limit:
+        import torch
+
+        raise torch.OutOfMemoryError(f"CUDA out of memory ({MEMORY_ENV}={limit}: a pass of {models} models "
+                                     f"does not fit)")
