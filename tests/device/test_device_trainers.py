@@ -193,15 +193,16 @@ def test_an_lstm_cohort_out_of_device_memory_trains_in_passes_on_the_fake_accele
         proc = run_cli([*job, "--run-dir", str(run_dir)], env={**fake_env(tmp_path / f"{name}-syncs"), **extra})
         assert proc.returncode == 0, tail(proc)
         results[name] = {s: read_results(run_dir / "symbols" / s) for s in ("SYN000", "SYN001", "SYN002")}
-    # the first stacked pass, the validation before the first step, halves twice; everything after (training
-    # steps, validations, final evaluation) starts from one model a pass
+    # the validation before the first step halves the evaluations' passes twice, the first step the training
+    # steps' (their memory differs); every pass after (steps, validations, final evaluation) holds one model
     log = (tmp_path / "short" / "training.log").read_text()
-    assert log.count("ran out of device memory") == 2, log
-    assert "validation with 3 models in one pass ran out" in log and "validation with 2 models in one pass" in log
-    assert "in one pass failed" not in log  # the final evaluation in passes, not its member-by-member fallback
+    assert log.count("ran out of device memory") == 4, log
+    for what in ("validation", "training step"):
+        assert f"{what} with 3 models in one pass ran out" in log and f"{what} with 2 models in one pass" in log
+    assert "together failed" not in log  # the final evaluation in passes, not its member-by-member fallback
     # not one model a pass fits (0): the first validation sends every member to be tried alone (nn.LSTM)
-    assert all(r["training"]["try"] == 2 and "cohort" not in r["training"] for r in results["none"].values())
-    assert "try 1 failed in its cohort (OutOfMemoryError" in (tmp_path / "none" / "training.log").read_text()
+    assert all(r["training"]["try"] == 1 and "cohort" not in r["training"] for r in results["none"].values())
+    assert "a cohort of 3 symbols ran out of device memory" in (tmp_path / "none" / "training.log").read_text()
     for s, fits in results["fits"].items():
         short = results["short"][s]
         assert short["training"]["cohort_rows_per_pass"] == 1 and short["training"]["cohort"] == fits["training"]["cohort"]

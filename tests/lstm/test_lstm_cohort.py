@@ -251,26 +251,33 @@ def test_a_failed_stacked_evaluation_is_made_member_by_member_each_error_its_own
     with caplog.at_level(logging.WARNING, logger="cohort-test"):
         for k in (0, 2):
             assert_evaluated_alone(evaluations.of(members[k]), cohort, k, members[k].data, cfg.cost_bps)
-    assert "in one pass failed (RuntimeError: CUDA out of memory" in caplog.text
+    assert "cohort members together failed (RuntimeError: CUDA out of memory" in caplog.text
     with pytest.raises(ValueError, match="windows are broken"):
         evaluations.of(members[1])
 
 
-def stacked_step_of(rows_per_pass: int | None, seed: int = 3):
+ALL_TRAINING = [True] * 5
+
+
+def a_batch(active: list[bool]):
+    """One step's batch for 5 models (x, labels, row weights, class weights); a finished model's rows weigh 0."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 16, 6, 5, generator=gen)
+    labels = torch.randint(0, 2, (5, 16), generator=gen).float()
+    weights = (torch.rand(5, 16, generator=gen) > 0.2).float() * torch.tensor(active).float()[:, None]
+    return x, labels, weights, torch.rand(5, generator=gen) + 0.5
+
+
+def stacked_step_of(rows_per_pass: int | None, active: list[bool] = ALL_TRAINING):
     """A stack of 5 models with dropout, one batch: (the step's cohort, its losses, its gradients)."""
     from types import SimpleNamespace
 
-    from trainers.lstm.cohort import stacked_step
+    from trainers.lstm.cohort import EVALUATION, STEP, stacked_step
 
     stack = StackedLSTM.of(models(5, dropout=0.3)).train()
     cohort = SimpleNamespace(model=stack, optimizer=StackedAdamW(list(stack.parameters()), 1e-3, 0.0),
-                             rows_per_pass=rows_per_pass, members=list(range(5)), log=None)
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(5, 16, 6, 5, generator=gen)
-    labels = torch.randint(0, 2, (5, 16), generator=gen).float()
-    weights = (torch.rand(5, 16, generator=gen) > 0.2).float()  # padding rows weigh 0
-    pos_weight = torch.rand(5, generator=gen) + 0.5
-    losses = stacked_step(cohort, x, labels, weights, masks_of(stack), pos_weight)
+                             rows_per_pass={STEP: rows_per_pass, EVALUATION: None}, members=list(range(5)), log=None)
+    losses = stacked_step(cohort, *a_batch(active)[:3], masks_of(stack), a_batch(active)[3], active)
     return cohort, losses, [p.grad.clone() for p in stack.parameters()]
 
 
@@ -281,14 +288,18 @@ def masks_of(stack):
 
 
 @pytest.mark.parametrize("rows_per_pass", [1, 2, 3])
-def test_a_step_in_passes_gives_each_model_the_loss_and_gradients_of_one_pass(rows_per_pass):
+@pytest.mark.parametrize("active", [ALL_TRAINING, [True, False, False, True, False]], ids=["all", "some-finished"])
+def test_a_step_in_passes_gives_each_model_the_loss_and_gradients_of_one_pass(rows_per_pass, active):
     """A cohort too large for the device's memory in one pass trains in passes of fewer models: each model's
-    loss and gradients (its own masks, weights and class weight) are what the one pass gives it."""
-    _, want_losses, want_grads = stacked_step_of(None)
-    _, losses, grads = stacked_step_of(rows_per_pass)
-    assert torch.allclose(losses, want_losses, atol=1e-6, rtol=0)
+    loss and gradients (its own masks, weights and class weight) are what the one pass gives it; a pass of
+    finished models only (their rows weigh nothing) is skipped, their gradients 0 as in the one pass."""
+    _, want_losses, want_grads = stacked_step_of(None, active)
+    _, losses, grads = stacked_step_of(rows_per_pass, active)
+    on = torch.tensor(active)
+    assert torch.allclose(losses[on], want_losses[on], atol=1e-6, rtol=0)
     for got, want in zip(grads, want_grads):
         assert torch.allclose(got, want, atol=1e-6, rtol=0)
+        assert not got[~on].any()
 
 
 def test_a_pass_out_of_memory_is_made_again_in_halves_from_clean_gradients(monkeypatch):
@@ -297,38 +308,60 @@ def test_a_pass_out_of_memory_is_made_again_in_halves_from_clean_gradients(monke
     so once. A single model that does not fit raises."""
     import logging
 
-    from trainers.lstm.cohort import halving_on_out_of_memory, stacked_step
+    from trainers.lstm.cohort import EVALUATION, STEP, halving_on_out_of_memory, stacked_step
 
     cohort, want_losses, want_grads = stacked_step_of(None)
-    cohort.rows_per_pass, cohort.log = 2, logging.getLogger("halving-test")
+    cohort.rows_per_pass[STEP], cohort.log = 2, logging.getLogger("halving-test")
     stack, forward, calls = cohort.model, type(cohort.model).forward, []
 
     def second_pass_runs_out(self, x, masks=None, rows=None):
         calls.append(len(x))
+        assert all(len(m) == len(x) for m in masks.values())  # each pass draws its own models' masks only
         if len(calls) == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return forward(self, x, masks, rows)
 
     monkeypatch.setattr(type(stack), "forward", second_pass_runs_out)
-    gen = torch.Generator().manual_seed(3)  # the batch of stacked_step_of(seed=3), drawn again
-    x = torch.randn(5, 16, 6, 5, generator=gen)
-    labels = torch.randint(0, 2, (5, 16), generator=gen).float()
-    weights = (torch.rand(5, 16, generator=gen) > 0.2).float()
-    pos_weight = torch.rand(5, generator=gen) + 0.5
+    x, labels, weights, pos_weight = a_batch(ALL_TRAINING)
     warnings = []
     monkeypatch.setattr(cohort.log, "warning", lambda msg, *args: warnings.append(msg % args))
-    losses = halving_on_out_of_memory(cohort, "training step", 5,
-                                      lambda: stacked_step(cohort, x, labels, weights, masks_of(stack), pos_weight))
-    assert calls == [2, 2, 1, 1, 1, 1, 1] and cohort.rows_per_pass == 1
+
+    def step():
+        return stacked_step(cohort, x, labels, weights, masks_of(stack), pos_weight, ALL_TRAINING)
+    losses = halving_on_out_of_memory(cohort, STEP, "training step", 5, step)
+    assert calls == [2, 2, 1, 1, 1, 1, 1] and cohort.rows_per_pass == {STEP: 1, EVALUATION: None}
     assert torch.allclose(losses, want_losses, atol=1e-6, rtol=0)
     for p, want in zip(stack.parameters(), want_grads):
         assert torch.allclose(p.grad, want, atol=1e-6, rtol=0)
     assert len(warnings) == 1 and "training step with 2 models in one pass ran out of device memory (CUDA out of " \
-        "memory. Tried to allocate 2.00 GiB); making it in passes of 1 models" in warnings[0]
+        "memory. Tried to allocate 2.00 GiB); making it in passes of 1 model (equal to rounding" in warnings[0]
     monkeypatch.setattr(type(stack), "forward", lambda *_a, **_k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
     with pytest.raises(torch.OutOfMemoryError):
-        halving_on_out_of_memory(cohort, "training step", 5,
-                                 lambda: stacked_step(cohort, x, labels, weights, masks_of(stack), pos_weight))
+        halving_on_out_of_memory(cohort, STEP, "training step", 5, step)
+    # cuBLAS's words for the same condition are the same condition; another error is not halved over
+    monkeypatch.setattr(type(stack), "forward", lambda *_a, **_k: (_ for _ in ()).throw(
+        RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")))
+    cohort.rows_per_pass[STEP] = None
+    with pytest.raises(RuntimeError, match="CUBLAS_STATUS_ALLOC_FAILED"):
+        halving_on_out_of_memory(cohort, STEP, "training step", 5, step)
+    assert cohort.rows_per_pass[STEP] == 1 and len(warnings) == 4
+    monkeypatch.setattr(type(stack), "forward", lambda *_a, **_k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    cohort.rows_per_pass[STEP] = None
+    with pytest.raises(RuntimeError, match="a bug"):
+        halving_on_out_of_memory(cohort, STEP, "training step", 5, step)
+    assert cohort.rows_per_pass[STEP] is None and len(warnings) == 4
+
+
+def test_an_evaluation_out_of_memory_halves_the_evaluations_passes_not_the_training_steps(tmp_path, monkeypatch):
+    """Evaluations (no gradients, --eval-batch-size) and training steps need different memory: a validation
+    that runs out halves the evaluations' passes only, to the values of one pass."""
+    from trainers.lstm.cohort import EVALUATION, STEP, validation_losses
+
+    _cfg, cohort, members, _restored = ending_cohort(tmp_path, True, [7, 6, 5, 9])
+    want = validation_losses(cohort, members, 64)
+    monkeypatch.setenv("TRAINERS_FAULT_MEMORY", "1")
+    assert validation_losses(cohort, members, 64) == pytest.approx(want, abs=1e-6)
+    assert cohort.rows_per_pass == {STEP: None, EVALUATION: 1}
 
 
 def test_a_cohort_out_of_device_memory_trains_in_passes_to_the_same_results(tmp_path):
@@ -349,18 +382,73 @@ def test_a_cohort_out_of_device_memory_trains_in_passes_to_the_same_results(tmp_
     assert "training step with 2 models in one pass ran out of device memory" in log
 
 
-def test_when_not_one_model_fits_a_pass_each_member_is_tried_alone(tmp_path):
-    """TRAINERS_FAULT_MEMORY=0 (a stacked pass of even one model is out of memory): the members leave the
-    cohort with the error and each is tried again alone (nn.LSTM), to what the one-at-a-time job gives."""
+def test_when_not_one_model_fits_a_pass_each_member_is_tried_alone_and_cohorts_shrink(tmp_path, monkeypatch):
+    """TRAINERS_FAULT_MEMORY=0 (a stacked pass of even one model is out of memory): the first cohort's members
+    leave with the error and each is tried alone (nn.LSTM; the cohort's error does not use up a try of theirs),
+    to what the one-at-a-time job gives; the worker's next cohorts take at most half as many symbols (1 here:
+    SYN003 and SYN004 one at a time). When the tries alone start, nothing holds the cohort's stack any more
+    (an error's traceback, the worker's locals): its device memory is free for them."""
+    import weakref
+
+    import trainers.lstm.worker as worker_mod
+
     assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1") == 0
-    assert train(tmp_path / "none", "--dropout", "0", "--cohort", "5", env={"TRAINERS_FAULT_MEMORY": "0"}) == 0
+    stacks, datas, alive_at_try = [], [], []
+    of, work_on, build = StackedLSTM.of, worker_mod.work_on, worker_mod.build_symbol_data
+
+    def remembered(ms):
+        stack = of(ms)
+        stacks.append(weakref.ref(stack))
+        return stack
+
+    def built(*args, **kwargs):
+        data = build(*args, **kwargs)
+        if not alive_at_try:  # the cohort's (its tries alone build their own)
+            datas.append(weakref.ref(data))
+        return data
+
+    def tried_alone(*args, **kwargs):  # (no gc.collect here: the worker must free them itself)
+        alive_at_try.append(sum(ref() is not None for ref in stacks + datas))
+        return work_on(*args, **kwargs)
+
+    monkeypatch.setattr(StackedLSTM, "of", staticmethod(remembered))
+    monkeypatch.setattr(worker_mod, "build_symbol_data", built)
+    monkeypatch.setattr(worker_mod, "work_on", tried_alone)
+    assert train(tmp_path / "none", "--dropout", "0", "--cohort", "3", env={"TRAINERS_FAULT_MEMORY": "0"}) == 0
     alone, tried = symbol_results(tmp_path / "alone"), symbol_results(tmp_path / "none")
     assert sorted(alone) == sorted(tried)
     for s in alone:
         assert_same_training(alone[s], tried[s])
-        assert tried[s]["training"]["try"] == 2
+        assert tried[s]["training"]["try"] == 1 and "cohort" not in tried[s]["training"]
     log = (tmp_path / "none" / "training.log").read_text()
-    assert "try 1 failed in its cohort (OutOfMemoryError: CUDA out of memory" in log
+    assert "a cohort of 3 symbols ran out of device memory (CUDA out of memory" in log and "at most 1" in log
+    assert "in a cohort of 2" not in log and "try 1 failed" not in log
+    assert len(stacks) == 1 and len(datas) == 3 and alive_at_try and set(alive_at_try) == {0}, alive_at_try
+
+
+@pytest.mark.parametrize("where", ["stack", "batch"])
+def test_out_of_memory_outside_the_passes_sends_the_members_alone(tmp_path, monkeypatch, where):
+    """Out of device memory where halving the passes cannot help (building the stack; gathering a step's
+    batch): the worker does not crash; the members still training are each tried alone, on a first try of
+    their own, and end as in the one-at-a-time job; one warning names the cohort."""
+    import trainers.lstm.cohort as cohort_mod
+
+    def out_of_memory(*_args, **_kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+    if where == "stack":
+        monkeypatch.setattr(StackedLSTM, "of", staticmethod(out_of_memory))
+    else:
+        monkeypatch.setattr(cohort_mod, "batch_of", out_of_memory)
+    assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1") == 0
+    assert train(tmp_path / "short", "--dropout", "0", "--cohort", "5") == 0
+    alone, tried = symbol_results(tmp_path / "alone"), symbol_results(tmp_path / "short")
+    assert sorted(alone) == sorted(tried) and len(tried) == 5
+    for s in alone:
+        assert_same_training(alone[s], tried[s])
+        assert tried[s]["training"]["try"] == 1 and "cohort" not in tried[s]["training"]
+    log = (tmp_path / "short" / "training.log").read_text()
+    assert log.count("a cohort of 5 symbols ran out of device memory (CUDA out of memory. Tried to allocate 8.00 "
+                     "GiB); each is tried alone, and this worker's next cohorts take at most 2") == 1, log
 
 
 def test_a_cohort_job_trains_what_the_one_at_a_time_job_trains(tmp_path):

@@ -14,8 +14,8 @@ or in another cohort. A symbol that stops (early, budget, signal, its last step)
 stacked models shrink once fewer than half are still training. A symbol whose bookkeeping raises leaves
 with its error (the worker tries it again alone); the others go on. A stacked pass that runs out of device
 memory (--cohort auto sizes a cohort from an estimate; a user may force a larger one) is made again in passes
-of half as many models, to the same numbers (Cohort.rows_per_pass); only when one model a pass does not fit
-do the members leave, each tried alone.
+of half as many models, equal to rounding (Cohort.rows_per_pass); out of memory anywhere else in the cohort, or
+with one model a pass, the members leave, each tried alone, and the worker's next cohorts are half as large.
 
 Equal to training alone (tests/lstm/test_lstm_cohort.py): with --dropout 0, the same weights, metrics and
 early-stop step within 1e-4; with dropout, each symbol's masks come from its own (seed, step) stream, so its
@@ -53,6 +53,8 @@ from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
 
+STEP, EVALUATION = "training step", "evaluation"  # the two kinds of stacked pass, each with its own memory
+
 
 @dataclass(eq=False)  # members are told apart by identity (two runs of one symbol never share a cohort)
 class Member:
@@ -69,6 +71,7 @@ class Member:
     loss: torch.Tensor | None = None  # this step's, on the device
     count: int = 0  # this step's real rows
     step_seconds: float = 0.0  # its share of the stacked steps' host time (each step's split among its trainers)
+    rows_per_pass: int | None = None  # the fewest models a pass of its training steps held, if ever fewer than all
     end_of_epoch: bool = False
     outcome: SymbolOutcome | None = None
     error: BaseException | None = None
@@ -86,7 +89,7 @@ class Cohort:
     """The stacked models and their optimizer, and which member sits in which row."""
 
     def __init__(self, members: list[Member], cfg: LstmConfig, device: torch.device,
-                 rows_per_pass: int | None = None, log=None):
+                 rows_per_pass: dict[str, int | None] | None = None, log=None):
         models = []
         for m in members:
             torch.manual_seed(m.cfg.seed)  # each symbol's own init, as when it trains alone
@@ -100,12 +103,14 @@ class Cohort:
         # on a CPU each member's own nn.LSTM, whose fused cell ran them 3-6x faster than the stacked one
         # (16 symbols of the default model: 1.7 s against 10.7 s for the final evaluation's logits)
         self.stacked_evaluation = bool(device_mod.total_memory(device))
-        # At most this many models in one stacked pass (None: all of them). --cohort auto sizes a cohort from an
+        # At most this many models in one stacked pass (None: all of them), for training steps (gradients,
+        # --batch-size) and evaluations (none, --eval-batch-size) apart. --cohort auto sizes a cohort from an
         # estimate of its memory, and a user may force a larger one: a pass that runs out of device memory is
-        # made again in passes of half as many models (the same numbers: each model's loss and gradients are
-        # its own), and the worker's next cohorts start from what fitted (Worker.stacked_rows).
-        self.rows_per_pass = rows_per_pass
+        # made again in passes of half as many models (equal to rounding: each model's loss and gradients are
+        # its own), and the worker's next cohorts start from the halved sizes (Worker.rows_per_pass).
+        self.rows_per_pass: dict[str, int | None] = {STEP: None, EVALUATION: None, **(rows_per_pass or {})}
         self.log = log
+        self.out_of_memory: RuntimeError | None = None  # why its members left, if out of device memory
         self._rows = {id(m): k for k, m in enumerate(self.members)}
         self.on_signal = None  # the cohort's handler, once every member's run is entered
 
@@ -194,36 +199,42 @@ def groups(items: list, size: int | None) -> list[list]:
     return [items[start:start + size] for start in range(0, len(items), size)]
 
 
-def halving_on_out_of_memory(cohort: Cohort, what: str, models: int, work):
-    """`work()` over `models` of the stack, made again with half as many models per pass (cohort.rows_per_pass)
-    each time the device runs out of memory; a single model that does not fit raises. `work` must only compute
-    (the step zeroes its gradients again at its start): nothing it did before the error stands."""
+def halving_on_out_of_memory(cohort: Cohort, kind: str, what: str, models: int, work):
+    """`work()` over `models` of the stack, made again with half as many models per pass of its `kind`
+    (cohort.rows_per_pass[kind]) each time the device runs out of memory; a single model that does not fit
+    raises. `work` must only compute (the step zeroes its gradients again at its start): nothing it did before
+    the error stands."""
     while True:
         try:
             return work()
-        except torch.OutOfMemoryError as exc:  # CUDA's (raised where the allocation failed: no wait involved)
-            rows = min(cohort.rows_per_pass or models, models)
+        except RuntimeError as exc:  # (CUDA raises where the allocation failed: no wait involved)
+            if not device_mod.out_of_memory(exc):
+                raise
+            rows = min(cohort.rows_per_pass[kind] or models, models)
             if rows <= 1:
                 raise
             error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         # (outside the handler: the failed attempt's frames and their tensors are released before the retry)
-        cohort.rows_per_pass = -(-rows // 2)
+        cohort.rows_per_pass[kind] = -(-rows // 2)
         device_mod.release_cached_memory(cohort.model.weights[0].device)
         if cohort.log is not None:
+            half = cohort.rows_per_pass[kind]
             cohort.log.warning("the cohort's %s with %d models in one pass ran out of device memory (%s); making "
-                               "it in passes of %d models (the same numbers, more launches)", what, rows, error,
-                               cohort.rows_per_pass)
+                               "it in passes of %d model%s (equal to rounding, more launches)", what, rows, error,
+                               half, "" if half == 1 else "s")
 
 
 def stacked_step(cohort: Cohort, x: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                 masks_of, pos_weight: torch.Tensor) -> torch.Tensor:
+                 masks_of, pos_weight: torch.Tensor, active: list[bool]) -> torch.Tensor:
     """Each member's loss [K] (detached), its gradients in the stack's parameters: in one pass, or in passes of
-    cohort.rows_per_pass models, each pass's backward adding only its own rows' gradients (exact: the models'
-    parameters are disjoint). `masks_of(rows)`: the dropout masks of the models at that slice of the stack
-    (each model's its own stream's, so drawn per pass: their memory is a pass's too)."""
+    cohort.rows_per_pass[STEP] models, each pass's backward adding only its own rows' gradients (the models'
+    parameters are disjoint; equal to the one pass to rounding: the kernels see another batch count). A pass
+    of finished members only (`active` False: their rows weigh nothing) is skipped, their losses 0.
+    `masks_of(rows)`: the dropout masks of the models at that slice of the stack (each model's its own stream's,
+    so drawn per pass: their memory is a pass's too)."""
     cohort.optimizer.zero_grad()
     k = x.shape[0]
-    size = cohort.rows_per_pass or k
+    size = cohort.rows_per_pass[STEP] or k
     if size >= k:
         faults.maybe_out_of_memory(k)
         losses = member_losses(cohort.model(x, masks_of(slice(0, k))), labels, weights, pos_weight)
@@ -232,6 +243,9 @@ def stacked_step(cohort: Cohort, x: torch.Tensor, labels: torch.Tensor, weights:
     parts = []
     for start in range(0, k, size):
         part = slice(start, min(start + size, k))
+        if not any(active[part]):
+            parts.append(x.new_zeros(part.stop - part.start))
+            continue
         rows = torch.arange(part.start, part.stop, device=x.device)
         faults.maybe_out_of_memory(part.stop - part.start)
         losses = member_losses(cohort.model(x[part], masks_of(part), rows=rows), labels[part], weights[part],
@@ -277,8 +291,8 @@ def validation_losses(cohort: Cohort, members: list[Member], batch_size: int) ->
     CPU one after another: Cohort.stacked_evaluation)."""
     if not cohort.stacked_evaluation:
         return [validation_loss(cohort.model.model(cohort.row(m)), m.data, batch_size) for m in members]
-    return halving_on_out_of_memory(cohort, "validation", len(members), lambda: [
-        loss for group in groups(members, cohort.rows_per_pass) for loss in _stacked_validation_losses(
+    return halving_on_out_of_memory(cohort, EVALUATION, "validation", len(members), lambda: [
+        loss for group in groups(members, cohort.rows_per_pass[EVALUATION]) for loss in _stacked_validation_losses(
             cohort, group, batch_size)])
 
 
@@ -293,10 +307,10 @@ def _stacked_validation_losses(cohort: Cohort, members: list[Member], batch_size
 
 def evaluation_logits(cohort: Cohort, members: list[Member], batch_size: int) -> list[list[np.ndarray]]:
     """Each member's logits on its `evaluation_anchors` (trainers.lstm.evaluate), the members' models run
-    together (at most cohort.rows_per_pass at a time): a symbol's final evaluation costs the cohort's passes
+    together (at most cohort.rows_per_pass[EVALUATION] at a time): a symbol's final evaluation costs the cohort's passes
     over the longest member's windows, not passes of its own (on a GPU, each a launch-bound model call), and
     one read to the host."""
-    return [logits for group in groups(members, cohort.rows_per_pass)
+    return [logits for group in groups(members, cohort.rows_per_pass[EVALUATION])
             for logits in _stacked_evaluation_logits(cohort, group, batch_size)]
 
 
@@ -314,14 +328,23 @@ def _stacked_evaluation_logits(cohort: Cohort, members: list[Member], batch_size
 def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attempt: int
                  ) -> dict[str, SymbolOutcome | BaseException]:
     """Train the symbols of `datas` (one model shape) together; per symbol its outcome, or the error that
-    took it out (the worker tries it again alone)."""
+    took it out (the worker tries it again alone; without its traceback, whose frames hold the cohort's
+    device memory). Out of device memory outside the halved passes (the members' data, the stack, a batch, the
+    optimizer) or with one model a pass, the members still training leave with the error, and the worker's
+    next cohorts take at most half as many symbols (Worker.max_cohort)."""
     device = worker.device
     members = []
-    for data in datas:
-        scfg = symbol_config(cfg, data.symbol)
-        data.to(device)
-        members.append(Member(scfg, data, planned_steps(scfg, len(data.ids["train"]))))
-    cohort = Cohort(members, cfg, device, worker.stacked_rows, worker.log)
+    try:
+        for data in datas:
+            scfg = symbol_config(cfg, data.symbol)
+            data.to(device)
+            members.append(Member(scfg, data, planned_steps(scfg, len(data.ids["train"]))))
+        cohort = Cohort(members, cfg, device, worker.rows_per_pass, worker.log)
+    except RuntimeError as exc:
+        if not device_mod.out_of_memory(exc):
+            raise
+        worker.smaller_cohorts(len(datas), exc)
+        return {data.symbol: exc.with_traceback(None) for data in datas}
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         def on_signal(signum, _frame):  # every member stops at its next step, with a checkpoint
@@ -335,13 +358,19 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
             _guarded(m, cohort, lambda m=m, states=states: _enter(m, states, cfg, worker))
             cohort.hold_signals()  # (each run installs its own handler as it opens)
         _train(cfg, members, cohort, worker, attempt)
+    except RuntimeError as exc:
+        if not device_mod.out_of_memory(exc):
+            raise
+        _all_leave([m for m in members if not m.done], cohort, exc)
     finally:
-        worker.stacked_rows = cohort.rows_per_pass  # what fitted: the worker's next cohorts start from it
+        worker.rows_per_pass = dict(cohort.rows_per_pass)  # the worker's next cohorts start from the halved sizes
         for m in members:
             _close(m)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    return {m.symbol: m.outcome if m.outcome is not None else m.error for m in members}
+    if cohort.out_of_memory is not None:
+        worker.smaller_cohorts(len(members), cohort.out_of_memory)
+    return {m.symbol: m.outcome if m.outcome is not None else m.error.with_traceback(None) for m in members}
 
 
 def _enter(m: Member, states: dict, cfg: LstmConfig, worker: Worker) -> None:
@@ -373,22 +402,22 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
             pos_weight = torch.tensor([m.data.pos_weight for m in stack], device=device)
         stepping = time.perf_counter()
         x, y, w = batch_of(stack, cfg.batch_size)
-        seeds, steps = [m.cfg.seed for m in stack], [m.step for m in stack]
+        seeds, steps, active = [m.cfg.seed for m in stack], [m.step for m in stack], [not m.done for m in stack]
 
         def masks_of(rows: slice) -> dict[str, torch.Tensor] | None:
             return cohort.model.dropout_masks(seeds[rows], steps[rows], cfg.batch_size, cfg.window, generator)
-        try:
-            losses = halving_on_out_of_memory(cohort, "training step", len(stack),
-                                              lambda: stacked_step(cohort, x, y, w, masks_of, pos_weight))
-        except torch.OutOfMemoryError as exc:  # not even one model a pass fits
-            _all_leave([m for m in stack if not m.done], cohort, exc)
-            continue
+        # (out of memory with one model a pass, or outside the passes: train_cohort sends the members alone)
+        losses = halving_on_out_of_memory(cohort, STEP, "training step", len(stack),
+                                          lambda: stacked_step(cohort, x, y, w, masks_of, pos_weight, active))
         clip_per_model(list(cohort.model.parameters()), cfg.grad_clip, training)
         cohort.optimizer.step(training)
         stepped = [m for m in stack if not m.done]
         share = (time.perf_counter() - stepping) / len(stepped)
+        passes = cohort.rows_per_pass[STEP]
         for m in stepped:
             m.step_seconds += share
+            if passes is not None and passes < len(stack):
+                m.rows_per_pass = min(m.rows_per_pass or passes, passes)
         due = []
         for m in stepped:
             _guarded(m, cohort, lambda m=m: _after_step(m, losses[cohort.row(m)], worker, attempt, due))
@@ -409,13 +438,13 @@ def _guarded(m: Member, cohort: Cohort, work) -> None:
         _close(m, cohort)
 
 
-def _all_leave(members: list[Member], cohort: Cohort, exc: torch.OutOfMemoryError) -> None:
-    """Out of device memory with one model a pass: every member leaves with the error, and the worker tries
-    each alone (nn.LSTM's own kernels), where it trains or is recorded failed with the reason. Without its
-    traceback: the failed pass's frames hold device memory the tries alone need."""
-    error = exc.with_traceback(None)
+def _all_leave(members: list[Member], cohort: Cohort, exc: RuntimeError) -> None:
+    """Out of device memory that halving the passes does not cure: every member still training leaves with the
+    error, and the worker tries each alone (nn.LSTM's own kernels), where it trains or is recorded failed with
+    the reason (train_cohort returns it without its traceback)."""
+    cohort.out_of_memory = exc
     for m in members:
-        m.error = error
+        m.error = exc
         _close(m, cohort)
 
 
@@ -445,12 +474,7 @@ def _start(m: Member, cohort: Cohort, worker: Worker, fresh: list[Member]) -> No
 def _evaluated(cohort: Cohort, members: list[Member], batch_size: int, initial: bool = False) -> None:
     if not members:
         return
-    try:
-        losses = validation_losses(cohort, members, batch_size)
-    except torch.OutOfMemoryError as exc:  # not even one model a pass fits
-        _all_leave(members, cohort, exc)
-        return
-    for m, loss in zip(members, losses):
+    for m, loss in zip(members, validation_losses(cohort, members, batch_size)):  # (out of memory: train_cohort)
         _guarded(m, cohort, lambda m=m, loss=loss: m.run.evaluated(0 if initial else m.step, loss, initial=initial))
 
 
@@ -511,11 +535,11 @@ class FinalEvaluations:
         if len(restored) > 1 and self.cohort.stacked_evaluation:
             try:
                 together = dict(zip([id(m) for m in restored], halving_on_out_of_memory(
-                    self.cohort, "final evaluation", len(restored),
+                    self.cohort, EVALUATION, "final evaluation", len(restored),
                     lambda: evaluation_logits(self.cohort, restored, self.batch_size))))
             except Exception as exc:  # noqa: BLE001 - made again member by member below, each error its own
                 if self.log is not None:
-                    self.log.warning("the final evaluation of %d cohort members in one pass failed (%s: %s); evaluating "
+                    self.log.warning("the final evaluation of %d cohort members together failed (%s: %s); evaluating "
                                      "them one by one", len(restored), type(exc).__name__, exc)
         for m in restored:
             try:
@@ -554,7 +578,7 @@ def _finish(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt:
                "training": {"epoch": m.cursor.epoch, "steps_per_epoch": m.cursor.steps_per_epoch,
                             "pos_weight": data.pos_weight, "worker": worker.rank, "try": attempt,
                             "cohort": len(cohort.members),
-                            **({"cohort_rows_per_pass": cohort.rows_per_pass} if cohort.rows_per_pass else {})}}
+                            **({"cohort_rows_per_pass": m.rows_per_pass} if m.rows_per_pass else {})}}
     results = run.finish(summary, evaluate=evaluate)
     m.outcome = SymbolOutcome(run.reason, run.signal_name, run.step, results, m.step_seconds)
     _close(m, cohort)

@@ -18,6 +18,7 @@ others read it between steps (`Worker.after_step`).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -78,7 +79,19 @@ class Worker:
         self.restart = ctx.restart_count
         self.budget = Budget(cfg.max_hours, cfg.budget_usd, cfg.usd_per_gpu_hour, attempt["devices"])
         self.signalled: str | None = None  # a signal this process got (between symbols or inside one)
-        self.stacked_rows: int | None = None  # the most models of a cohort one stacked pass fitted, once one did not
+        # Out of device memory in a cohort: the models per stacked pass its passes were halved to (training steps,
+        # evaluations), where this worker's next cohorts start; and, when that did not cure it, at most how
+        # many symbols its next cohorts take (smaller_cohorts)
+        self.rows_per_pass: dict[str, int | None] = {}
+        self.max_cohort: int | None = None
+
+    def smaller_cohorts(self, size: int, error: BaseException) -> None:
+        """A cohort of `size` symbols ran out of device memory beyond what smaller passes cure (its data, its
+        stack, or one model a pass): this worker's next cohorts take at most half as many (1: one at a time)."""
+        self.max_cohort = max(1, min(self.max_cohort or size, size) // 2)
+        self.log.warning("a cohort of %d symbols ran out of device memory (%s); each is tried alone, and this "
+                         "worker's next cohorts take at most %d", size, str(error).strip().splitlines()[0],
+                         self.max_cohort)
 
     def elapsed_s(self) -> float:
         return self.attempt["elapsed_before_s"] + time.time() - self.attempt["started_at"]
@@ -229,17 +242,25 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
         if len(group) == 1:
             alone.append(group[0].symbol)
             continue
+        size = len(group)
         for symbol, outcome in train_cohort(cfg, group, worker, 1).items():
             if isinstance(outcome, SymbolOutcome):
-                outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, len(group))
+                outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, size)
             elif worker.stopping():
                 worker.log.warning("%s: %s while the job was stopping; not counted as a failure, a new run resumes "
                                    "it", symbol, f"{type(outcome).__name__}: {outcome}")
                 outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
+            elif device_mod.out_of_memory(outcome):  # the cohort's, not the symbol's (smaller_cohorts said so)
+                alone.append(symbol)
             else:
                 worker.log.warning("%s: try 1 failed in its cohort (%s: %s); trying again alone from its last "
                                    "checkpoint", symbol, type(outcome).__name__, outcome)
                 again.append(symbol)
+    shapes.clear()  # the cohorts' data (on the device) and their last outcome are not kept for the tries alone
+    data = group = outcome = None
+    if worker.max_cohort is not None and alone:  # a cohort ran out of device memory: its stack, held in reference
+        gc.collect()  # cycles (member <-> run <-> cohort) until Python's collector runs, is freed for the tries
+        device_mod.release_cached_memory(worker.device)  # alone now, and the allocator's cache given back
     for symbol, first_try in [(s, 1) for s in alone] + [(s, 2) for s in again]:
         if worker.stopping():  # a stopped job starts nothing new; the next run takes these up
             outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
@@ -383,7 +404,7 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
             if over != StopReason.NONE:  # no new symbol once the job's time or money is spent
                 worker.publish_stop(over.name.lower(), None, None, None)
                 break
-            claims = claim_cohort(queue, cohort, ctx.world_size)
+            claims = claim_cohort(queue, min(cohort, worker.max_cohort or cohort), ctx.world_size)
             if not claims:
                 break
             for index, symbol in claims:

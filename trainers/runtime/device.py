@@ -63,6 +63,17 @@ def synchronize(device: torch.device | None = None) -> None:
         torch.cuda.synchronize(device)
 
 
+# What CUDA and cuBLAS say when an allocation inside a library call fails: a RuntimeError (or torch's
+# AcceleratorError), not torch.OutOfMemoryError, but the same condition (and not a broken context)
+OUT_OF_MEMORY_WORDS = ("CUDA out of memory", "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED")
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is the device running out of memory."""
+    return isinstance(exc, torch.OutOfMemoryError) or \
+        (isinstance(exc, RuntimeError) and any(words in str(exc) for words in OUT_OF_MEMORY_WORDS))
+
+
 def release_cached_memory(device: torch.device) -> None:
     """After an out-of-memory error: the allocator's cached blocks go back to the device, so a smaller retry
     starts from the memory really in use, not from a cache fragmented by the failed attempt."""
