@@ -36,6 +36,7 @@ def the_numbers(run_dir) -> dict:
             "initial_val": r["training"]["initial_val"], "steps": r["training"]["steps"]}
 
 
+@pytest.mark.slow  # its numbers are compared with a run of the same kernels (no SIMD pass needed)
 def test_a_block_compile_that_fails_trains_eager_to_the_numbers_of_compile_off(tmp_path, monkeypatch):
     def broken_backend(gm, example_inputs):
         raise RuntimeError("no working compiler on this machine")

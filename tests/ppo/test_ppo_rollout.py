@@ -61,6 +61,7 @@ def test_the_compiled_rollout_step_trains_what_the_eager_one_does_and_compiles_o
     assert_close(eager["evaluation"], compiled["evaluation"])
 
 
+@pytest.mark.slow  # its numbers are compared with a run of the same kernels (no SIMD pass needed)
 def test_a_rollout_step_whose_compile_fails_runs_eager_and_says_so(tmp_path, monkeypatch):
     """`--compile-rollout` on a machine whose compiler is broken (here a backend that raises, as a missing
     triton would): the run trains the eager step from the first call on, exactly the eager run's agent, and the
