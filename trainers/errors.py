@@ -40,3 +40,9 @@ class RunEnded(Exception):
     building anything (runtime.dist.distributed), until torchrun runs out of restarts."""
 
     exit_code = 1
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message for a one-line log, or its type's name when it has no message."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from trainers.errors import first_line
 from trainers.lstm.build import build_model
 from trainers.lstm.config import LstmConfig
 from trainers.lstm.evaluate import (
@@ -213,7 +214,7 @@ def halving_on_out_of_memory(cohort: Cohort, kind: str, what: str, models: int, 
             rows = min(cohort.rows_per_pass[kind] or models, models)
             if rows <= 1:
                 raise
-            error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            error = first_line(exc)
         # (outside the handler: the failed attempt's frames and their tensors are released before the retry)
         cohort.rows_per_pass[kind] = -(-rows // 2)
         device_mod.release_cached_memory(cohort.model.weights[0].device)

@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from trainers.errors import UsageError
+from trainers.errors import UsageError, first_line
 from trainers.lstm import queue as jobqueue
 from trainers.lstm.config import LstmConfig
 from trainers.lstm.export import export_symbol
@@ -90,7 +90,7 @@ class Worker:
         stack, or one model a pass): this worker's next cohorts take at most half as many (1: one at a time)."""
         self.max_cohort = max(1, min(self.max_cohort or size, size) // 2)
         self.log.warning("a cohort of %d symbols ran out of device memory (%s); each is tried alone, and this "
-                         "worker's next cohorts take at most %d", size, str(error).strip().splitlines()[0],
+                         "worker's next cohorts take at most %d", size, first_line(error),
                          self.max_cohort)
 
     def elapsed_s(self) -> float:
@@ -242,10 +242,9 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
         if len(group) == 1:
             alone.append(group[0].symbol)
             continue
-        size = len(group)
         for symbol, outcome in train_cohort(cfg, group, worker, 1).items():
             if isinstance(outcome, SymbolOutcome):
-                outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, size)
+                outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, len(group))
             elif worker.stopping():
                 worker.log.warning("%s: %s while the job was stopping; not counted as a failure, a new run resumes "
                                    "it", symbol, f"{type(outcome).__name__}: {outcome}")
