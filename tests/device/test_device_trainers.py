@@ -213,3 +213,17 @@ def test_an_lstm_cohort_out_of_device_memory_trains_in_passes_on_the_fake_accele
             for key in ("log_loss", "accuracy", "roc_auc"):
                 assert short["evaluation"][split]["model"][key] == \
                     pytest.approx(fits["evaluation"][split]["model"][key], abs=1e-6), (s, split, key)
+
+
+def test_an_lstm_worker_whose_device_broke_leaves_its_symbols_pending_on_the_fake_accelerator(tmp_path):
+    """A kernel fault in a cohort on the device (TRAINERS_FAULT_RAISE's `lost`: sticky, as CUDA's is): exit 1,
+    nothing recorded failed; the next run, on the device again, trains every symbol on its first try."""
+    job = ["lstm", "train", "--synthetic-tickers", "3", "--synthetic-days", "600", "--window", "8", "--hidden", "8",
+           "--batch-size", "64", "--epochs", "2", "--no-export", "--cohort", "3", "--run-dir", str(tmp_path / "job")]
+    lost = run_cli(job, env={**fake_env(tmp_path / "lost-syncs"), "TRAINERS_FAULT_RAISE": "SYN001@step1:lost"})
+    assert lost.returncode == 1 and "CUDA's context is broken" in lost.stderr, tail(lost)
+    assert read_results(tmp_path / "job")["training"]["symbols"]["failed"] == 0
+    again = run_cli(job, env=fake_env(tmp_path / "again-syncs"))
+    assert again.returncode == 0, tail(again)
+    assert all(read_results(tmp_path / "job" / "symbols" / s)["training"]["try"] == 1
+               for s in ("SYN000", "SYN001", "SYN002"))

@@ -560,3 +560,37 @@ def test_the_cohort_option_is_checked_and_auto_is_one_on_a_cpu(tmp_path, capsys)
     tfs = parse_timeframes("1d,1w,1M")
     assert cohort_size(LstmConfig(), tfs, torch.device("cpu")) == 1
     assert cohort_size(LstmConfig(cohort=7), tfs, torch.device("cpu")) == 7
+
+
+@pytest.mark.parametrize("cohort, extra", [("1", []), ("5", []), ("5", ["--gpu-defaults"])])
+def test_a_broken_cuda_context_leaves_the_worker_with_no_symbol_recorded_failed(tmp_path, cohort, extra):
+    """After a kernel fault (an illegal memory access) every later CUDA call of the process fails: a second try
+    and every later symbol used to fail too, each recorded failed after two tries, none by its own fault. The
+    worker now stops the job at once, exits 1 (torchrun restarts it with a fresh context: tests/lstm/
+    test_lstm_jobs.py) and leaves its symbols pending; the next run trains them, each on its first try."""
+    lost = {"TRAINERS_FAULT_RAISE": "SYN001@step1:lost"}
+    assert train(tmp_path / "job", "--cohort", cohort, *extra, env=lost) == 1
+    job = json.loads((tmp_path / "job" / "results.json").read_text())
+    done = {s for s, row in job["symbols"].items() if row["status"] == "ok"}
+    assert done == ({"SYN000"} if cohort == "1" else set()) and job["training"]["symbols"]["failed"] == 0
+    assert not any((tmp_path / "job" / "symbols" / s / "done.json").exists() for s in job["symbols"] if s not in done)
+    log = (tmp_path / "job" / "training.log").read_text()
+    pending = "SYN001" if cohort == "1" else "SYN000, SYN001, SYN002, SYN003, SYN004"
+    assert log.count("CUDA's context is broken") == 1 and f"the job stops with {pending} pending" in log, log
+    assert "try 1 failed" not in log and "SYN002: claimed" in log if cohort == "5" else "SYN002: claimed" not in log
+    assert train(tmp_path / "job", "--cohort", cohort, *extra) == 0
+    again = symbol_results(tmp_path / "job")
+    assert len(again) == 5 and all(r["training"]["try"] == 1 for r in again.values())
+
+
+def test_a_cohort_member_that_finished_before_the_context_broke_stays_finished(tmp_path):
+    """Patience 0: every member's last step is step 12. SYN001's device fails in its bookkeeping after that step,
+    and so does every later member's (the error is sticky): SYN000 had passed it and finishes, the others leave
+    in the cohort's outcomes, none tried again alone (each try would fail the same in this process)."""
+    lost = {"TRAINERS_FAULT_RAISE": "SYN001@step12:lost"}
+    assert train(tmp_path / "job", "--cohort", "5", "--patience", "0", env=lost) == 1
+    job = json.loads((tmp_path / "job" / "results.json").read_text())
+    assert {s: row["status"] for s, row in job["symbols"].items() if row["status"] in ("ok", "failed")} == \
+        {"SYN000": "ok"}
+    log = (tmp_path / "job" / "training.log").read_text()
+    assert "stops with SYN001, SYN002, SYN003, SYN004 pending" in log and "try 1 failed" not in log, log

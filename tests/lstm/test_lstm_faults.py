@@ -58,11 +58,56 @@ def test_a_named_symbol_raises_at_its_step_always_or_on_the_first_try_only(monke
 def test_a_stacked_pass_of_more_models_than_the_memory_fault_allows_is_out_of_memory(monkeypatch):
     import torch
 
-    faults.maybe_out_of_memory(10**6)  # unset: anything fits
+    faults.before_stacked_pass(10**6)  # unset: anything fits
     monkeypatch.setenv("TRAINERS_FAULT_MEMORY", "2")
-    faults.maybe_out_of_memory(2)
+    faults.before_stacked_pass(2)
     with pytest.raises(torch.OutOfMemoryError, match="a pass of 3 models does not fit"):
-        faults.maybe_out_of_memory(3)
+        faults.before_stacked_pass(3)
     monkeypatch.setenv("TRAINERS_FAULT_MEMORY", "two")  # a typo fails loudly, at the job's start
     with pytest.raises(ValueError, match="TRAINERS_FAULT_MEMORY='two' is not a number of models"):
         faults.raise_requests()
+
+
+def test_a_lost_device_fault_is_sticky_for_the_rest_of_the_process_and_skips_torchruns_restarts(monkeypatch):
+    """`lost`: CUDA's words for a kernel fault, then, as on a GPU, the same error from every later call of the
+    process (any piece of work, any stacked pass); a restarted worker (a new process, a fresh context) runs
+    through, and `as_worker` ending forgets it (an in-process test's next job)."""
+    from trainers.runtime.device import context_lost
+
+    monkeypatch.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:lost")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with faults.as_worker(0):
+        faults.maybe_raise("SYN001", 2, 1)  # a restarted attempt
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with faults.as_worker(0):
+        faults.maybe_raise("SYN001", 1, 1)
+        faults.maybe_raise("SYN000", 2, 1)
+        faults.before_stacked_pass(3)
+        with pytest.raises(RuntimeError, match="CUDA error: an illegal memory access") as first:
+            faults.maybe_raise("SYN001", 2, 1)
+        assert context_lost(first.value)
+        for call in (lambda: faults.maybe_raise("SYN000", 1, 2), lambda: faults.before_stacked_pass(1)):
+            with pytest.raises(RuntimeError, match="asked SYN001's device to fail at step 2"):
+                call()
+    faults.maybe_raise("SYN000", 1, 1)
+    faults.before_stacked_pass(3)
+
+
+@pytest.mark.parametrize("message, lost", [
+    ("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported", True),
+    ("CUDA error: device-side assert triggered", True),
+    ("CUDA error: unspecified launch failure", True),
+    ("CUDA error: misaligned address", True),
+    ("CUDA error: uncorrectable ECC error encountered", True),
+    ("CUDA error: out of memory", False),  # not sticky: the cohort halves its passes (out_of_memory)
+    ("CUDA error: invalid argument", False),
+    ("an illegal memory access was encountered", False),  # not CUDA's (another library's words)
+])
+def test_which_errors_break_the_cuda_context(message, lost):
+    import torch
+
+    from trainers.runtime.device import context_lost, out_of_memory
+
+    assert context_lost(torch.AcceleratorError(message)) is lost and context_lost(RuntimeError(message)) is lost
+    assert not (lost and out_of_memory(RuntimeError(message)))
+    assert not context_lost(ValueError(message))

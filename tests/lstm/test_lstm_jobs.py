@@ -52,6 +52,22 @@ def test_five_symbols_on_two_workers_with_one_failing_and_one_retried(tmp_path):
     assert "[worker 0 cpu]" in log and "[worker 1 cpu]" in log and "SYN002: try 1 failed" in log
 
 
+def test_a_worker_whose_cuda_context_broke_is_restarted_by_torchrun_and_the_job_completes(tmp_path):
+    """SYN001's worker meets a kernel fault (sticky: every later device call of that process fails): it
+    records no failure, stops the job and exits 1; torchrun restarts both workers (fresh contexts) and the
+    restart trains what was left, SYN001 on its first try."""
+    run_dir = tmp_path / "job"
+    proc = run_torchrun(["lstm", "train", "--run-dir", str(run_dir), *TINY], extra=["--max-restarts=1"],
+                        env={"TRAINERS_FAULT_RAISE": "SYN001@step2:lost"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads((run_dir / "results.json").read_text())
+    assert {row["status"] for row in r["symbols"].values()} == {"ok"} and r["training"]["restarts"] == 1
+    marker = json.loads((run_dir / "symbols" / "SYN001" / "done.json").read_text())
+    assert marker["tries"] == 1 and marker["restart"] == 1
+    log = (run_dir / "training.log").read_text()
+    assert log.count("CUDA's context is broken") == 1 and "with SYN001 pending, and torchrun's restart" in log
+
+
 def close_only_csv(path, symbols=("A", "B"), days=700, seed=0):
     """date, ticker, close: what the forecaster accepts, and the LSTM once refused ("lacks column(s)
     open, high, low, volume")."""

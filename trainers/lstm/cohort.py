@@ -237,7 +237,7 @@ def stacked_step(cohort: Cohort, x: torch.Tensor, labels: torch.Tensor, weights:
     k = x.shape[0]
     size = cohort.rows_per_pass[STEP] or k
     if size >= k:
-        faults.maybe_out_of_memory(k)
+        faults.before_stacked_pass(k)
         losses = member_losses(cohort.model(x, masks_of(slice(0, k))), labels, weights, pos_weight)
         losses.sum().backward()  # each member's gradients are its own loss's: the parameters are disjoint
         return losses.detach()
@@ -248,7 +248,7 @@ def stacked_step(cohort: Cohort, x: torch.Tensor, labels: torch.Tensor, weights:
             parts.append(x.new_zeros(part.stop - part.start))
             continue
         rows = torch.arange(part.start, part.stop, device=x.device)
-        faults.maybe_out_of_memory(part.stop - part.start)
+        faults.before_stacked_pass(part.stop - part.start)
         losses = member_losses(cohort.model(x[part], masks_of(part), rows=rows), labels[part], weights[part],
                                pos_weight[part])
         losses.sum().backward()
@@ -278,7 +278,7 @@ def stacked_passes(cohort: Cohort, members: list[Member], anchors: list[torch.Te
         for start in range(0, longest, batch_size):
             x, y, w = stacked_windows([(m, *padded(ids[start:start + batch_size], ids, batch_size))
                                        for m, ids in zip(members, anchors)])
-            faults.maybe_out_of_memory(len(members))
+            faults.before_stacked_pass(len(members))
             with torch.no_grad():
                 logits = cohort.model(x, rows=rows)
             yield logits.float(), y, w

@@ -11,9 +11,15 @@ in: this module never imports the training script).
     Worker       one worker's rank, device, queue, the job's clock and budget, its signal flag, log
 
 A symbol that raises is tried once more (from its last checkpoint), then recorded as failed with its
-error while the others go on. A signal or the job's budget stops every worker's current symbol at
-the next step with a checkpoint: the worker that sees it publishes a stop record in the store, the
-others read it between steps (`Worker.after_step`).
+error while the others go on. Except a CUDA error that breaks the process's context (an illegal memory
+access, a device-side assert: every later call on the GPU fails in this process, so a second try and every
+later symbol would fail and be recorded as failed, none by its own fault): the worker takes no more work, its
+symbols stay pending, it stops the job as a signal would and exits 1, and torchrun's restart (the deploy's
+--max-restarts) brings every worker back with a fresh context to resume them (DeviceLost).
+
+A signal or the job's budget stops every worker's current symbol at the next step with a checkpoint: the
+worker that sees it publishes a stop record in the store, the others read it between steps
+(`Worker.after_step`).
 """
 
 from __future__ import annotations
@@ -53,6 +59,14 @@ from trainers.runtime.results import read_results
 from trainers.runtime.rundir import take_run_folder
 
 SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often while it trains
+
+
+class DeviceLost(Exception):
+    """The worker's CUDA context broke (runtime.device.context_lost) while it trained `symbols`."""
+
+    def __init__(self, symbols: list[str], error: BaseException):
+        super().__init__(f"{type(error).__name__}: {first_line(error)}")
+        self.symbols = symbols
 
 
 @dataclass
@@ -172,6 +186,8 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
             outcome = train_symbol(scfg, data, worker, attempt)
             break
         except Exception as exc:  # noqa: BLE001 - any error of one symbol must not stop the others
+            if device_mod.context_lost(exc):  # not the symbol's: a try in this process would fail the same
+                raise DeviceLost([symbol], exc) from None
             error = f"{type(exc).__name__}: {exc}"
             if worker.stopping():  # e.g. the terminal's pipe closed with the SIGTERM: not the symbol's fault
                 worker.log.warning("%s: %s while the job was stopping; not counted as a failure, a new run "
@@ -242,7 +258,20 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
         if len(group) == 1:
             alone.append(group[0].symbol)
             continue
-        for symbol, outcome in train_cohort(cfg, group, worker, 1).items():
+        try:
+            trained = train_cohort(cfg, group, worker, 1)
+        except RuntimeError as exc:  # the stack's own error (a member's is its outcome)
+            if device_mod.context_lost(exc):
+                raise DeviceLost([data.symbol for data in group], exc) from None
+            raise
+        lost = [outcome for outcome in trained.values() if device_mod.context_lost(outcome)]
+        if lost:  # the symbols that finished are finished; the others stay pending for a fresh context
+            for symbol, outcome in trained.items():
+                if isinstance(outcome, SymbolOutcome):
+                    outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, len(group))
+            raise DeviceLost([s for s, outcome in trained.items() if not isinstance(outcome, SymbolOutcome)],
+                             lost[0])
+        for symbol, outcome in trained.items():
             if isinstance(outcome, SymbolOutcome):
                 outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, len(group))
             elif worker.stopping():
@@ -393,6 +422,7 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
     if ctx.is_main and cohort > 1:
         log.info("lstm job: up to %d symbols at a time per worker, stacked into one model (--cohort)", cohort)
     next_summary = time.monotonic() + SUMMARY_EVERY_S
+    device_lost = None
     with faults.as_worker(ctx.rank):
         while True:
             if worker.signalled:
@@ -409,11 +439,21 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
             for index, symbol in claims:
                 log.info("%s: claimed (%d of %d pending)%s", symbol, index + 1, len(queue.pending),
                          f" in a cohort of {len(claims)}" if len(claims) > 1 else "")
-            if len(claims) == 1:
-                outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
-            else:
-                outcome = list(work_on_cohort([s for _, s in claims], cfg, plan, worker, train_symbol,
-                                              train_cohort).values())[-1]
+            try:
+                if len(claims) == 1:
+                    outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
+                else:
+                    outcome = list(work_on_cohort([s for _, s in claims], cfg, plan, worker, train_symbol,
+                                                  train_cohort).values())[-1]
+            except DeviceLost as lost:
+                device_lost = lost
+                left = [s for _, s in claims if jobqueue.read_marker(symbol_dir(job_dir, s)) is None]
+                log.error("this worker's %s failed (%s): CUDA's context is broken and every later call on it fails "
+                          "in this process, so no symbol is recorded as failed; the job stops with %s pending, and "
+                          "%s", device, lost, ", ".join(left), "torchrun's restart resumes with a fresh context"
+                          if "TORCHELASTIC_RUN_ID" in os.environ else "running the same command again resumes")
+                worker.publish_stop("signal", None, None, f"a broken CUDA context on worker {ctx.rank}")
+                break
             if worker.signalled is not None and queue.stop_record(force=True) is None:  # as a rule published at
                 worker.publish_stop("signal", claims[-1][1], outcome.steps if outcome else None,  # the step
                                     worker.signalled)
@@ -426,7 +466,7 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         log.warning("the job's store is gone (%s): torchrun's agent died; stopped%s", queue.lost,
                     ", writing the summary of what is on disk" if ctx.is_main else "")
     if not ctx.is_main:
-        return 0
+        return 1 if device_lost else 0  # torchrun restarts the workers (with fresh contexts) on a non-zero exit
     signalled = worker.signalled is not None
     done = queue.wait_for_workers(ctx.world_size, time.monotonic() + jobqueue.GRACE_S if signalled else None)
     if done < ctx.world_size:
@@ -439,4 +479,4 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
              counts["ok"], len(plan.symbols), counts["failed"], counts["stopped"], counts["pending"],
              results["training"]["stop_reason"], job_dir / "results.md")
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-    return 1 if counts["failed"] and not under_torchrun else 0
+    return 1 if device_lost or (counts["failed"] and not under_torchrun) else 0

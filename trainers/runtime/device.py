@@ -74,6 +74,24 @@ def out_of_memory(exc: BaseException) -> bool:
         (isinstance(exc, RuntimeError) and any(words in str(exc) for words in OUT_OF_MEMORY_WORDS))
 
 
+# What CUDA says after a kernel fault that leaves the process's context unusable: "any further CUDA work will
+# return the same error. To continue using CUDA, the process must be terminated and relaunched" (the runtime's
+# documentation of cudaErrorIllegalAddress, Assert, HardwareStackError, IllegalInstruction, MisalignedAddress,
+# InvalidAddressSpace, InvalidPc, LaunchFailure, LaunchTimeout; and an uncorrectable ECC error)
+CONTEXT_LOST_WORDS = ("an illegal memory access was encountered", "device-side assert triggered",
+                      "hardware stack error", "an illegal instruction was encountered", "misaligned address",
+                      "operation not supported on global/shared address space", "invalid program counter",
+                      "unspecified launch failure", "the launch timed out and was terminated",
+                      "uncorrectable ECC error encountered")
+
+
+def context_lost(exc: BaseException) -> bool:
+    """Whether `exc` is a CUDA error after which every later call on the device fails in this process: only a
+    new process (torchrun's restart) can use the GPU again, so retrying work here would only fail it again."""
+    return isinstance(exc, RuntimeError) and "CUDA error" in str(exc) and \
+        any(words in str(exc) for words in CONTEXT_LOST_WORDS)
+
+
 def release_cached_memory(device: torch.device) -> None:
     """After an out-of-memory error: the allocator's cached blocks go back to the device, so a smaller retry
     starts from the memory really in use, not from a cache fragmented by the failed attempt."""

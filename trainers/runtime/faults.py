@@ -2,6 +2,7 @@
 
     TRAINERS_FAULT=sigkill@rank1:step25                     a rank signals itself at an optimizer step
     TRAINERS_FAULT_RAISE=SYN001@step2:always,SYN002@step2:once   a named piece of work raises
+    TRAINERS_FAULT_RAISE=SYN001@step2:lost                  ... a CUDA error that breaks the process's device
     TRAINERS_FAULT_MEMORY=2                                 a stacked pass of more than 2 models is out of memory
 
 `TRAINERS_FAULT`: the named rank sends the signal to itself when it reaches that optimizer step, on
@@ -18,11 +19,15 @@ run's, so the fault fires in the one worker it names and not in every one.
 given step: `always` on every try, `once` on the first try only (so a retry succeeds). It
 exercises a trainer's handling of one failing unit among many. The loop that owns the work calls
 `maybe_raise(name, step, attempt)`; `raise_requests()` parses the variable (a malformed one is a
-ValueError, so a typo in a test fails loudly instead of testing nothing).
+ValueError, so a typo in a test fails loudly instead of testing nothing). `lost`: the error is what CUDA
+raises after a kernel fault (an illegal memory access), and, as on a GPU, it is sticky: from then on every
+`maybe_raise` and every stacked pass (`before_stacked_pass`) in this process raises it too, whatever the work.
+It fires on torchrun's first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted worker, with a fresh
+context, runs through; `as_worker` forgets it as it ends.
 
 `TRAINERS_FAULT_MEMORY=N`: a pass of an LSTM cohort's stacked models (training step or evaluation) over more
 than N models raises torch.OutOfMemoryError, as CUDA's allocator would on a card too small for the cohort
-(0: not even one model fits). The cohort calls `maybe_out_of_memory(models)` before each stacked pass.
+(0: not even one model fits). The cohort calls `before_stacked_pass(models)` before each stacked pass.
 """
 
 from __future__ import annotations
@@ -34,22 +39,24 @@ import signal
 from collections.abc import Iterator
 
 _SPEC = re.compile(r"^(sigkill|sigterm)@rank(\d+):step(\d+)$")
-_RAISE = re.compile(r"^([^@,\s]+)@step(\d+):(always|once)$")
+_RAISE = re.compile(r"^([^@,\s]+)@step(\d+):(always|once|lost)$")
 RAISE_ENV = "TRAINERS_FAULT_RAISE"
 MEMORY_ENV = "TRAINERS_FAULT_MEMORY"
 
 _worker_rank: int | None = None  # set by `as_worker`: this process's rank for TRAINERS_FAULT
+_device_lost: str | None = None  # a `lost` fault fired: every later device call of this process raises this
 
 
 @contextlib.contextmanager
 def as_worker(rank: int) -> Iterator[None]:
     """Inside, `maybe_inject` takes this process to be worker `rank`, whatever rank its runs have."""
-    global _worker_rank
+    global _worker_rank, _device_lost
     previous, _worker_rank = _worker_rank, rank
     try:
         yield
     finally:
         _worker_rank = previous  # an in-process caller (tests) runs the next job as itself again
+        _device_lost = None  # ... on a device of its own, as a new process would
 
 
 def maybe_inject(rank: int, step: int, restart_count: int) -> None:
@@ -73,16 +80,34 @@ def raise_requests() -> dict[str, tuple[int, str]]:
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         m = _RAISE.match(part)
         if m is None:
-            raise ValueError(f"{RAISE_ENV}={spec!r}: {part!r} is not like SYN001@step2:always or SYN002@step2:once")
+            raise ValueError(f"{RAISE_ENV}={spec!r}: {part!r} is not like SYN001@step2:always, SYN002@step2:once "
+                             f"or SYN003@step2:lost")
         out[m.group(1)] = (int(m.group(2)), m.group(3))
     return out
 
 
 def maybe_raise(name: str, step: int, attempt: int) -> None:
-    """Raise if TRAINERS_FAULT_RAISE asks `name` to fail at `step` on this try (1, 2, ...)."""
+    """Raise if TRAINERS_FAULT_RAISE asks `name` to fail at `step` on this try (1, 2, ...), or this process's
+    device was lost before."""
+    global _device_lost
+    _raise_if_device_lost()
     want = raise_requests().get(name)
-    if want is not None and step == want[0] and (want[1] == "always" or attempt == 1):
+    if want is None or step != want[0]:
+        return
+    if want[1] == "lost":
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            _device_lost = f"{RAISE_ENV} asked {name}'s device to fail at step {step}"
+            _raise_if_device_lost()
+    elif want[1] == "always" or attempt == 1:
         raise RuntimeError(f"{RAISE_ENV} asked {name} to fail at step {step} (try {attempt})")
+
+
+def _raise_if_device_lost() -> None:
+    if _device_lost is not None:
+        import torch
+
+        # CUDA's words after a kernel fault (torch raises them as AcceleratorError, a RuntimeError)
+        raise torch.AcceleratorError(f"CUDA error: an illegal memory access was encountered ({_device_lost})")
 
 
 def memory_limit() -> int | None:
@@ -95,8 +120,10 @@ def memory_limit() -> int | None:
     return int(spec)
 
 
-def maybe_out_of_memory(models: int) -> None:
-    """Raise torch.OutOfMemoryError if TRAINERS_FAULT_MEMORY says `models` in one stacked pass do not fit."""
+def before_stacked_pass(models: int) -> None:
+    """Raise what a stacked pass of `models` models meets under test: this process's lost device (a `lost`
+    fault fired before), or torch.OutOfMemoryError if TRAINERS_FAULT_MEMORY says they do not fit."""
+    _raise_if_device_lost()
     limit = memory_limit()
     if limit is not None and models > limit:
         import torch
