@@ -8,7 +8,8 @@
 #   bash bench/gpu_session.sh 2 OUT_DIR   # ~8 min: the forecaster's whole deploy on the GPU (preflight,
 #                                         # install, check, train, ONNX export with onnxruntime parity, package)
 #                                         # on synthetic data, small preset, 30 s budget; the GNN's (compiled)
-#                                         # and the LSTM job's real loops; PPO with its rollout step captured;
+#                                         # and the LSTM job's real loops; a real kernel fault in an LSTM
+#                                         # cohort, survived by torchrun's restart; PPO with its rollout step captured;
 #                                         # PPO's backtest both ways (bench/ppo_backtest.py); PPO's update
 #                                         # under torch.profiler (bench/profile_job.py --ops); a 64-symbol
 #                                         # LSTM cohort job under cProfile (bench/profile_job.py)
@@ -52,6 +53,15 @@ else
       -size -4M -exec cp --parents {} bench \;)
   fi
   bench --only run_gnn,run_lstm --total-min 2
+  # a real kernel fault in an LSTM cohort (TRAINERS_FAULT_RAISE's `lost` on CUDA: an index out of bounds, a
+  # device-side assert that breaks the context): the worker records no failure and exits 1, torchrun restarts it
+  # with a fresh context, and the job completes (exit 0, 4 symbols ok, SYN001's done.json on restart 1)
+  step 90 env TRAINERS_FAULT_RAISE=SYN001@step2:lost python3 -m torch.distributed.run --standalone --nproc_per_node=1 \
+    --max-restarts=1 -m trainers lstm train --run-dir "$out/lstm_lost" --synthetic-tickers 4 --synthetic-days 600 \
+    --window 16 --hidden 8 --epochs 2 --no-export --cohort 4 --device auto >"$out/bench/lstm_lost.log" 2>&1 \
+    || { echo "lstm broken-context check failed: exit $?"; status=1; }
+  cp "$out/lstm_lost/results.json" "$out/bench/lstm_lost_results.json" 2>/dev/null || true
+  cp "$out/lstm_lost/symbols/SYN001/done.json" "$out/bench/lstm_lost_SYN001_done.json" 2>/dev/null || true
   # PPO's rollout step captured as a CUDA graph (--compile-rollout graphs, off by default until measured): the
   # run_ppo step's job, its results.json beside run_ppo_gpu.json (per_s_steady under training.throughput)
   step 150 python3 -m torch.distributed.run --standalone --nproc_per_node=1 -m trainers ppo train \

@@ -152,7 +152,7 @@ class Worker:
         """Between a symbol's optimizer step and its step_done: the test hook that makes a symbol
         raise, the job's budget, and stops published by other workers. (TRAINERS_FAULT fires in the
         run's step_done as this worker's rank: `faults.as_worker` in run_job.)"""
-        faults.maybe_raise(symbol, step, attempt)
+        faults.maybe_raise(symbol, step, attempt, self.device)
         if self.signalled is not None and self.queue.stop_record() is None:
             self.publish_stop("signal", symbol, step, self.signalled)  # this process got it: tell the others
         record = self.queue.stop_record()

@@ -23,7 +23,9 @@ ValueError, so a typo in a test fails loudly instead of testing nothing). `lost`
 raises after a kernel fault (an illegal memory access), and, as on a GPU, it is sticky: from then on every
 `maybe_raise` and every stacked pass (`before_stacked_pass`) in this process raises it too, whatever the work.
 It fires on torchrun's first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted worker, with a fresh
-context, runs through; `as_worker` forgets it as it ends.
+context, runs through; `as_worker` forgets it as it ends. On a CUDA device it is the real thing: an index out of
+bounds in a kernel, whose device-side assert breaks the process's context as any kernel fault would (what
+bench/gpu_session.sh checks on a lent GPU: CUDA's own words, and torchrun's restart).
 
 `TRAINERS_FAULT_MEMORY=N`: a pass of an LSTM cohort's stacked models (training step or evaluation) over more
 than N models raises torch.OutOfMemoryError, as CUDA's allocator would on a card too small for the cohort
@@ -86,9 +88,9 @@ def raise_requests() -> dict[str, tuple[int, str]]:
     return out
 
 
-def maybe_raise(name: str, step: int, attempt: int) -> None:
+def maybe_raise(name: str, step: int, attempt: int, device=None) -> None:
     """Raise if TRAINERS_FAULT_RAISE asks `name` to fail at `step` on this try (1, 2, ...), or this process's
-    device was lost before."""
+    device was lost before. (`device`: the work's; on CUDA a `lost` fault is a real kernel fault.)"""
     global _device_lost
     _raise_if_device_lost()
     want = raise_requests().get(name)
@@ -96,6 +98,11 @@ def maybe_raise(name: str, step: int, attempt: int) -> None:
         return
     if want[1] == "lost":
         if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+            if device is not None and device.type == "cuda":
+                import torch
+
+                one = torch.zeros(1, device=device)
+                one[torch.ones(1, dtype=torch.long, device=device)].sum().item()  # index 1 of 1: a device-side assert
             _device_lost = f"{RAISE_ENV} asked {name}'s device to fail at step {step}"
             _raise_if_device_lost()
     elif want[1] == "always" or attempt == 1:
