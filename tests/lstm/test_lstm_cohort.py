@@ -594,3 +594,58 @@ def test_a_cohort_member_that_finished_before_the_context_broke_stays_finished(t
         {"SYN000": "ok"}
     log = (tmp_path / "job" / "training.log").read_text()
     assert "stops with SYN001, SYN002, SYN003, SYN004 pending" in log and "try 1 failed" not in log, log
+
+
+def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_one_at_a_time(tmp_path, monkeypatch):
+    """An error of the stack's own (here its third training step raises; not a member's, not out of memory)
+    ended the worker with a traceback, and torchrun's restarts put it back into the same cohort until the job
+    died. Now the members are each tried alone on a first try of their own (resuming what the cohort
+    checkpointed) and end as in the one-at-a-time job; the worker takes one symbol at a time from then on."""
+    import trainers.lstm.cohort as cohort_mod
+
+    real, calls = cohort_mod.stacked_step, []
+
+    def failing_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("the stacked step broke")
+        return real(*args, **kwargs)
+
+    assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1") == 0
+    monkeypatch.setattr(cohort_mod, "stacked_step", failing_third)
+    assert train(tmp_path / "failed", "--dropout", "0", "--cohort", "2") == 0
+    alone, failed = symbol_results(tmp_path / "alone"), symbol_results(tmp_path / "failed")
+    assert sorted(alone) == sorted(failed) and len(failed) == 5
+    for s in alone:
+        assert_same_training(alone[s], failed[s])
+        assert failed[s]["training"]["try"] == 1 and "cohort" not in failed[s]["training"], s
+    log = (tmp_path / "failed" / "training.log").read_text()
+    assert log.count("a cohort of 2 symbols failed (ValueError: the stacked step broke); each is tried alone, and "
+                     "this worker trains one symbol at a time from now on") == 1, log
+    assert log.count("in a cohort of 2") == 2 and "try 1 failed" not in log and len(calls) == 3
+
+
+def test_a_cohort_failing_while_the_job_stops_leaves_its_members_for_the_next_run(tmp_path, monkeypatch,
+                                                                                   restore_sigterm):
+    """The stack's error comes with the job's SIGTERM (a closed pipe, a dying device): not counted, not tried
+    alone; the next run resumes each member."""
+    import trainers.lstm.cohort as cohort_mod
+
+    real, calls = cohort_mod.stacked_step, []
+
+    def failing_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise ValueError("the stacked step broke")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cohort_mod, "stacked_step", failing_third)
+    assert train(tmp_path / "job", "--cohort", "5") == 0
+    job = json.loads((tmp_path / "job" / "results.json").read_text())
+    assert job["training"]["symbols"]["ok"] == job["training"]["symbols"]["failed"] == 0, job["training"]
+    log = (tmp_path / "job" / "training.log").read_text()
+    assert "while the job was stopping; not counted as a failure" in log and "tried alone" not in log
+    monkeypatch.setattr(cohort_mod, "stacked_step", real)
+    assert train(tmp_path / "job", "--cohort", "5") == 0
+    assert all(r["training"]["try"] == 1 for r in symbol_results(tmp_path / "job").values())

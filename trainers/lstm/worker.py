@@ -107,6 +107,15 @@ class Worker:
                          "worker's next cohorts take at most %d", size, first_line(error),
                          self.max_cohort)
 
+    def one_at_a_time(self, size: int, error: BaseException) -> None:
+        """A cohort of `size` symbols failed as a whole: an error of the stack's own (not a member's, not out of
+        memory, not a broken context), which would end the worker and, through torchrun's restarts, the job. Its
+        symbols are tried alone (nn.LSTM, the path of `--cohort 1`) on a first try of their own, and this worker
+        takes one symbol at a time from now on: the stacked code failed, not the symbols."""
+        self.max_cohort = 1
+        self.log.warning("a cohort of %d symbols failed (%s: %s); each is tried alone, and this worker trains one "
+                         "symbol at a time from now on", size, type(error).__name__, first_line(error), exc_info=error)
+
     def elapsed_s(self) -> float:
         return self.attempt["elapsed_before_s"] + time.time() - self.attempt["started_at"]
 
@@ -240,7 +249,9 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
                    train_cohort: TrainCohort) -> dict[str, SymbolOutcome | None]:
     """Train `symbols` together (those of one model shape in one cohort), then finish each as work_on
     does. A symbol whose data or check fails goes to work_on (its own tries and failure record); one that
-    raised inside the cohort is tried a second time alone, from its last checkpoint."""
+    raised inside the cohort is tried a second time alone, from its last checkpoint; when the cohort itself
+    fails (Worker.one_at_a_time) or runs out of memory beyond smaller passes (Worker.smaller_cohorts), its
+    members are each tried alone on a first try of their own."""
     started = time.perf_counter()
     outcomes: dict[str, SymbolOutcome | None] = {}
     shapes: dict[int, list[SymbolData]] = {}
@@ -260,10 +271,17 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
             continue
         try:
             trained = train_cohort(cfg, group, worker, 1)
-        except RuntimeError as exc:  # the stack's own error (a member's is its outcome)
+        except Exception as exc:  # noqa: BLE001 - the stack's own error (a member's is its outcome)
             if device_mod.context_lost(exc):
                 raise DeviceLost([data.symbol for data in group], exc) from None
-            raise
+            if worker.stopping():
+                worker.log.warning("a cohort of %d symbols: %s: %s while the job was stopping; not counted as a "
+                                   "failure, a new run resumes them", len(group), type(exc).__name__, first_line(exc))
+                outcomes.update({data.symbol: SymbolOutcome(StopReason.SIGNAL, None, 0, None) for data in group})
+                continue
+            worker.one_at_a_time(len(group), exc)
+            alone.extend(data.symbol for data in group)
+            continue
         lost = [outcome for outcome in trained.values() if device_mod.context_lost(outcome)]
         if lost:  # the symbols that finished are finished; the others stay pending for a fresh context
             for symbol, outcome in trained.items():
@@ -286,9 +304,9 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
                 again.append(symbol)
     shapes.clear()  # the cohorts' data (on the device) and their last outcome are not kept for the tries alone
     data = group = outcome = None
-    if worker.max_cohort is not None and alone:  # a cohort ran out of device memory: its stack, held in reference
-        gc.collect()  # cycles (member <-> run <-> cohort) until Python's collector runs, is freed for the tries
-        device_mod.release_cached_memory(worker.device)  # alone now, and the allocator's cache given back
+    if worker.max_cohort is not None and alone:  # a cohort ran out of device memory or failed: its stack, held in
+        gc.collect()  # reference cycles (member <-> run <-> cohort) until Python's collector runs, is freed for the
+        device_mod.release_cached_memory(worker.device)  # tries alone now, and the allocator's cache given back
     for symbol, first_try in [(s, 1) for s in alone] + [(s, 2) for s in again]:
         if worker.stopping():  # a stopped job starts nothing new; the next run takes these up
             outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
