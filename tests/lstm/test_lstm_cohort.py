@@ -567,33 +567,61 @@ def test_a_broken_cuda_context_leaves_the_worker_with_no_symbol_recorded_failed(
     """After a kernel fault (an illegal memory access) every later CUDA call of the process fails: a second try
     and every later symbol used to fail too, each recorded failed after two tries, none by its own fault. The
     worker now stops the job at once, exits 1 (torchrun restarts it with a fresh context: tests/lstm/
-    test_lstm_jobs.py) and leaves its symbols pending; the next run trains them, each on its first try."""
+    test_lstm_jobs.py) and leaves its symbols pending; the next run trains them alone, each on its first try."""
     lost = {"TRAINERS_FAULT_RAISE": "SYN001@step1:lost"}
     assert train(tmp_path / "job", "--cohort", cohort, *extra, env=lost) == 1
     job = json.loads((tmp_path / "job" / "results.json").read_text())
     done = {s for s, row in job["symbols"].items() if row["status"] == "ok"}
     assert done == ({"SYN000"} if cohort == "1" else set()) and job["training"]["symbols"]["failed"] == 0
+    assert job["training"]["signal"] == "a broken CUDA context"  # the stop published to every worker
     assert not any((tmp_path / "job" / "symbols" / s / "done.json").exists() for s in job["symbols"] if s not in done)
     log = (tmp_path / "job" / "training.log").read_text()
-    pending = "SYN001" if cohort == "1" else "SYN000, SYN001, SYN002, SYN003, SYN004"
-    assert log.count("CUDA's context is broken") == 1 and f"the job stops with {pending} pending" in log, log
-    assert "try 1 failed" not in log and "SYN002: claimed" in log if cohort == "5" else "SYN002: claimed" not in log
+    pending = ["SYN001"] if cohort == "1" else ["SYN000", "SYN001", "SYN002", "SYN003", "SYN004"]
+    assert log.count("CUDA's context is broken") == 1 and f"the job stops with {', '.join(pending)} pending" in log
+    assert "no symbol is recorded failed (each is trained alone next time)" in log and "try 1 failed" not in log
+    assert ("SYN002: claimed" in log) == (cohort == "5"), log
     assert train(tmp_path / "job", "--cohort", cohort, *extra) == 0
     again = symbol_results(tmp_path / "job")
     assert len(again) == 5 and all(r["training"]["try"] == 1 for r in again.values())
+    assert all("cohort" not in again[s]["training"] for s in pending)  # alone: it may have been the cause
 
 
-def test_a_cohort_member_that_finished_before_the_context_broke_stays_finished(tmp_path):
-    """Patience 0: every member's last step is step 12. SYN001's device fails in its bookkeeping after that step,
-    and so does every later member's (the error is sticky): SYN000 had passed it and finishes, the others leave
-    in the cohort's outcomes, none tried again alone (each try would fail the same in this process)."""
-    lost = {"TRAINERS_FAULT_RAISE": "SYN001@step12:lost"}
-    assert train(tmp_path / "job", "--cohort", "5", "--patience", "0", env=lost) == 1
+@pytest.mark.parametrize("fault, extra, left", [
+    ("SYN001@step12:lost", ["--patience", "0"], "SYN001, SYN002, SYN003, SYN004"),  # every member's bookkeeping
+    ("SYN002@step2:lost", [], "SYN001, SYN002, SYN003, SYN004"),  # then the stack's next step
+])
+def test_a_cohort_member_that_finished_before_the_context_broke_stays_finished(tmp_path, fault, extra, left):
+    """The error is sticky: once the fault fires, every later member's bookkeeping and the stack's next pass fail
+    with it. SYN000 had finished before (patience 0: its last step, 12; patience 1: an early stop at step 2): it
+    stays finished (its done.json); the others leave in the cohort's outcomes, none tried again alone."""
+    assert train(tmp_path / "job", "--cohort", "5", *extra, env={"TRAINERS_FAULT_RAISE": fault}) == 1
     job = json.loads((tmp_path / "job" / "results.json").read_text())
     assert {s: row["status"] for s, row in job["symbols"].items() if row["status"] in ("ok", "failed")} == \
         {"SYN000": "ok"}
     log = (tmp_path / "job" / "training.log").read_text()
-    assert "stops with SYN001, SYN002, SYN003, SYN004 pending" in log and "try 1 failed" not in log, log
+    assert f"stops with {left} pending" in log and "try 1 failed" not in log, log
+
+
+def test_a_symbol_that_breaks_the_context_every_time_is_recorded_failed_after_the_others_finish(tmp_path):
+    """SYN002 breaks the context on every run (its own data, say): run 1 in the cohort (all five pending, each
+    counted once); run 2 each alone, SYN002 breaks it alone for the second time: recorded failed, so a torchrun
+    restart would go on without it; run 3 (a new launch retries failed symbols) takes SYN002 after the others,
+    which finish."""
+    lost = {"TRAINERS_FAULT_RAISE": "SYN002@step2:lost"}
+    job_dir = tmp_path / "job"
+    assert train(job_dir, "--cohort", "5", "--patience", "0", env=lost) == 1
+    assert all(json.loads((job_dir / "symbols" / s / "device_lost.json").read_text())["count"] == 1
+               for s in ("SYN000", "SYN001", "SYN002", "SYN003", "SYN004"))
+    assert train(job_dir, "--cohort", "5", "--patience", "0", env=lost) == 1
+    rows = json.loads((job_dir / "results.json").read_text())["symbols"]
+    assert {s: row["status"] for s, row in rows.items()} == {"SYN000": "ok", "SYN001": "ok", "SYN002": "failed",
+                                                            "SYN003": "pending", "SYN004": "pending"}
+    assert "broke 2 times while it trained, the last time alone" in rows["SYN002"]["error"]
+    assert "SYN002 broke it alone for the second time and is recorded failed" in (job_dir / "training.log").read_text()
+    assert train(job_dir, "--cohort", "5", "--patience", "0", env=lost) == 1
+    rows = json.loads((job_dir / "results.json").read_text())["symbols"]
+    assert {s: row["status"] for s, row in rows.items()} == {"SYN000": "ok", "SYN001": "ok", "SYN002": "failed",
+                                                            "SYN003": "ok", "SYN004": "ok"}
 
 
 def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_one_at_a_time(tmp_path, monkeypatch):

@@ -111,3 +111,34 @@ def test_which_errors_break_the_cuda_context(message, lost):
     assert context_lost(torch.AcceleratorError(message)) is lost and context_lost(RuntimeError(message)) is lost
     assert not (lost and out_of_memory(RuntimeError(message)))
     assert not context_lost(ValueError(message))
+
+
+def test_a_fault_named_after_a_worker_fires_in_whatever_that_worker_trains(monkeypatch):
+    monkeypatch.setenv("TRAINERS_FAULT_RAISE", "worker1@step2:once")
+    with faults.as_worker(0):
+        faults.maybe_raise("SYN003", 2, 1)
+    with faults.as_worker(1):
+        faults.maybe_raise("SYN003", 1, 1)
+        with pytest.raises(RuntimeError, match="asked SYN003 to fail at step 2"):
+            faults.maybe_raise("SYN003", 2, 1)
+    faults.maybe_raise("SYN003", 2, 1)  # outside a worker: no worker named
+
+
+def test_on_cuda_a_librarys_error_after_a_kernel_fault_is_told_by_probing_the_device(monkeypatch):
+    """The first call to notice an earlier kernel's fault may be cuBLAS's, in its own words: on a CUDA device
+    any RuntimeError is checked by running a kernel (out of memory excepted: a probe could itself run out)."""
+    import torch
+
+    from trainers.runtime import device as device_mod
+
+    cuda, cublas = torch.device("cuda", 0), RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling "
+                                                         "`cublasSgemm( handle, opa, opb, m, n, k, ...)`")
+    assert device_mod.device_answers(torch.device("cpu"))
+    monkeypatch.setattr(device_mod, "device_answers", lambda device: False)  # the context is broken
+    assert device_mod.context_lost(cublas, cuda)
+    assert not device_mod.context_lost(cublas) and not device_mod.context_lost(cublas, torch.device("cpu"))
+    assert not device_mod.context_lost(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), cuda)
+    assert not device_mod.context_lost(ValueError("bad shape"), cuda)
+    monkeypatch.setattr(device_mod, "device_answers", lambda device: True)  # the context still works
+    assert not device_mod.context_lost(cublas, cuda)
+    assert device_mod.context_lost(RuntimeError("CUDA driver error: an illegal memory access was encountered"))

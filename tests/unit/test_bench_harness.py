@@ -165,3 +165,32 @@ def test_the_disk_write_benchmark_times_both_writes_in_a_folder_of_its_own(tmp_p
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "missing").exists()
+
+
+def test_the_broken_context_check_passes_only_on_cudas_own_words_and_a_completed_restart(tmp_path, capsys):
+    """bench/lost_context_check.py, gpu_session.sh's verdict on a real kernel fault: under torchrun the job's exit
+    is 0 even with failed symbols, so it reads the log and the folder. The CPU rehearsal's simulated error, a
+    failed symbol or a SYN001 finished without the restart each fail it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import lost_context_check
+
+    run_dir, log = tmp_path / "job", tmp_path / "job.log"
+    (run_dir / "symbols" / "SYN001").mkdir(parents=True)
+
+    def verdict(words: str, counts: dict, done: dict) -> int:
+        log.write_text(f"ERROR this worker's cuda:0 failed (AcceleratorError: CUDA error: {words}): CUDA's "
+                       "context is broken and every later call on it fails in this process")
+        (run_dir / "results.json").write_text(json.dumps({"training": {"symbols": counts}}))
+        (run_dir / "symbols" / "SYN001" / "done.json").write_text(json.dumps(done))
+        return lost_context_check.main(["--run-dir", str(run_dir), "--log", str(log), "--out", str(tmp_path / "v.json")])
+
+    ok, done = {"ok": 4, "failed": 0}, {"status": "ok", "restart": 1, "tries": 1}
+    assert verdict("device-side assert triggered", ok, done) == 0
+    assert json.loads((tmp_path / "v.json").read_text())["passed"] is True
+    simulated = "an illegal memory access was encountered (TRAINERS_FAULT_RAISE asked SYN001's device to fail)"
+    assert verdict(simulated, ok, done) == 1
+    assert verdict("device-side assert triggered", {"ok": 3, "failed": 1}, done) == 1
+    assert verdict("device-side assert triggered", ok, {**done, "restart": 0}) == 1
+    record = json.loads((tmp_path / "v.json").read_text())
+    assert record["passed"] is False and record["checks"]["restarted_on_first_try"] is False
+    capsys.readouterr()

@@ -332,7 +332,9 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
     took it out (the worker tries it again alone; without its traceback, whose frames hold the cohort's
     device memory). Out of device memory outside the halved passes (the members' data, the stack, a batch, the
     optimizer) or with one model a pass, the members still training leave with the error, and the worker's
-    next cohorts take at most half as many symbols (Worker.max_cohort)."""
+    next cohorts take at most half as many symbols (Worker.max_cohort). On a broken CUDA context the members still
+    training leave with its error as well (the worker then leaves: worker.DeviceLost); those that had finished
+    keep their outcomes."""
     device = worker.device
     members = []
     try:
@@ -360,7 +362,7 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
             cohort.hold_signals()  # (each run installs its own handler as it opens)
         _train(cfg, members, cohort, worker, attempt)
     except RuntimeError as exc:
-        if not device_mod.out_of_memory(exc):
+        if not (device_mod.out_of_memory(exc) or device_mod.context_lost(exc, device)):
             raise
         _all_leave([m for m in members if not m.done], cohort, exc)
     finally:
@@ -442,8 +444,10 @@ def _guarded(m: Member, cohort: Cohort, work) -> None:
 def _all_leave(members: list[Member], cohort: Cohort, exc: RuntimeError) -> None:
     """Out of device memory that halving the passes does not cure: every member still training leaves with the
     error, and the worker tries each alone (nn.LSTM's own kernels), where it trains or is recorded failed with
-    the reason (train_cohort returns it without its traceback)."""
-    cohort.out_of_memory = exc
+    the reason (train_cohort returns it without its traceback). A broken context: they leave with it too, for
+    the worker to leave (no try in this process can succeed)."""
+    if device_mod.out_of_memory(exc):
+        cohort.out_of_memory = exc
     for m in members:
         m.error = exc
         _close(m, cohort)

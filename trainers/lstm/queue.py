@@ -45,6 +45,7 @@ from trainers.runtime.files import atomic_write_json
 POLL_S = 0.5
 GRACE_S = 2.0
 DONE = "done.json"
+LOST = "device_lost.json"  # in a symbol's folder: how many times a CUDA context broke while it was being trained
 
 
 def open_store(ctx: DistContext, timeout_s: float):
@@ -70,8 +71,19 @@ def write_marker(symbol_dir: Path, marker: dict) -> None:
     atomic_write_json(symbol_dir / DONE, marker)
 
 
+def times_lost(symbol_dir: Path) -> int:
+    """How many times a CUDA context broke while the symbol was being trained (trainers.lstm.worker.remember_lost)."""
+    try:
+        count = json.loads((symbol_dir / LOST).read_text()).get("count")
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return count if isinstance(count, int) and count > 0 else 0
+
+
 def pending_symbols(job_dir: Path, symbols: list[str], retry_failed: bool) -> tuple[list[str], dict]:
-    """Symbols to train in this attempt (in the job's order) and the counts by state."""
+    """Symbols to train in this attempt and the counts by state: in the job's order, except that a symbol in
+    training when a CUDA context broke comes after the others (the fewer times the sooner): if it is the cause,
+    it breaks the next attempt only once everything else is done."""
     pending, counts = [], {"ok": 0, "failed": 0, "pending": 0}
     for s in symbols:
         marker = read_marker(job_dir / "symbols" / s)
@@ -79,7 +91,7 @@ def pending_symbols(job_dir: Path, symbols: list[str], retry_failed: bool) -> tu
         counts[state] += 1
         if state == "pending":
             pending.append(s)
-    return pending, counts
+    return sorted(pending, key=lambda s: times_lost(job_dir / "symbols" / s)), counts
 
 
 class JobQueue:

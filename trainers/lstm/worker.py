@@ -62,11 +62,33 @@ SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often w
 
 
 class DeviceLost(Exception):
-    """The worker's CUDA context broke (runtime.device.context_lost) while it trained `symbols`."""
+    """The worker's CUDA context broke (runtime.device.context_lost) while it trained `symbols` (`alone`: one
+    symbol with nn.LSTM, not a cohort)."""
 
-    def __init__(self, symbols: list[str], error: BaseException):
+    def __init__(self, symbols: list[str], error: BaseException, alone: bool):
         super().__init__(f"{type(error).__name__}: {first_line(error)}")
         self.symbols = symbols
+        self.alone = alone
+
+
+def remember_lost(job_dir: Path, lost: DeviceLost, worker: Worker) -> list[str]:
+    """Count the broken context in each of `lost.symbols`' folders. The next attempt trains a symbol with a count
+    alone (work_on_cohort) and after the others (queue.pending_symbols), so a cohort's bystanders finish and a
+    symbol whose own data or shape breaks a kernel is left by itself; one that was alone when the context broke a second time is recorded failed (returned):
+    otherwise every torchrun restart would break it again, stopping the whole job each time until the restarts
+    ran out. (A new launch tries failed symbols again, as always.)"""
+    failed = []
+    for symbol in lost.symbols:
+        folder = symbol_dir(job_dir, symbol)
+        count = jobqueue.times_lost(folder) + 1
+        atomic_write_json(folder / jobqueue.LOST, {"count": count, "last_error": str(lost), "alone": lost.alone,
+                                          "worker": worker.rank, "restart": worker.restart})
+        if lost.alone and count >= 2:
+            jobqueue.write_marker(folder, _marker(worker, symbol, "failed", count, time.perf_counter(),
+                                                  error=f"the device's CUDA context broke {count} times while it "
+                                                        f"trained, the last time alone ({lost})"))
+            failed.append(symbol)
+    return failed
 
 
 @dataclass
@@ -195,8 +217,8 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
             outcome = train_symbol(scfg, data, worker, attempt)
             break
         except Exception as exc:  # noqa: BLE001 - any error of one symbol must not stop the others
-            if device_mod.context_lost(exc):  # not the symbol's: a try in this process would fail the same
-                raise DeviceLost([symbol], exc) from None
+            if device_mod.context_lost(exc, worker.device):  # a try in this process would fail the same
+                raise DeviceLost([symbol], exc, alone=True) from None
             error = f"{type(exc).__name__}: {exc}"
             if worker.stopping():  # e.g. the terminal's pipe closed with the SIGTERM: not the symbol's fault
                 worker.log.warning("%s: %s while the job was stopping; not counted as a failure, a new run "
@@ -257,6 +279,9 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
     shapes: dict[int, list[SymbolData]] = {}
     alone, again = [], []
     for symbol in symbols:
+        if jobqueue.times_lost(symbol_dir(Path(cfg.run_dir), symbol)):  # a CUDA context broke while it trained: it may
+            alone.append(symbol)  # be the cause (remember_lost), so it does not share a cohort again
+            continue
         try:
             scfg = symbol_config(cfg, symbol)
             cfgmod.check_run_dir_compatible(symbol_dir(Path(cfg.run_dir), symbol), scfg)
@@ -272,8 +297,8 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
         try:
             trained = train_cohort(cfg, group, worker, 1)
         except Exception as exc:  # noqa: BLE001 - the stack's own error (a member's is its outcome)
-            if device_mod.context_lost(exc):
-                raise DeviceLost([data.symbol for data in group], exc) from None
+            if device_mod.context_lost(exc, worker.device):
+                raise DeviceLost([data.symbol for data in group], exc, alone=False) from None
             if worker.stopping():
                 worker.log.warning("a cohort of %d symbols: %s: %s while the job was stopping; not counted as a "
                                    "failure, a new run resumes them", len(group), type(exc).__name__, first_line(exc))
@@ -282,13 +307,14 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
             worker.one_at_a_time(len(group), exc)
             alone.extend(data.symbol for data in group)
             continue
-        lost = [outcome for outcome in trained.values() if device_mod.context_lost(outcome)]
-        if lost:  # the symbols that finished are finished; the others stay pending for a fresh context
+        lost = next((outcome for outcome in trained.values() if not isinstance(outcome, SymbolOutcome)
+                     and device_mod.context_lost(outcome, worker.device)), None)
+        if lost is not None:  # the symbols that finished are finished; the others stay pending for a fresh context
             for symbol, outcome in trained.items():
                 if isinstance(outcome, SymbolOutcome):
                     outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, len(group))
             raise DeviceLost([s for s, outcome in trained.items() if not isinstance(outcome, SymbolOutcome)],
-                             lost[0])
+                             lost, alone=False)
         for symbol, outcome in trained.items():
             if isinstance(outcome, SymbolOutcome):
                 outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, len(group))
@@ -313,6 +339,17 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
             continue
         outcomes[symbol] = work_on(symbol, cfg, plan, worker, train_symbol, first_try)
     return outcomes
+
+
+def resumes_after_lost(restart_count: int) -> str:
+    """What resumes the job after this worker leaves on a broken context: torchrun's next restart (each worker in
+    a fresh process, a fresh context), or, when none is left or without torchrun, the same command again."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return "running the same command again resumes"
+    left = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - restart_count
+    if left > 0:
+        return f"torchrun's restart resumes with a fresh context ({left} restart{'s' if left > 1 else ''} left)"
+    return "torchrun has no restart left (--max-restarts): running the same command again resumes"
 
 
 def claim_cohort(queue: jobqueue.JobQueue, size: int, world_size: int) -> list[tuple[int, str]]:
@@ -465,12 +502,14 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
                                                   train_cohort).values())[-1]
             except DeviceLost as lost:
                 device_lost = lost
+                failed = remember_lost(job_dir, lost, worker)
                 left = [s for _, s in claims if jobqueue.read_marker(symbol_dir(job_dir, s)) is None]
                 log.error("this worker's %s failed (%s): CUDA's context is broken and every later call on it fails "
-                          "in this process, so no symbol is recorded as failed; the job stops with %s pending, and "
-                          "%s", device, lost, ", ".join(left), "torchrun's restart resumes with a fresh context"
-                          if "TORCHELASTIC_RUN_ID" in os.environ else "running the same command again resumes")
-                worker.publish_stop("signal", None, None, f"a broken CUDA context on worker {ctx.rank}")
+                          "in this process; %s; the job stops with %s pending, and %s", device, lost,
+                          f"{', '.join(failed)} broke it alone for the second time and is recorded failed" if failed
+                          else "no symbol is recorded failed (each is trained alone next time)",
+                          ", ".join(left) or "none", resumes_after_lost(ctx.restart_count))
+                worker.publish_stop("signal", None, None, "a broken CUDA context")
                 break
             if worker.signalled is not None and queue.stop_record(force=True) is None:  # as a rule published at
                 worker.publish_stop("signal", claims[-1][1], outcome.steps if outcome else None,  # the step

@@ -85,11 +85,27 @@ CONTEXT_LOST_WORDS = ("an illegal memory access was encountered", "device-side a
                       "uncorrectable ECC error encountered")
 
 
-def context_lost(exc: BaseException) -> bool:
+def context_lost(exc: BaseException, device: torch.device | None = None) -> bool:
     """Whether `exc` is a CUDA error after which every later call on the device fails in this process: only a
-    new process (torchrun's restart) can use the GPU again, so retrying work here would only fail it again."""
-    return isinstance(exc, RuntimeError) and "CUDA error" in str(exc) and \
-        any(words in str(exc) for words in CONTEXT_LOST_WORDS)
+    new process (torchrun's restart) can use the GPU again, so retrying work here would only fail it again.
+    CUDA's words for it (its runtime's "CUDA error: ..." or the driver's "CUDA driver error: ..."); or, on a
+    CUDA `device`, any RuntimeError after which the device no longer runs a kernel: the first call to notice an
+    earlier kernel's fault may be a library's, in its own words (cuBLAS's CUBLAS_STATUS_EXECUTION_FAILED,
+    cuDNN's), and an error that leaves the context usable (out of memory, a bad argument) passes the probe."""
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    if "CUDA" in text and any(words in text for words in CONTEXT_LOST_WORDS):
+        return True
+    return device is not None and is_cuda(device) and not out_of_memory(exc) and not device_answers(device)
+
+
+def device_answers(device: torch.device) -> bool:
+    """Whether `device` still runs a kernel and hands back its result (after a sticky error every call raises)."""
+    try:
+        return torch.ones(1, device=device).add_(1).item() == 2.0
+    except RuntimeError:
+        return False
 
 
 def release_cached_memory(device: torch.device) -> None:

@@ -3,6 +3,7 @@
     TRAINERS_FAULT=sigkill@rank1:step25                     a rank signals itself at an optimizer step
     TRAINERS_FAULT_RAISE=SYN001@step2:always,SYN002@step2:once   a named piece of work raises
     TRAINERS_FAULT_RAISE=SYN001@step2:lost                  ... a CUDA error that breaks the process's device
+    TRAINERS_FAULT_RAISE=worker1@step2:lost                 ... in whatever worker 1 trains (`as_worker`)
     TRAINERS_FAULT_MEMORY=2                                 a stacked pass of more than 2 models is out of memory
 
 `TRAINERS_FAULT`: the named rank sends the signal to itself when it reaches that optimizer step, on
@@ -19,13 +20,15 @@ run's, so the fault fires in the one worker it names and not in every one.
 given step: `always` on every try, `once` on the first try only (so a retry succeeds). It
 exercises a trainer's handling of one failing unit among many. The loop that owns the work calls
 `maybe_raise(name, step, attempt)`; `raise_requests()` parses the variable (a malformed one is a
-ValueError, so a typo in a test fails loudly instead of testing nothing). `lost`: the error is what CUDA
+ValueError, so a typo in a test fails loudly instead of testing nothing). The name `workerN` stands for any
+work of the process that declared itself worker N (`as_worker`). `lost`: on a CPU the error is the one CUDA
 raises after a kernel fault (an illegal memory access), and, as on a GPU, it is sticky: from then on every
 `maybe_raise` and every stacked pass (`before_stacked_pass`) in this process raises it too, whatever the work.
 It fires on torchrun's first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted worker, with a fresh
-context, runs through; `as_worker` forgets it as it ends. On a CUDA device it is the real thing: an index out of
-bounds in a kernel, whose device-side assert breaks the process's context as any kernel fault would (what
-bench/gpu_session.sh checks on a lent GPU: CUDA's own words, and torchrun's restart).
+context, runs through; without torchrun on every run (a test runs the job again without it to resume);
+`as_worker` forgets it as it ends. On a CUDA device it is the real thing: an index out of bounds in a kernel,
+whose device-side assert breaks the process's context as any kernel fault does, in CUDA's words ("device-side
+assert triggered"; what bench/gpu_session.sh checks on a lent GPU, with torchrun's restart).
 
 `TRAINERS_FAULT_MEMORY=N`: a pass of an LSTM cohort's stacked models (training step or evaluation) over more
 than N models raises torch.OutOfMemoryError, as CUDA's allocator would on a card too small for the cohort
@@ -93,7 +96,8 @@ def maybe_raise(name: str, step: int, attempt: int, device=None) -> None:
     device was lost before. (`device`: the work's; on CUDA a `lost` fault is a real kernel fault.)"""
     global _device_lost
     _raise_if_device_lost()
-    want = raise_requests().get(name)
+    requests = raise_requests()
+    want = requests.get(name) or requests.get(f"worker{_worker_rank}")
     if want is None or step != want[0]:
         return
     if want[1] == "lost":
