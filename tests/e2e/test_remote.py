@@ -377,6 +377,25 @@ def test_an_lstm_job_resumes_from_a_mounted_volume_without_training_its_finished
     assert "0 to train" in again.stderr and read_results(tmp_path / "fresh")["training"]["symbols"]["ok"] == 3
 
 
+def test_a_symbols_count_of_broken_cuda_contexts_follows_the_job_to_a_fresh_machine(tmp_path):
+    """The count decides that a symbol breaking the context alone a second time is recorded failed
+    (trainers.lstm.worker.remember_lost): it is mirrored with the job's markers, so a restore on a fresh folder
+    keeps it instead of starting the count again."""
+    url = f"file://{tmp_path / 'volume'}/job"
+    args = ["lstm", "train", "--synthetic-tickers", "2", "--synthetic-days", "600", "--window", "16", "--hidden", "8",
+            "--batch-size", "64", "--epochs", "1", "--no-export", "--remote", url]
+    lost = {"TRAINERS_FAULT_RAISE": "SYN001@step1:lost"}
+    first = run_cli([*args, "--run-dir", str(tmp_path / "job")], env=lost)
+    assert first.returncode == 1 and "CUDA's context is broken" in first.stderr, first.stderr[-3000:]
+    mirrored = tmp_path / "volume" / "job" / "symbols" / "SYN001" / "device_lost.json"
+    assert json.loads(mirrored.read_text())["count"] == 1
+    again = run_cli([*args, "--run-dir", str(tmp_path / "fresh")], env=lost)
+    assert again.returncode == 1, again.stderr[-3000:]
+    rows = read_results(tmp_path / "fresh")["symbols"]
+    assert rows["SYN000"]["status"] == "ok" and rows["SYN001"]["status"] == "failed"
+    assert "broke 2 times" in rows["SYN001"]["error"]
+
+
 @pytest.mark.slow
 def test_a_deploy_with_remote_reaches_a_verified_tarball_in_the_bucket_and_status_reads_it_from_anywhere(s3, tmp_path):
     import hashlib

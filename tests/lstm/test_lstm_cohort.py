@@ -497,7 +497,9 @@ def test_with_dropout_a_symbol_trains_the_same_whichever_symbols_share_its_cohor
     """...and under --gpu-defaults (what a GPU deploy turns on: checkpoints written behind the loop)."""
     assert train(tmp_path / "two", "--symbols", "SYN000,SYN001", "--cohort", "2") == 0
     assert train(tmp_path / "three", "--symbols", "SYN003,SYN000,SYN002", "--cohort", "3", "--gpu-defaults") == 0
-    assert_same_training(symbol_results(tmp_path / "two")["SYN000"], symbol_results(tmp_path / "three")["SYN000"])
+    two, three = symbol_results(tmp_path / "two")["SYN000"], symbol_results(tmp_path / "three")["SYN000"]
+    assert (two["training"]["cohort"], three["training"]["cohort"]) == (2, 3)  # trained in cohorts, not alone
+    assert_same_training(two, three)
 
 
 @pytest.fixture
@@ -537,6 +539,7 @@ def test_a_symbol_killed_after_its_early_stop_finishes_where_it_stopped(tmp_path
     symbols = ["--symbols", "SYN000,SYN001,SYN002,SYN003", "--dropout", "0", "--cohort", cohort]
     assert train(tmp_path / "job", *symbols) == 0
     whole = symbol_results(tmp_path / "job")
+    assert all(("cohort" in r["training"]) == (cohort != "1") for r in whole.values())  # the cohort did run
     stopped = [s for s, r in whole.items() if r["training"]["stop_reason"] == "early_stop"
                and r["training"]["steps"] < r["training"]["total_steps"]]
     assert stopped, {s: r["training"]["stop_reason"] for s, r in whole.items()}
@@ -580,6 +583,7 @@ def test_a_broken_cuda_context_leaves_the_worker_with_no_symbol_recorded_failed(
     assert log.count("CUDA's context is broken") == 1 and f"the job stops with {', '.join(pending)} pending" in log
     assert "no symbol is recorded failed (each is trained alone next time)" in log and "try 1 failed" not in log
     assert ("SYN002: claimed" in log) == (cohort == "5"), log
+    assert "ran out of device memory" not in log  # a broken context is not a cohort too large
     assert train(tmp_path / "job", "--cohort", cohort, *extra) == 0
     again = symbol_results(tmp_path / "job")
     assert len(again) == 5 and all(r["training"]["try"] == 1 for r in again.values())
@@ -598,8 +602,10 @@ def test_a_cohort_member_that_finished_before_the_context_broke_stays_finished(t
     job = json.loads((tmp_path / "job" / "results.json").read_text())
     assert {s: row["status"] for s, row in job["symbols"].items() if row["status"] in ("ok", "failed")} == \
         {"SYN000": "ok"}
+    assert symbol_results(tmp_path / "job")["SYN000"]["training"]["cohort"] == 5
     log = (tmp_path / "job" / "training.log").read_text()
     assert f"stops with {left} pending" in log and "try 1 failed" not in log, log
+    assert "ran out of device memory" not in log and "a cohort of 5 symbols failed" not in log
 
 
 def test_a_symbol_that_breaks_the_context_every_time_is_recorded_failed_after_the_others_finish(tmp_path):
@@ -651,6 +657,11 @@ def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_o
     assert log.count("a cohort of 2 symbols failed (ValueError: the stacked step broke); each is tried alone, and "
                      "this worker trains one symbol at a time from now on") == 1, log
     assert log.count("in a cohort of 2") == 2 and "try 1 failed" not in log and len(calls) == 3
+    assert "Traceback" in log and "the stacked step broke" in log.split("Traceback", 1)[1]  # what to report
+    job = json.loads((tmp_path / "failed" / "results.json").read_text())
+    assert job["training"]["trained_alone_after_a_failed_cohort"] == ["SYN000", "SYN001"]
+    assert job["symbols"]["SYN000"]["cohort_failed"] == "ValueError: the stacked step broke"
+    assert "## Trained alone after their cohort failed" in (tmp_path / "failed" / "results.md").read_text()
 
 
 def test_a_cohort_failing_while_the_job_stops_leaves_its_members_for_the_next_run(tmp_path, monkeypatch,
@@ -677,3 +688,15 @@ def test_a_cohort_failing_while_the_job_stops_leaves_its_members_for_the_next_ru
     monkeypatch.setattr(cohort_mod, "stacked_step", real)
     assert train(tmp_path / "job", "--cohort", "5") == 0
     assert all(r["training"]["try"] == 1 for r in symbol_results(tmp_path / "job").values())
+
+
+def test_a_suspect_of_a_broken_context_is_trained_after_every_other_symbol_of_its_claim(tmp_path):
+    """SYN001 broke a context before (its count); claimed in a pair with SYN000, whose shape group has no other
+    member (trained alone too): SYN000 goes first, and finishes, before SYN001 breaks the context again."""
+    folder = tmp_path / "job" / "symbols" / "SYN001"
+    folder.mkdir(parents=True)
+    (folder / "device_lost.json").write_text(json.dumps({"count": 1}))
+    lost = {"TRAINERS_FAULT_RAISE": "SYN001@step2:lost"}
+    assert train(tmp_path / "job", "--symbols", "SYN001,SYN000", "--cohort", "2", env=lost) == 1
+    rows = json.loads((tmp_path / "job" / "results.json").read_text())["symbols"]
+    assert {s: row["status"] for s, row in rows.items()} == {"SYN001": "failed", "SYN000": "ok"}

@@ -142,3 +142,37 @@ def test_on_cuda_a_librarys_error_after_a_kernel_fault_is_told_by_probing_the_de
     monkeypatch.setattr(device_mod, "device_answers", lambda device: True)  # the context still works
     assert not device_mod.context_lost(cublas, cuda)
     assert device_mod.context_lost(RuntimeError("CUDA driver error: an illegal memory access was encountered"))
+
+
+def test_the_probe_counts_out_of_memory_as_an_answer_and_a_sticky_error_as_none(monkeypatch):
+    """device_answers runs while the failed work's memory may still be held: running out then is an answer (a
+    broken context repeats its own error), or a symbol's plain library error would stop the job as a broken
+    context and be recorded failed on its second."""
+    import torch
+
+    from trainers.runtime import device as device_mod
+
+    def raising(error):
+        def ones(*_args, **_kwargs):
+            raise error
+        return ones
+
+    for error, answers in ((torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB"), True),
+                           (RuntimeError("CUDA error: out of memory"), True),
+                           (torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), False),
+                           (RuntimeError("CUDA error: unspecified launch failure"), False)):
+        monkeypatch.setattr(device_mod.torch, "ones", raising(error))
+        assert device_mod.device_answers(torch.device("cuda", 0)) is answers, error
+
+
+@pytest.mark.parametrize("content", ['{"count": 2}', "[]", "null", '{"count": -1}', '{"count": "2"}', "\x00\xff",
+                                     "folder"])
+def test_a_symbols_count_of_broken_contexts_reads_as_0_unless_it_is_a_positive_whole_number(tmp_path, content):
+    from trainers.lstm.queue import times_lost
+
+    path = tmp_path / "device_lost.json"
+    if content == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(content.encode("latin-1"))
+    assert times_lost(tmp_path) == (2 if content == '{"count": 2}' else 0)

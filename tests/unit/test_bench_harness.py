@@ -184,13 +184,27 @@ def test_the_broken_context_check_passes_only_on_cudas_own_words_and_a_completed
         (run_dir / "symbols" / "SYN001" / "done.json").write_text(json.dumps(done))
         return lost_context_check.main(["--run-dir", str(run_dir), "--log", str(log), "--out", str(tmp_path / "v.json")])
 
-    ok, done = {"ok": 4, "failed": 0}, {"status": "ok", "restart": 1, "tries": 1}
-    assert verdict("device-side assert triggered", ok, done) == 0
+    words, ok, done = "device-side assert triggered", {"ok": 4, "failed": 0}, {"status": "ok", "restart": 1, "tries": 1}
+    assert verdict(words, ok, done) == 0
     assert json.loads((tmp_path / "v.json").read_text())["passed"] is True
-    simulated = "an illegal memory access was encountered (TRAINERS_FAULT_RAISE asked SYN001's device to fail)"
-    assert verdict(simulated, ok, done) == 1
-    assert verdict("device-side assert triggered", {"ok": 3, "failed": 1}, done) == 1
-    assert verdict("device-side assert triggered", ok, {**done, "restart": 0}) == 1
-    record = json.loads((tmp_path / "v.json").read_text())
-    assert record["passed"] is False and record["checks"]["restarted_on_first_try"] is False
+    for case, broken, check in (  # each fault fails the verdict, under its own checks' names
+            ("simulated", ("an illegal memory access (TRAINERS_FAULT_RAISE asked SYN001's device to fail)", ok, done),
+             "cuda_words real_fault_not_simulated"),
+            ("another error", ("an illegal memory access was encountered", ok, done), "cuda_words"),
+            ("simulated with the words", (f"{words} (TRAINERS_FAULT_RAISE asked SYN001's device to fail)", ok, done),
+             "real_fault_not_simulated"),
+            ("a failed symbol", (words, {"ok": 4, "failed": 1}, done), "all_ok_none_failed"),
+            ("one not finished", (words, {"ok": 3, "failed": 0}, done), "all_ok_none_failed"),
+            ("no restart", (words, ok, {**done, "restart": 0}), "restarted_on_first_try"),
+            ("a second try", (words, ok, {**done, "tries": 2}), "restarted_on_first_try"),
+            ("failed on its restart", (words, ok, {**done, "status": "failed"}), "restarted_on_first_try")):
+        assert verdict(*broken) == 1, case
+        record = json.loads((tmp_path / "v.json").read_text())
+        assert record["passed"] is False and [k for k, v in record["checks"].items() if not v] == check.split(), case
+    assert verdict(words, ok, done) == 0
+    log.write_text("ERROR this worker's cuda:0 failed (AcceleratorError: CUDA error: device-side assert triggered)")
+    assert lost_context_check.main(["--run-dir", str(run_dir), "--log", str(log), "--out", str(tmp_path / "v.json")]) \
+        == 1  # the error without the worker's recognition of it (a crash with a traceback)
+    assert [k for k, v in json.loads((tmp_path / "v.json").read_text())["checks"].items() if not v] == \
+        ["recognised_as_broken_context"]
     capsys.readouterr()

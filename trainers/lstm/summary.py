@@ -58,6 +58,8 @@ def symbol_row(job_dir: Path, symbol: str, planned_steps: int | None) -> dict:
            "tries": marker.get("tries"), "attempt_token": marker.get("attempt_token")}
     if status == "failed":
         row["error"] = marker.get("error")
+    if marker.get("cohort_failed"):  # trained alone: its cohort's stacked code failed (the job's log has why)
+        row["cohort_failed"] = marker["cohort_failed"]
     evaluation = results.get("evaluation", {})
     for split in ("val", "test"):
         if split in evaluation:
@@ -112,6 +114,7 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
         reason = "incomplete"
     budget = Budget(cfg.max_hours, cfg.budget_usd, cfg.usd_per_gpu_hour, attempt["devices"])
     training = {"stop_reason": reason, "signal": (stop or {}).get("signal"), "stopped_by": stop,
+                "trained_alone_after_a_failed_cohort": sorted(s for s, r in rows.items() if r.get("cohort_failed")),
                 "steps": sum(r["steps"] for r in rows.values()),
                 "total_steps": sum(r["planned_steps"] or 0 for r in rows.values()),
                 "symbols": counts, "restarts": ctx.restart_count, "world_size": ctx.world_size,
@@ -208,6 +211,13 @@ def markdown(results: dict) -> str:
                 cells += [""] * 13 + [r.get("error") or ""]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+    alone = {s: r["cohort_failed"] for s, r in rows.items() if r.get("cohort_failed")}
+    if alone:
+        lines += ["## Trained alone after their cohort failed", "",
+                  f"{len(alone)} symbol(s) whose cohort's stacked code failed were trained one at a time instead "
+                  f"(the job's training.log has the traceback): " +
+                  "; ".join(f"{s} ({error})" for s, error in list(alone.items())[:20]) +
+                  (f"; ... ({len(alone)} symbols)" if len(alone) > 20 else "") + ".", ""]
     failed = {s: r for s, r in rows.items() if r["status"] == "failed"}
     if failed:
         lines += ["## Failed", ""] + [f"- {s}: {r.get('error')} ({r.get('tries')} tries)" for s, r in failed.items()]

@@ -83,7 +83,7 @@ def remember_lost(job_dir: Path, lost: DeviceLost, worker: Worker) -> list[str]:
         count = jobqueue.times_lost(folder) + 1
         atomic_write_json(folder / jobqueue.LOST, {"count": count, "last_error": str(lost), "alone": lost.alone,
                                           "worker": worker.rank, "restart": worker.restart})
-        if lost.alone and count >= 2:
+        if count >= 2:  # (alone: a symbol with a count never shares a cohort again)
             jobqueue.write_marker(folder, _marker(worker, symbol, "failed", count, time.perf_counter(),
                                                   error=f"the device's CUDA context broke {count} times while it "
                                                         f"trained, the last time alone ({lost})"))
@@ -204,9 +204,10 @@ TrainCohort = Callable[[LstmConfig, list[SymbolData], Worker, int], dict[str, "S
 
 
 def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_symbol: TrainSymbol,
-            first_try: int = 1) -> SymbolOutcome | None:
+            first_try: int = 1, note: dict | None = None) -> SymbolOutcome | None:
     """Train `symbol` (a second try after an error), export it, write its done marker. Returns the
-    outcome, or None when it failed twice. (`first_try` 2: its first try failed in a cohort.)"""
+    outcome, or None when it failed twice. (`first_try` 2: its first try failed in a cohort; `note`: what
+    its marker says of why it was trained alone.)"""
     started = time.perf_counter()
     scfg = symbol_config(cfg, symbol)
     folder = symbol_dir(Path(cfg.run_dir), symbol)
@@ -229,14 +230,14 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
                 continue
             worker.log.error("%s: failed twice (%s); recorded, going on with the other symbols", symbol, error)
             folder.mkdir(parents=True, exist_ok=True)
-            jobqueue.write_marker(folder, _marker(worker, symbol, "failed", attempt, started,
+            jobqueue.write_marker(folder, _marker(worker, symbol, "failed", attempt, started, **(note or {}),
                                                  error=error, traceback=traceback.format_exc()[-4000:]))
             return None
-    return finished(symbol, outcome, attempt, started, cfg, worker)
+    return finished(symbol, outcome, attempt, started, cfg, worker, note=note)
 
 
 def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, cfg: LstmConfig, worker: Worker,
-             cohort: int = 1) -> SymbolOutcome:
+             cohort: int = 1, note: dict | None = None) -> SymbolOutcome:
     """A trained symbol's end in the job: stopped (a new run resumes it), or exported and marked done. In a
     cohort of K its marker's `seconds` is its share of the worker's time (the cohort's span / K; the span
     itself is `cohort_seconds`): the packing figures keep meaning how busy the workers were."""
@@ -245,7 +246,7 @@ def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, 
         worker.log.info("%s: stopped at step %d (%s); a new run resumes it", symbol, outcome.steps,
                         outcome.reason.name.lower())
         return outcome
-    marker = _marker(worker, symbol, "ok", attempt, started, steps=outcome.steps,
+    marker = _marker(worker, symbol, "ok", attempt, started, steps=outcome.steps, **(note or {}),
                      stop_reason=outcome.reason.name.lower(), step_seconds=outcome.step_seconds)
     if cfg.export:
         try:
@@ -277,10 +278,11 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
     started = time.perf_counter()
     outcomes: dict[str, SymbolOutcome | None] = {}
     shapes: dict[int, list[SymbolData]] = {}
-    alone, again = [], []
+    alone, again, suspects = [], [], []
+    notes: dict[str, dict] = {}  # why a symbol is tried alone, for its marker (its cohort failed)
     for symbol in symbols:
         if jobqueue.times_lost(symbol_dir(Path(cfg.run_dir), symbol)):  # a CUDA context broke while it trained: it may
-            alone.append(symbol)  # be the cause (remember_lost), so it does not share a cohort again
+            suspects.append(symbol)  # be the cause (remember_lost): alone, after the others
             continue
         try:
             scfg = symbol_config(cfg, symbol)
@@ -306,6 +308,7 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
                 continue
             worker.one_at_a_time(len(group), exc)
             alone.extend(data.symbol for data in group)
+            notes.update({data.symbol: {"cohort_failed": f"{type(exc).__name__}: {first_line(exc)}"} for data in group})
             continue
         lost = next((outcome for outcome in trained.values() if not isinstance(outcome, SymbolOutcome)
                      and device_mod.context_lost(outcome, worker.device)), None)
@@ -333,11 +336,12 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
     if worker.max_cohort is not None and alone:  # a cohort ran out of device memory or failed: its stack, held in
         gc.collect()  # reference cycles (member <-> run <-> cohort) until Python's collector runs, is freed for the
         device_mod.release_cached_memory(worker.device)  # tries alone now, and the allocator's cache given back
-    for symbol, first_try in [(s, 1) for s in alone] + [(s, 2) for s in again]:
+    suspects.sort(key=lambda s: jobqueue.times_lost(symbol_dir(Path(cfg.run_dir), s)))
+    for symbol, first_try in [(s, 1) for s in alone] + [(s, 2) for s in again] + [(s, 1) for s in suspects]:
         if worker.stopping():  # a stopped job starts nothing new; the next run takes these up
             outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
             continue
-        outcomes[symbol] = work_on(symbol, cfg, plan, worker, train_symbol, first_try)
+        outcomes[symbol] = work_on(symbol, cfg, plan, worker, train_symbol, first_try, notes.get(symbol))
     return outcomes
 
 
@@ -502,7 +506,12 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
                                                   train_cohort).values())[-1]
             except DeviceLost as lost:
                 device_lost = lost
-                failed = remember_lost(job_dir, lost, worker)
+                try:
+                    failed = remember_lost(job_dir, lost, worker)
+                except OSError as exc:  # (a full disk): the counts are lost, not the stop
+                    failed = []
+                    log.warning("the broken context could not be counted in the symbols' folders (%s)",
+                                first_line(exc))
                 left = [s for _, s in claims if jobqueue.read_marker(symbol_dir(job_dir, s)) is None]
                 log.error("this worker's %s failed (%s): CUDA's context is broken and every later call on it fails "
                           "in this process; %s; the job stops with %s pending, and %s", device, lost,

@@ -101,11 +101,15 @@ def context_lost(exc: BaseException, device: torch.device | None = None) -> bool
 
 
 def device_answers(device: torch.device) -> bool:
-    """Whether `device` still runs a kernel and hands back its result (after a sticky error every call raises)."""
+    """Whether `device` still runs a kernel and hands back its result (after a sticky error every call raises it).
+    Out of memory is an answer: a broken context repeats its own error, and the failed work's memory may still
+    be held while this runs."""
     try:
         return torch.ones(1, device=device).add_(1).item() == 2.0
-    except RuntimeError:
-        return False
+    except torch.OutOfMemoryError:
+        return True
+    except RuntimeError as exc:
+        return out_of_memory(exc)
 
 
 def release_cached_memory(device: torch.device) -> None:

@@ -293,8 +293,8 @@ def _not_mirrored(name: str) -> bool:
     """Checkpoints (their own protocol), the lock, temp files of atomic writes, and a nested run's folder
     (an LSTM job's symbols mirror themselves)."""
     base = name.rsplit("/", 1)[-1]
-    if re.fullmatch(r"symbols/[^/]+/done\.json", name):  # an LSTM job's marker of a finished symbol: the job's
-        return False
+    if re.fullmatch(r"symbols/[^/]+/(done|device_lost)\.json", name):  # an LSTM job's marker of a finished symbol
+        return False  # and its count of broken CUDA contexts: the job's
     return name.startswith(("checkpoints/", "symbols/")) or "/checkpoints/" in name or base == ".lock" or \
         (base.startswith(".") and base.endswith(".tmp")) or ".set-aside-" in name
 
