@@ -129,6 +129,11 @@ def test_a_models_dropout_masks_do_not_depend_on_its_neighbours():
     assert not torch.equal(later["head"], alone["head"])  # a new step draws new masks
 
 
+# What the worker does after a fault (exit codes, markers, who is tried alone): the same kernels whatever the CPU's
+# SIMD, so these leave the narrowed-SIMD second pass of .ci/run (its marker expression skips `slow`)
+FAULT_PATH = pytest.mark.slow
+
+
 def train(run_dir, *extra, env: dict | None = None) -> int:
     old = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
@@ -565,6 +570,7 @@ def test_the_cohort_option_is_checked_and_auto_is_one_on_a_cpu(tmp_path, capsys)
     assert cohort_size(LstmConfig(cohort=7), tfs, torch.device("cpu")) == 7
 
 
+@FAULT_PATH
 @pytest.mark.parametrize("cohort, extra", [("1", []), ("5", []), ("5", ["--gpu-defaults"])])
 def test_a_broken_cuda_context_leaves_the_worker_with_no_symbol_recorded_failed(tmp_path, cohort, extra):
     """After a kernel fault (an illegal memory access) every later CUDA call of the process fails: a second try
@@ -590,6 +596,7 @@ def test_a_broken_cuda_context_leaves_the_worker_with_no_symbol_recorded_failed(
     assert all("cohort" not in again[s]["training"] for s in pending)  # alone: it may have been the cause
 
 
+@FAULT_PATH
 @pytest.mark.parametrize("fault, extra, left", [
     ("SYN001@step12:lost", ["--patience", "0"], "SYN001, SYN002, SYN003, SYN004"),  # every member's bookkeeping
     ("SYN002@step2:lost", [], "SYN001, SYN002, SYN003, SYN004"),  # then the stack's next step
@@ -608,6 +615,7 @@ def test_a_cohort_member_that_finished_before_the_context_broke_stays_finished(t
     assert "ran out of device memory" not in log and "a cohort of 5 symbols failed" not in log
 
 
+@FAULT_PATH
 def test_a_symbol_that_breaks_the_context_every_time_is_recorded_failed_after_the_others_finish(tmp_path):
     """SYN002 breaks the context on every run (its own data, say): run 1 in the cohort (all five pending, each
     counted once); run 2 each alone, SYN002 breaks it alone for the second time: recorded failed, so a torchrun
@@ -630,6 +638,7 @@ def test_a_symbol_that_breaks_the_context_every_time_is_recorded_failed_after_th
                                                             "SYN003": "ok", "SYN004": "ok"}
 
 
+@FAULT_PATH
 def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_one_at_a_time(tmp_path, monkeypatch):
     """An error of the stack's own (here its third training step raises; not a member's, not out of memory)
     ended the worker with a traceback, and torchrun's restarts put it back into the same cohort until the job
@@ -664,6 +673,7 @@ def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_o
     assert "## Trained alone after their cohort failed" in (tmp_path / "failed" / "results.md").read_text()
 
 
+@FAULT_PATH
 def test_a_cohort_failing_while_the_job_stops_leaves_its_members_for_the_next_run(tmp_path, monkeypatch,
                                                                                    restore_sigterm):
     """The stack's error comes with the job's SIGTERM (a closed pipe, a dying device): not counted, not tried
@@ -690,6 +700,7 @@ def test_a_cohort_failing_while_the_job_stops_leaves_its_members_for_the_next_ru
     assert all(r["training"]["try"] == 1 for r in symbol_results(tmp_path / "job").values())
 
 
+@FAULT_PATH
 def test_a_suspect_of_a_broken_context_is_trained_after_every_other_symbol_of_its_claim(tmp_path):
     """SYN001 broke a context before (its count); claimed in a pair with SYN000, whose shape group has no other
     member (trained alone too): SYN000 goes first, and finishes, before SYN001 breaks the context again."""
