@@ -639,7 +639,9 @@ def test_a_symbol_that_breaks_the_context_every_time_is_recorded_failed_after_th
 
 
 @FAULT_PATH
-def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_one_at_a_time(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [[], ["--gpu-defaults"]])  # ... with checkpoints written behind the loop
+def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_one_at_a_time(tmp_path, monkeypatch,
+                                                                                               extra):
     """An error of the stack's own (here its third training step raises; not a member's, not out of memory)
     ended the worker with a traceback, and torchrun's restarts put it back into the same cohort until the job
     died. Now the members are each tried alone on a first try of their own (resuming what the cohort
@@ -654,9 +656,9 @@ def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_o
             raise ValueError("the stacked step broke")
         return real(*args, **kwargs)
 
-    assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1") == 0
+    assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1", *extra) == 0
     monkeypatch.setattr(cohort_mod, "stacked_step", failing_third)
-    assert train(tmp_path / "failed", "--dropout", "0", "--cohort", "2") == 0
+    assert train(tmp_path / "failed", "--dropout", "0", "--cohort", "2", *extra) == 0
     alone, failed = symbol_results(tmp_path / "alone"), symbol_results(tmp_path / "failed")
     assert sorted(alone) == sorted(failed) and len(failed) == 5
     for s in alone:
