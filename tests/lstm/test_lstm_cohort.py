@@ -4,6 +4,7 @@ its own run. The stacked pieces equal the per-model ones; a cohort job equals th
 not depend on which symbols share its cohort; a symbol stopped in a cohort resumes alone or in another
 cohort; a symbol that raises is tried again alone while the others finish."""
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import signal
 import pytest
 import torch
 
+from fake_accelerator import FakeAccelerator
 from trainers.cli import main
 from trainers.lstm.model import DirectionLSTM
 from trainers.lstm.stacked import StackedAdamW, StackedLSTM, adamw_param_groups, clip_per_model
@@ -639,9 +641,10 @@ def test_a_symbol_that_breaks_the_context_every_time_is_recorded_failed_after_th
 
 
 @FAULT_PATH
-@pytest.mark.parametrize("extra", [[], ["--gpu-defaults"]])  # ... with checkpoints written behind the loop
+@pytest.mark.parametrize("extra", [[], ["--gpu-defaults"], ["--device", "auto"]])  # checkpoints written behind the
 def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_one_at_a_time(tmp_path, monkeypatch,
-                                                                                               extra):
+                                                                                               extra):  # loop; on
+    # the fake accelerator (in this process: CUDA's placement rules for the members' tries alone)
     """An error of the stack's own (here its third training step raises; not a member's, not out of memory)
     ended the worker with a traceback, and torchrun's restarts put it back into the same cohort until the job
     died. Now the members are each tried alone on a first try of their own (resuming what the cohort
@@ -656,9 +659,11 @@ def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_o
             raise ValueError("the stacked step broke")
         return real(*args, **kwargs)
 
-    assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1", *extra) == 0
-    monkeypatch.setattr(cohort_mod, "stacked_step", failing_third)
-    assert train(tmp_path / "failed", "--dropout", "0", "--cohort", "2", *extra) == 0
+    on_device = FakeAccelerator() if "auto" in extra else contextlib.nullcontext()
+    with on_device:
+        assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1", *extra) == 0
+        monkeypatch.setattr(cohort_mod, "stacked_step", failing_third)
+        assert train(tmp_path / "failed", "--dropout", "0", "--cohort", "2", *extra) == 0
     alone, failed = symbol_results(tmp_path / "alone"), symbol_results(tmp_path / "failed")
     assert sorted(alone) == sorted(failed) and len(failed) == 5
     for s in alone:
@@ -671,6 +676,7 @@ def test_a_cohort_that_fails_as_a_whole_sends_its_members_alone_and_the_worker_o
     assert "Traceback" in log and "the stacked step broke" in log.split("Traceback", 1)[1]  # what to report
     job = json.loads((tmp_path / "failed" / "results.json").read_text())
     assert job["training"]["trained_alone_after_a_failed_cohort"] == ["SYN000", "SYN001"]
+    assert {row["device"] for row in job["symbols"].values()} == {"cpu:0" if "auto" in extra else "cpu"}
     assert job["symbols"]["SYN000"]["cohort_failed"] == "ValueError: the stacked step broke"
     assert "## Trained alone after their cohort failed" in (tmp_path / "failed" / "results.md").read_text()
 
