@@ -74,15 +74,15 @@ class DeviceLost(Exception):
 def remember_lost(job_dir: Path, lost: DeviceLost, worker: Worker) -> list[str]:
     """Count the broken context in each of `lost.symbols`' folders. The next attempt trains a symbol with a count
     alone (work_on_cohort) and after the others (queue.pending_symbols), so a cohort's bystanders finish and a
-    symbol whose own data or shape breaks a kernel is left by itself; one that was alone when the context broke a second time is recorded failed (returned):
-    otherwise every torchrun restart would break it again, stopping the whole job each time until the restarts
-    ran out. (A new launch tries failed symbols again, as always.)"""
+    symbol whose own data or shape breaks a kernel is left by itself. One that breaks it a second time (alone,
+    then) is recorded failed (returned): otherwise every torchrun restart would break it again, stopping the
+    whole job each time until the restarts ran out. (A new launch tries failed symbols again, as always.)"""
     failed = []
     for symbol in lost.symbols:
         folder = symbol_dir(job_dir, symbol)
         count = jobqueue.times_lost(folder) + 1
         atomic_write_json(folder / jobqueue.LOST, {"count": count, "last_error": str(lost), "alone": lost.alone,
-                                          "worker": worker.rank, "restart": worker.restart})
+                                                   "worker": worker.rank, "restart": worker.restart})
         if count >= 2:  # (alone: a symbol with a count never shares a cohort again)
             jobqueue.write_marker(folder, _marker(worker, symbol, "failed", count, time.perf_counter(),
                                                   error=f"the device's CUDA context broke {count} times while it "
