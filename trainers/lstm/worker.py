@@ -281,8 +281,9 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
     alone, again, suspects = [], [], []
     notes: dict[str, dict] = {}  # why a symbol is tried alone, for its marker (its cohort failed)
     for symbol in symbols:
-        if jobqueue.times_lost(symbol_dir(Path(cfg.run_dir), symbol)):  # a CUDA context broke while it trained: it may
-            suspects.append(symbol)  # be the cause (remember_lost): alone, after the others
+        broken = jobqueue.times_lost(symbol_dir(Path(cfg.run_dir), symbol))
+        if broken:  # a CUDA context broke while it trained: it may be the cause (remember_lost): alone, after the
+            suspects.append((broken, symbol))  # others, the fewer times the sooner
             continue
         try:
             scfg = symbol_config(cfg, symbol)
@@ -336,7 +337,7 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
     if worker.max_cohort is not None and alone:  # a cohort ran out of device memory or failed: its stack, held in
         gc.collect()  # reference cycles (member <-> run <-> cohort) until Python's collector runs, is freed for the
         device_mod.release_cached_memory(worker.device)  # tries alone now, and the allocator's cache given back
-    suspects.sort(key=lambda s: jobqueue.times_lost(symbol_dir(Path(cfg.run_dir), s)))
+    suspects = [symbol for _, symbol in sorted(suspects, key=lambda suspect: suspect[0])]  # (stable: claim order)
     for symbol, first_try in [(s, 1) for s in alone] + [(s, 2) for s in again] + [(s, 1) for s in suspects]:
         if worker.stopping():  # a stopped job starts nothing new; the next run takes these up
             outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
