@@ -13,12 +13,16 @@
 #                                         # PPO's backtest both ways (bench/ppo_backtest.py); PPO's update
 #                                         # under torch.profiler (bench/profile_job.py --ops); a 64-symbol
 #                                         # LSTM cohort job under cProfile (bench/profile_job.py)
+#   bash bench/gpu_session.sh 33 OUT_DIR  # ~9 min, for a session with one call's time: issue 33's GPU targets
+#                                         # first (the plan; the LSTM job in cohorts, 64 and 500 symbols; PPO at
+#                                         # its GPU-sized defaults; the GNN), then the real kernel fault in an LSTM
+#                                         # cohort, PPO with its rollout step captured, the LSTM cohort job profiled
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
-part="${1:?usage: bash bench/gpu_session.sh 1|2 OUT_DIR}"
-out="${2:?usage: bash bench/gpu_session.sh 1|2 OUT_DIR}"
-[[ "$part" == 1 || "$part" == 2 ]] || { echo "bench/gpu_session.sh: part '$part' must be 1 or 2" >&2; exit 2; }
+part="${1:?usage: bash bench/gpu_session.sh 1|2|33 OUT_DIR}"
+out="${2:?usage: bash bench/gpu_session.sh 1|2|33 OUT_DIR}"
+[[ "$part" == 1 || "$part" == 2 || "$part" == 33 ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2 or 33" >&2; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 mkdir -p "$out/bench"
@@ -36,12 +40,40 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/bench/nvidia_smi.txt"
 status=0
 bench() { python3 bench/gpu.py --out-dir "$out/bench" "$@" || status=1; }
+lost_context() {
+  step 90 env TRAINERS_FAULT_RAISE=SYN001@step2:lost python3 -m torch.distributed.run --standalone --nproc_per_node=1 \
+    --max-restarts=1 -m trainers lstm train --run-dir "$out/lstm_lost" --synthetic-tickers 4 --synthetic-days 600 \
+    --window 16 --hidden 8 --epochs 2 --no-export --cohort 4 --device auto >"$out/bench/lstm_lost.log" 2>&1 \
+    || { echo "lstm broken-context job failed: exit $?"; status=1; }
+  python3 bench/lost_context_check.py --run-dir "$out/lstm_lost" --log "$out/bench/lstm_lost.log" \
+    --out "$out/bench/lstm_lost_check.json" || { echo "lstm broken-context check failed"; status=1; }
+}
+ppo_graphs() {
+  step 150 python3 -m torch.distributed.run --standalone --nproc_per_node=1 -m trainers ppo train \
+    --run-dir "$out/ppo_graphs" --total-steps 4194304 --no-baseline-mlp --log-every 1 --eval-every 4 \
+    --compile-rollout graphs >"$out/bench/ppo_graphs.log" 2>&1 || { echo "ppo --compile-rollout graphs failed: exit $?"; status=1; }
+  cp "$out/ppo_graphs/results.json" "$out/bench/ppo_graphs_results.json" 2>/dev/null || true
+}
+profile_lstm_cohort() {
+  step 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
+    --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto --run-dir "$out/lstm_profiled" \
+    >"$out/bench/profile_lstm_cohort_gpu.log" 2>&1 || { echo "profile_job failed: exit $?"; status=1; }
+}
 if [[ "$part" == 1 ]]; then
   # a durable small write on this host's disk (~15 a symbol in the LSTM job; under 1 ms on the dev VM): seconds
   step 60 python3 bench/disk_write.py --dir "$out" --out "$out/bench/disk_write_gpu.json" \
     >/dev/null 2>&1 || { echo "disk_write failed: exit $?"; status=1; }
   bench --only plan,run_forecast,run_ppo --total-min 3.3
   bench --only lstm_cohort --timeout lstm_cohort=270 --total-min 4.6
+elif [[ "$part" == 33 ]]; then
+  step 60 python3 bench/disk_write.py --dir "$out" --out "$out/bench/disk_write_gpu.json" \
+    >/dev/null 2>&1 || { echo "disk_write failed: exit $?"; status=1; }
+  bench --only plan --total-min 0.5
+  bench --only lstm_cohort --timeout lstm_cohort=240 --total-min 4
+  bench --only run_ppo,run_gnn --total-min 2
+  lost_context
+  ppo_graphs
+  profile_lstm_cohort
 else
   deploy="$out/deploy"
   step 180 env TRAINERS_PYTHON=python3 bash deploy_8gpu.sh --trainer forecast --foreground --skip-data \
@@ -58,18 +90,10 @@ else
   # with a fresh context, and the job completes. torchrun's exit says little (failed symbols exit 0 under it):
   # bench/lost_context_check.py reads the log and the folder (CUDA's own words recognised, not the CPU's
   # simulation; 4 symbols ok, none failed; SYN001 on restart 1, try 1) and writes its verdict
-  step 90 env TRAINERS_FAULT_RAISE=SYN001@step2:lost python3 -m torch.distributed.run --standalone --nproc_per_node=1 \
-    --max-restarts=1 -m trainers lstm train --run-dir "$out/lstm_lost" --synthetic-tickers 4 --synthetic-days 600 \
-    --window 16 --hidden 8 --epochs 2 --no-export --cohort 4 --device auto >"$out/bench/lstm_lost.log" 2>&1 \
-    || { echo "lstm broken-context job failed: exit $?"; status=1; }
-  python3 bench/lost_context_check.py --run-dir "$out/lstm_lost" --log "$out/bench/lstm_lost.log" \
-    --out "$out/bench/lstm_lost_check.json" || { echo "lstm broken-context check failed"; status=1; }
+  lost_context
   # PPO's rollout step captured as a CUDA graph (--compile-rollout graphs, off by default until measured): the
   # run_ppo step's job, its results.json beside run_ppo_gpu.json (per_s_steady under training.throughput)
-  step 150 python3 -m torch.distributed.run --standalone --nproc_per_node=1 -m trainers ppo train \
-    --run-dir "$out/ppo_graphs" --total-steps 1048576 --no-baseline-mlp --log-every 1 --eval-every 4 \
-    --compile-rollout graphs >"$out/bench/ppo_graphs.log" 2>&1 || { echo "ppo --compile-rollout graphs failed: exit $?"; status=1; }
-  cp "$out/ppo_graphs/results.json" "$out/bench/ppo_graphs_results.json" 2>/dev/null || true
+  ppo_graphs
   # PPO's backtest (every validation and the final test) both ways on the GPU, one run: the market's part in
   # batched passes against the day-by-day loop it replaced (204 -> 74 aten ops a simulated day on the CPU)
   step 90 python3 bench/ppo_backtest.py --device cuda --out "$out/bench/ppo_backtest_gpu.json" \
@@ -81,8 +105,6 @@ else
     --eval-every 1000 --random-runs 1 >"$out/bench/profile_ppo_ops_gpu.log" 2>&1 || { echo "profile_job --ops failed: exit $?"; status=1; }
   # where the LSTM job's per-symbol time outside the steps goes on a GPU (~0.2 s a symbol on the first H100):
   # 64 symbols in one cohort, the default model, under cProfile (host waits show in the calls that wait)
-  step 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
-    --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto --run-dir "$out/lstm_profiled" \
-    >"$out/bench/profile_lstm_cohort_gpu.log" 2>&1 || { echo "profile_job failed: exit $?"; status=1; }
+  profile_lstm_cohort
 fi
 exit "$status"
