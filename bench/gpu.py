@@ -229,16 +229,16 @@ def trainer_runs(s: Setup) -> list[Step]:
     p_shape = (["--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days", "600", "--window", "8",
                 "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64",
                 "--hidden", "16", "--total-steps", "2048"] if dry else
-               # the GPU's own default environment batch (ppo/size.py: 1,024 x 64 steps on a card of 5 GB or
+               # the GPU's own default environment batch (ppo/size.py: 4,096 x 64 steps on a card of 22 GB or
                # more, for a job long enough to leave the agent 16 updates); one agent, the throughput's
-               ["--total-steps", str(16 * 1024 * 64), "--no-baseline-mlp"])
+               ["--total-steps", str(16 * 4096 * 64), "--no-baseline-mlp"])
     p_loop = ["--eval-every", "4", "--random-runs", "2"] if dry else ["--log-every", "1", "--eval-every", "4"]
 
     def run(name):
         return ["--run-dir", str(w / f"run_{name}"), *rehearse]
 
-    # estimates: the H100's walls of bench/results/gpu_h100 (forecast 89 s, ppo 38, lstm 20, gnn 22 before its
-    # compiled step) with a margin; --total-min starts a step only with its estimate left
+    # estimates: the H100's walls of bench/results/gpu_h100 (forecast 89 s, ppo 38 at 1,024 environments (the H200's
+    # 40 s at 4,096), lstm 20, gnn 22 before its compiled step) with a margin; --total-min starts a step only with its estimate left
     runs = [  # name, what, commands, shape for the plan, timeout on a GPU, estimate on one H100
         ("forecast", "the forecaster's real loop",
          [_torchrun(s, "forecast", "train", *run("forecast"), *f_shape, *f_loop, "--patience", "0")], f_shape, 360, 100),

@@ -1,5 +1,5 @@
-"""PPO's environment batch and minibatch by device (issue 33): today's 64 x 512 on a CPU; on a GPU up to a
-thousand environments and a minibatch scaled alike, as long as each agent keeps 16 updates, unless the user
+"""PPO's environment batch and minibatch by device (issue 33): today's 64 x 512 on a CPU; on a GPU up to 4,096
+environments and a minibatch scaled alike, as long as each agent keeps 16 updates, unless the user
 says; a resume keeps the run folder's numbers; a minibatch larger than a rollout refused (by the plan too)."""
 
 import pytest
@@ -22,11 +22,16 @@ from trainers.runtime import device as device_mod
 
 GIB = 2**30
 LONG = 1024 * 64 * MIN_UPDATES_PER_AGENT * 8  # env steps an agent: 16 updates of 1,024 x 64 on 8 GPUs
+LONGEST = 4 * LONG  # 16 updates of 4,096 x 64 on 8 GPUs
 
 
-def test_a_cpu_keeps_todays_defaults_and_a_gpu_gets_a_thousand_environments_for_a_long_job():
+def test_a_cpu_keeps_todays_defaults_and_a_gpu_gets_thousands_of_environments_for_a_long_job():
     assert env_batch(PpoConfig(), None) == (CPU_ENVS, 512) == (64, 512)
-    assert env_batch(PpoConfig(total_steps=LONG), 16 * GIB, 8) == (MAX_AUTO_ENVS, 8192) == (1024, 1024 * 64 // 8)
+    assert env_batch(PpoConfig(total_steps=LONG), 16 * GIB, 8) == (1024, 1024 * 64 // 8)  # as many as the job allows
+    longest = PpoConfig(total_steps=LONGEST)
+    assert env_batch(longest, 80 * GIB, 8) == (MAX_AUTO_ENVS, 32768) == (4096, 4096 * 64 // 8)  # the cap
+    # a quarter of a 16 GB card holds about 3,000 rollouts of the default shape: the power of two below
+    assert 2048 <= 4 * GIB // rollout_bytes_per_env(longest) < 4096 and env_batch(longest, 16 * GIB, 8)[0] == 2048
 
 
 def test_a_job_keeps_its_updates_per_agent():
@@ -47,7 +52,7 @@ def test_a_small_card_gets_the_power_of_two_its_memory_holds_and_never_fewer_tha
 
 def test_the_users_numbers_are_kept():
     assert env_batch(PpoConfig(num_envs=8, total_steps=10**9), 80 * GIB) == (8, 8 * 64 // 8)
-    assert env_batch(PpoConfig(batch_size=100, total_steps=10**9), 80 * GIB) == (1024, 100)
+    assert env_batch(PpoConfig(batch_size=100, total_steps=10**9), 80 * GIB) == (4096, 100)
 
 
 def sized(cfg: PpoConfig, device: str, world_size: int, saved: dict | None) -> None:

@@ -51,7 +51,7 @@ class PpoConfig(RunOptions):
     # each environment's state is a handful of tensors allocated up front (zero-filled: the memory is
     # touched at once, so too many would not fail cleanly but wake the kernel's OOM killer)
     num_envs: int | None = option(None, "environments per rank, stepped together as tensors (default: 64 on a CPU; "
-                                  "on a GPU as many as a quarter of its memory holds rollouts for, at most 1024 and "
+                                  "on a GPU as many as a quarter of its memory holds rollouts for, at most 4096 and "
                                   "never so many that an agent gets under 16 updates: ppo/size.py)", min=1, max=MAX_ENVS)
     episode_days: int = option(252, "trading days per training episode (each starts at a random training date)",
                                min=1)

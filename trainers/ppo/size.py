@@ -10,9 +10,11 @@ from trainers.ppo.config import PpoConfig
 from trainers.ppo.features import FEATURES
 
 CPU_ENVS = 64  # the CPU default: the environments' ~60 small float64 kernels a step are cheap there
-MAX_AUTO_ENVS = 1024  # a GPU's default at most: 16x fewer operations per env step in the training loop than 64
-# environments with the minibatch scaled alike (bench/results/ppo_ops_batch8192_cpu.json); more would also mean
-# fewer updates per env step, whose effect on learning no GPU run has measured yet
+MAX_AUTO_ENVS = 4096  # a GPU's default at most. The training loop's operations per env step fall with the batch
+# (16x fewer at 1,024 than at 64 environments, bench/results/ppo_ops_batch8192_cpu.json), and on an H200 the
+# env steps/s in training with it: 83,514 at 1,024, 111,961 at 2,048, 125,804 at 4,096, each 16 updates of one
+# agent (bench/results/gpu_h200_aadb2aa/run_ppo*_gpu.json). MIN_UPDATES_PER_AGENT keeps a job's updates: a larger
+# batch is only chosen for a job long enough to give it 16 of them
 MIN_UPDATES_PER_AGENT = 16  # a GPU's default never leaves an agent fewer PPO updates than this: more environments
 # per update means fewer updates for the same env steps (the 8-GPU deploy default of 504,000 env steps an agent
 # had 15 at 64 environments; 1,024 would have left it 1)
