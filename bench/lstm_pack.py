@@ -206,9 +206,10 @@ def cohort_benchmark(counts: list[int], cohorts: list[str], out: str | None, dev
                 row["cohort"] = k
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    if plan_gpu:  # what `trainers plan` predicts for each job (one symbol at a time: it models no cohorts)
+    if plan_gpu:  # what `trainers plan` predicts for each job, with the job's own --cohort (auto: the plan's)
         for row in rows:
-            row["plan_job_s"] = planned_job_s(row["symbols"], shape, plan_gpu)
+            cohort = [] if row["cohort"] == "auto" else ["--cohort", row["cohort"]]
+            row["plan_job_s"] = planned_job_s(row["symbols"], [*shape, *cohort], plan_gpu)
             row["job_wall_over_plan"] = row["job_wall_s"] / row["plan_job_s"]
     by = {(r["symbols"], r["cohort"]): r for r in rows}
     ratio = {f"{n} symbols, cohort {k}": by[(n, k)]["job_wall_s"] / by[(n, "1")]["job_wall_s"]

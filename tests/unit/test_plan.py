@@ -198,19 +198,26 @@ def test_a_bad_prices_file_is_one_line(tmp_path, capsys):
     assert "the price of h100-sxm is -1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("trainer,options", [("lstm", ["--hidden", "16", "--window", "12"]),
+@pytest.mark.parametrize("trainer,options", [("lstm", ["--hidden", "16", "--window", "12", "--cohort", "1"]),
+                                             ("lstm", ["--hidden", "16", "--window", "12", "--cohort", "4"]),
                                              ("ppo", ["--hidden", "16", "--window", "6", "--num-stocks", "4"])])
 def test_small_models_activation_estimates_extrapolate_to_other_batches(trainer, options):
     """Counted at batches 32 and 96, the per-item estimate must hold between 128 and 256 (activations are
-    linear in the batch)."""
+    linear in the batch); in cohorts, per sample of a member of a stack of 4."""
     w = load_workload(trainer, options)
     if trainer == "lstm":
         from trainers.lstm.build import build_model
+        from trainers.lstm.stacked import StackedLSTM
 
         cfg = __import__("trainers.registry", fromlist=["x"]).trainer_config("lstm", options)
         model = build_model(cfg).train()
         inputs = lambda b: (torch.randn(b, cfg.window, model.lstm.input_size),)  # noqa: E731
         predicted = w.activation_bytes(32, False) / 32
+        if cfg.cohort > 1:  # the stack's saves per member-sample, counted on the stack of 4 itself
+            stack = StackedLSTM(4, model.lstm.input_size, cfg.hidden, cfg.layers, cfg.dropout).train()
+            members = lambda b: (torch.randn(4, b // 4, cfg.window, model.lstm.input_size),)  # noqa: E731
+            assert predicted == pytest.approx(saved_bytes_per_item(stack, members, batches=(128, 256)), rel=0.10)
+            return
     else:
         from trainers.ppo.build import build_model
         from trainers.ppo.features import FEATURES
@@ -318,11 +325,40 @@ def test_the_lstm_jobs_time_counts_each_symbols_run_outside_its_steps():
 
     h100 = DEVICES["h100-sxm"]
     for symbols in (10, 500):
-        w = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", str(symbols)])
+        w = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", str(symbols), "--cohort", "1"])
         assert w.shape["symbols"] == symbols and w.outside_steps_s == pytest.approx(symbols * SYMBOL_RUN_S)
         for gpus in (1, 4):
             t = plan(w, h100, gpus).time
             assert t["outside_steps_s"] == pytest.approx(symbols * SYMBOL_RUN_S / gpus)
             assert t["hours"] * 3600 == pytest.approx(w.items_total / t["items_per_s"] + t["outside_steps_s"])
-    bought = plan(load_workload("lstm", ["--synthetic-tickers", "500"]), h100, 1, hours=0.1).time
+    bought = plan(load_workload("lstm", ["--synthetic-tickers", "500", "--cohort", "1"]), h100, 1, hours=0.1).time
     assert bought["items"] == pytest.approx(bought["items_per_s"] * (360 - 500 * SYMBOL_RUN_S))
+
+
+def test_the_lstm_jobs_time_in_cohorts_is_the_h200s_measured_cohort_jobs():
+    """A GPU's LSTM job trains in cohorts (--cohort's default there): the plan forms the cohorts (256 at most, as
+    even as the symbols allow), gives each stacked step every member's batch at the H200's measured time per
+    sample, and counts a cohort's and a member's time outside the steps, fitted to the H200's two cohort jobs
+    (bench/results/gpu_h200_aadb2aa/cohort_packing_gpu.json): the constants are that fit, and the plan comes
+    within 15 % of both jobs' wall time."""
+    from trainers.lstm.size import COHORT_RUN_S, COHORT_SYMBOL_RUN_S, SMALL_STEP_S, STACKED_SAMPLE_S
+
+    jobs = json.loads((REPO / "bench/results/gpu_h200_aadb2aa/cohort_packing_gpu.json").read_text())["jobs"]
+    cohort_jobs = {j["symbols"]: j for j in jobs if j["cohort"] == "auto"}
+    outside = {n: j["sum_symbol_s"] * j["share_outside_steps"] for n, j in cohort_jobs.items()}
+    assert COHORT_RUN_S + 64 * COHORT_SYMBOL_RUN_S == pytest.approx(outside[64], rel=0.01)
+    assert 2 * COHORT_RUN_S + 500 * COHORT_SYMBOL_RUN_S == pytest.approx(outside[500], rel=0.01)
+    steps = cohort_jobs[500]["sum_symbol_s"] - outside[500]
+    assert STACKED_SAMPLE_S == pytest.approx(steps / (500 * cohort_jobs[500]["steps_per_symbol"] * 256), rel=0.01)
+
+    h200 = DEVICES["h200"]
+    w = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", "500"])
+    assert w.shape["cohort"] == 256 and w.items_per_micro == 256 * 250  # 2 cohorts of 250
+    assert w.outside_steps_s == pytest.approx(2 * COHORT_RUN_S + 500 * COHORT_SYMBOL_RUN_S)
+    assert w.min_step_s == pytest.approx(max(SMALL_STEP_S, 256 * 250 * STACKED_SAMPLE_S))
+    for n, job in cohort_jobs.items():
+        planned = plan(load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", str(n)]), h200, 1).time
+        assert planned["hours"] * 3600 == pytest.approx(job["job_wall_s"], rel=0.15)
+    small = load_workload("lstm", ["--synthetic-tickers", "10", "--cohort", "4"])
+    assert small.shape["cohort"] == 4 and small.items_per_micro == 256 * 10 // 3  # 3 cohorts for 10 symbols
+    assert small.outside_steps_s == pytest.approx(3 * COHORT_RUN_S + 10 * COHORT_SYMBOL_RUN_S)

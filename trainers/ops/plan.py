@@ -52,6 +52,7 @@ class Workload:
     jobs_per_gpu: int = 1  # independent jobs (processes) sharing one GPU, each with its own model
     independent: bool = False  # the GPUs run separate jobs: no gradient traffic between them
     min_step_s: float = 0.0  # a floor on the step time (small models are bound by launches, not FLOPs)
+    min_step_why: str = "ASSUMED: small models are bound by kernel launches and Python, not FLOPs"
     outside_steps_s: float = 0.0  # the job's time outside its steps, one worker's worth of it all (the LSTM's
     #                               per-symbol runs: folder, evaluations, checkpoints, results), shared by the workers
     global_batch_items: int | None = None  # a global batch fixed in items (the GPT's tokens): accumulation follows
@@ -280,8 +281,8 @@ def format_plan(p: Plan, w: Workload) -> str:
     t = p.time
     lines.append(f"step: {t['items_per_step']:,} {w.unit}, compute {t['compute_s'] * 1e3:,.1f} ms + gradient traffic "
                  f"{t['communication_s'] * 1e3:,.1f} ms at MFU {p.mfu['value']:.0%} ({p.mfu['source']})"
-                 + (f", but at least {w.min_step_s * 1e3:.0f} ms a step (ASSUMED: small models are bound by kernel "
-                    f"launches and Python, not FLOPs)" if t.get("launch_bound") else "")
+                 + (f", but at least {w.min_step_s * 1e3:.0f} ms a step ({w.min_step_why})" if t.get("launch_bound")
+                    else "")
                  + f"; {t['items_per_s']:,.0f} {w.unit}/s")
     if "hours" in t:
         usd = p.money.get("usd")
