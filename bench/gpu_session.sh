@@ -16,7 +16,9 @@
 #   bash bench/gpu_session.sh 33 OUT_DIR  # ~9 min, for a session with one call's time: issue 33's GPU targets
 #                                         # first (the plan; the LSTM job in cohorts, 64 and 500 symbols; PPO at
 #                                         # its GPU-sized defaults; the GNN), then the real kernel fault in an LSTM
-#                                         # cohort, PPO with its rollout step captured, the LSTM cohort job profiled
+#                                         # cohort, the 64-symbol cohort job with launches blocking (its true
+#                                         # share outside the steps), PPO with its rollout step captured, the
+#                                         # LSTM cohort job profiled
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
@@ -54,6 +56,14 @@ ppo_graphs() {
     --compile-rollout graphs >"$out/bench/ppo_graphs.log" 2>&1 || { echo "ppo --compile-rollout graphs failed: exit $?"; status=1; }
   cp "$out/ppo_graphs/results.json" "$out/bench/ppo_graphs_results.json" 2>/dev/null || true
 }
+# the same 64-symbol cohort job with every launch synchronous (CUDA_LAUNCH_BLOCKING=1): the job times its steps
+# on the host, which otherwise does not wait for the device, so its share outside the steps counts the steps'
+# device work the host waits for later; serialised, the outside share is the host's own work (the steps slower)
+cohort_blocking() {
+  step 90 env CUDA_LAUNCH_BLOCKING=1 python3 bench/lstm_pack.py --symbols 64 --cohorts auto --baseline-max 0 \
+    --shape default --epochs 5 --device auto --out "$out/bench/cohort_packing_blocking_gpu.json" \
+    >"$out/bench/cohort_packing_blocking_gpu.log" 2>&1 || { echo "lstm cohort job, launches blocking, failed: exit $?"; status=1; }
+}
 profile_lstm_cohort() {
   step 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
     --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto --run-dir "$out/lstm_profiled" \
@@ -72,6 +82,7 @@ elif [[ "$part" == 33 ]]; then
   bench --only lstm_cohort --timeout lstm_cohort=240 --total-min 4
   bench --only run_ppo,run_gnn --total-min 2
   lost_context
+  cohort_blocking
   ppo_graphs
   profile_lstm_cohort
 else
