@@ -96,3 +96,62 @@ def assert_close(a, b, path="evaluation"):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-6), path
     else:
         assert a == b, path
+
+
+class InPlaceWrites(torch.utils._python_dispatch.TorchDispatchMode):
+    """The storages an op writes (an argument its schema marks written), less those made during the recording:
+    what a step writes among the tensors that existed before it (a graph's inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.written, self.made = set(), set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        writes = False
+        for arg, value in zip(func._schema.arguments, [*args, *[kwargs.get(a.name) for a in
+                                                             func._schema.arguments[len(args):]]]):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
+                self.written.add(value.untyped_storage().data_ptr())
+                writes = True
+        aliases = any(r.alias_info is not None for r in func._schema.returns)
+        if not writes and not aliases:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.made.add(t.untyped_storage().data_ptr())
+        return out
+
+    def before_the_step(self) -> set:
+        return self.written - self.made
+
+
+def test_graphs_mode_marks_every_tensor_the_step_writes_as_static(tmp_path, monkeypatch):
+    """CUDA graph trees skip a graph that writes an input unless the input is static (a parameter, or marked):
+    the H200 ran `--compile-rollout graphs` uncaptured for "mutated inputs (12 instances)". Each tensor one
+    rollout step writes that existed before it (found by the ops' schemas, on the eager step) is one the phase
+    marks static under `graphs`, and none is marked without it (a tensor left out of written_by_the_step turns
+    this red)."""
+    from trainers.ppo import ppo
+
+    seen = []
+
+    def detecting_stepper(mode, log=None):
+        def step(*args):
+            phase = args[8].__self__  # on_step: the phase's record
+            marked = {t.untyped_storage().data_ptr() for t in phase.written_by_the_step()
+                      if getattr(t, "_dynamo_static_input_type", None) == "unguarded"}
+            with InPlaceWrites() as writes:
+                out = ppo.rollout_step(*args)
+            seen.append((mode, writes.before_the_step(), marked))
+            return out
+        return step
+
+    monkeypatch.setattr(ppo, "rollout_stepper", detecting_stepper)
+    assert main([*TINY, "--total-steps", "128", "--run-dir", str(tmp_path / "graphs"), "--compile-rollout", "graphs"]) == 0
+    assert seen and all(mode == "graphs" for mode, _, _ in seen)
+    for _mode, written, marked in seen:
+        assert len(written) >= 10 and written <= marked  # the environments' state, the sums, the window
+    seen.clear()
+    assert main([*TINY, "--total-steps", "128", "--run-dir", str(tmp_path / "on"), "--compile-rollout", "on"]) == 0
+    assert seen and all(not marked for _mode, _written, marked in seen)

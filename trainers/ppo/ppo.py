@@ -137,6 +137,18 @@ def collect(env, policy, norms, inputs: Callable, buf: Rollout, obs: tuple, done
     return obs, done
 
 
+def mark_static(tensors: list[torch.Tensor]) -> None:
+    """`--compile-rollout graphs`: the tensors rollout_step writes in place (the environments' state, the
+    normaliser and episode sums) marked as static inputs, as parameters are. CUDA graph trees record a graph
+    that writes a static input at its fixed address; any other input they copy in, so a graph writing one
+    would lose the write, and they skip capture instead ("mutated inputs": the H200, aadb2aa). Unguarded: a
+    new phase's tensors (another agent's) re-record the graph rather than recompile it."""
+    import torch._dynamo
+
+    for t in tensors:
+        torch._dynamo.mark_static_address(t, guard=False)
+
+
 def rollout_stepper(mode: str, log=None) -> Callable:
     """`--compile-rollout`: rollout_step itself (`off`), compiled as one graph (`on`), or captured as a CUDA
     graph too (`graphs`: mode="reduce-overhead"; on a CPU it compiles as `on`). A compile that fails runs the

@@ -68,9 +68,16 @@ class Phase:
         # one for the phase, zeroed after each update's merge: a compiled step keeps reading the same tensors
         self.stats = ppo.NormStats(agent.norms, ctx.device) if agent.norms is not None else None
         self.step = step  # the run's rollout step (ppo.rollout_stepper), compiled once for every agent
+        if cfg.compile_rollout == "graphs":
+            ppo.mark_static(self.written_by_the_step())
         # not a static graph: an update may stop early on the KL target, mid-epoch of the graph's life
         self.train_policy = wrap_ddp(agent.policy, ctx, accumulates=cfg.grad_accum > 1, static_graph=False) \
             if ctx.distributed else agent.policy
+
+    def written_by_the_step(self) -> list[torch.Tensor]:
+        """What rollout_step writes in place: the environments' state, the normaliser sums, the episode window."""
+        return [*(getattr(self.env, name) for name in self.env._STATE), *(self.stats.sums if self.stats else []),
+                self.window]
 
     def position(self) -> dict:
         return {"agent": self.index, "env": self.env.state_dict(), "generator": self.generator.get_state(),
