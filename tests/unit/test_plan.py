@@ -242,8 +242,8 @@ def test_lstm_flops_are_counted_although_torch_does_not():
 
 
 def test_packed_jobs_multiply_memory_and_throughput():
-    one = load_workload("lstm", ["--jobs-per-gpu", "1"])
-    four = load_workload("lstm", ["--jobs-per-gpu", "4"])
+    one = load_workload("lstm", ["--jobs-per-gpu", "1", "--cohort", "1"])  # processes packed, one symbol each
+    four = load_workload("lstm", ["--jobs-per-gpu", "4", "--cohort", "1"])
     a100 = DEVICES["a100-80gb"]
     assert memory(four, "ddp", 1, 2)["total"] == pytest.approx(4 * memory(one, "ddp", 1, 2)["total"], rel=0.01)
     assert plan(four, a100, 2).time["items_per_s"] == pytest.approx(4 * plan(one, a100, 2).time["items_per_s"])
@@ -348,17 +348,37 @@ def test_the_lstm_jobs_time_in_cohorts_is_the_h200s_measured_cohort_jobs():
     outside = {n: j["sum_symbol_s"] * j["share_outside_steps"] for n, j in cohort_jobs.items()}
     assert COHORT_RUN_S + 64 * COHORT_SYMBOL_RUN_S == pytest.approx(outside[64], rel=0.01)
     assert 2 * COHORT_RUN_S + 500 * COHORT_SYMBOL_RUN_S == pytest.approx(outside[500], rel=0.01)
-    steps = cohort_jobs[500]["sum_symbol_s"] - outside[500]
-    assert STACKED_SAMPLE_S == pytest.approx(steps / (500 * cohort_jobs[500]["steps_per_symbol"] * 256), rel=0.01)
-
     h200 = DEVICES["h200"]
     w = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", "500"])
-    assert w.shape["cohort"] == 256 and w.items_per_micro == 256 * 250  # 2 cohorts of 250
+    # the stacked steps' time: the job's, over the samples as the plan counts them
+    steps = cohort_jobs[500]["sum_symbol_s"] - outside[500]
+    assert STACKED_SAMPLE_S == pytest.approx(steps / w.items_total, rel=0.01)
+    assert w.shape["cohort"] == 256 and w.items_per_micro == 256 * 256  # the largest cohort: its activations fit
     assert w.outside_steps_s == pytest.approx(2 * COHORT_RUN_S + 500 * COHORT_SYMBOL_RUN_S)
-    assert w.min_step_s == pytest.approx(max(SMALL_STEP_S, 256 * 250 * STACKED_SAMPLE_S))
+    assert w.min_step_s == pytest.approx(max(SMALL_STEP_S, 256 * 256 * STACKED_SAMPLE_S))
     for n, job in cohort_jobs.items():
         planned = plan(load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", str(n)]), h200, 1).time
         assert planned["hours"] * 3600 == pytest.approx(job["job_wall_s"], rel=0.15)
     small = load_workload("lstm", ["--synthetic-tickers", "10", "--cohort", "4"])
-    assert small.shape["cohort"] == 4 and small.items_per_micro == 256 * 10 // 3  # 3 cohorts for 10 symbols
+    assert small.shape["cohort"] == 4 and small.items_per_micro == 256 * 4  # 3 cohorts for 10 symbols: 4, 4, 2
     assert small.outside_steps_s == pytest.approx(3 * COHORT_RUN_S + 10 * COHORT_SYMBOL_RUN_S)
+    assert plan(small, h200, 1).time["step_floor_why"].startswith("ASSUMED")  # 1,024 samples: the launch floor binds
+
+
+def test_the_plan_sizes_what_the_run_leaves_to_the_device_for_the_planned_gpu_and_workers():
+    """PPO's environment batch and the LSTM's cohorts follow the planned GPU's memory (a 16 GB T4 is sized down,
+    as the run would be, instead of failing to fit an 80 GB card's default) and the LSTM's its workers (each
+    worker claims its share of the symbols and forms its own cohorts)."""
+    from trainers.lstm.size import COHORT_RUN_S, COHORT_SYMBOL_RUN_S
+
+    t4, h200 = DEVICES["t4"], DEVICES["h200"]
+    long_ppo = load_workload("ppo", ["--total-steps", str(4096 * 64 * 16)])
+    assert long_ppo.shape["envs"] == 4096
+    on_t4 = plan(long_ppo, t4, 1)
+    assert on_t4.chosen is not None and on_t4.shape["envs"] < 4096  # the T4's quarter holds fewer rollouts
+    lstm = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", "500"])
+    on_t4 = plan(lstm, t4, 1)
+    assert on_t4.chosen is not None and on_t4.shape["cohort"] < 256
+    eight = plan(lstm, h200, 8)
+    assert eight.shape["cohort"] == 63  # 500 symbols over 8 workers: 63 each, one cohort apiece
+    assert eight.time["outside_steps_s"] == pytest.approx(COHORT_RUN_S + 500 * COHORT_SYMBOL_RUN_S / 8)

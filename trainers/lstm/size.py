@@ -24,68 +24,80 @@ SYMBOL_RUN_S = 0.165
 # rest is the jobs' records (the steps' device work the host waited for later counts outside), the sum is right.
 COHORT_RUN_S = 5.70
 COHORT_SYMBOL_RUN_S = 0.072
-# The stacked step: the 500-symbol job's 60 stacked steps (2 cohorts x 30) took 10.12 s for 500 x 30 x 256
-# samples, 2.6 us a sample of the default model (hidden 64, 2 layers, window 64, batch 256), scaled by FLOPs for
-# another. Smaller cohorts use the card less well: the 64-symbol job's steps took 2.33 s, this rate says 1.3 s.
-STACKED_SAMPLE_S = 10.117 / (500 * 30 * 256)
-PLAN_GPU_MEMORY = 80 * 2**30  # the planner sizes --cohort's GPU default for an 80 GB card (256 from ~1 GB)
+# The stacked step: the 500-symbol job's stacked steps (2 cohorts x 30) took 10.12 s for 500 symbols of 5 epochs,
+# 2.3 us a sample as the plan counts samples (1,764 a symbol and epoch at the synthetic default; the job trained 6
+# full batches of 256, 1,536) of the default model (hidden 64, 2 layers, window 64); scaled by FLOPs for another
+# shape, an assumption. Smaller cohorts use the card less well: the 64-symbol job's steps took 2.33 s, this says 1.3.
+STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
+PLAN_GPU_MEMORY = 80 * 2**30  # a workload's card until the plan names its GPU (Workload.for_device)
 
 
-def workload(cfg: LstmConfig) -> Workload:
+def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int = 1,
+             counted: dict | None = None) -> Workload:
+    """The job of these options on `workers` workers of GPUs of `memory_bytes` (one 80 GB card until the plan
+    names its GPU: Workload.for_device forms the cohorts again for it and its workers, as the job would)."""
     import torch
 
     from trainers.lstm.build import build_model
 
-    model = build_model(cfg).train()
-    n_in = model.lstm.input_size
-    per_sample = saved_bytes_per_item(model, lambda b: (torch.randn(b, cfg.window, n_in),))
-    flops = 3 * forward_flops(model, (torch.randn(1, cfg.window, n_in),))
-    parameters = sum(p.numel() for p in model.parameters())
+    if counted is None:  # the model's own numbers, whatever the device: counted once
+        model = build_model(cfg).train()
+        n_in = model.lstm.input_size
+        default = build_model(LstmConfig()).train()
+        counted = {"n_in": n_in, "parameters": sum(p.numel() for p in model.parameters()),
+                   "per_sample": saved_bytes_per_item(model, lambda b: (torch.randn(b, cfg.window, n_in),)),
+                   "stacked_per_sample": stacked_saved_bytes_per_sample(cfg, n_in),
+                   "flops": 3 * forward_flops(model, (torch.randn(1, cfg.window, n_in),)),
+                   "default_flops": 3 * forward_flops(default, (torch.randn(1, LstmConfig().window, n_in),))}
+    c = counted
     symbols = (len(cfg.symbols.split(",")) if cfg.symbols else cfg.synthetic_tickers if cfg.source == "synthetic"
                else DEFAULT_SYMBOLS)
     days = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * 365)
     samples = int(days * (1 - cfg.val_frac - cfg.test_frac)) * symbols * cfg.epochs
     k = max(1, cfg.jobs_per_gpu or 1)
-    members = planned_cohort(cfg, n_in, symbols)
+    per_worker = math.ceil(symbols / max(1, workers))  # a worker claims its share of the symbols (worker.py)
+    members = planned_cohort(cfg, c["stacked_per_sample"], per_worker, memory_bytes)
     shape = {"hidden": cfg.hidden, "layers": cfg.layers, "window": cfg.window, "symbols": symbols, "cohort": members}
+    for_device = lambda memory, n: workload(cfg, memory, n, c)  # noqa: E731
     if members == 1:
         return Workload(
-            trainer="lstm", parameters=parameters, n_blocks=1, block_parameters=parameters, unit="samples",
-            items_per_micro=cfg.batch_size, grad_accum=1, flops_per_item=flops,
-            activation_bytes=lambda micro, _ck: int(per_sample * micro), kind="small", strategies=("ddp",),
+            trainer="lstm", parameters=c["parameters"], n_blocks=1, block_parameters=c["parameters"],
+            unit="samples", items_per_micro=cfg.batch_size, grad_accum=1, flops_per_item=c["flops"],
+            activation_bytes=lambda micro, _ck: int(c["per_sample"] * micro), kind="small", strategies=("ddp",),
             items_total=float(samples), jobs_per_gpu=k, independent=True, min_step_s=SMALL_STEP_S,
-            outside_steps_s=symbols * SYMBOL_RUN_S, shape=shape,
+            outside_steps_s=symbols * SYMBOL_RUN_S, shape=shape, for_device=for_device,
             notes=[f"{symbols} independent models, {k} at a time per GPU (no gradient traffic between them); about "
                    f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs); {SYMBOL_RUN_S} s a "
                    f"symbol outside its steps (measured one symbol at a time on an H100)"])
-    # A cohort's step trains every member's batch at once; cohorts come out as even as the symbols allow
-    stacked_per_sample = stacked_saved_bytes_per_sample(cfg, n_in)
-    cohorts = math.ceil(symbols / members)
-    per_step = cfg.batch_size * symbols / cohorts
-    default_flops = 3 * forward_flops(build_model(LstmConfig()).train(), (torch.randn(1, LstmConfig().window, n_in),))
-    stacked_step = max(SMALL_STEP_S, per_step * STACKED_SAMPLE_S * flops / default_flops)
+    # A stacked step trains every member's batch at once. A worker fills a cohort before the next, so the
+    # largest cohort is `members` (its activations are what must fit); the job's step time is its samples at
+    # the measured rate, however the cohorts split them.
+    cohorts = math.ceil(per_worker / members)  # each worker's
+    per_step = cfg.batch_size * members
+    measured = per_step * STACKED_SAMPLE_S * c["flops"] / c["default_flops"]
+    why = ("ASSUMED: small models are bound by kernel launches and Python, not FLOPs" if measured < SMALL_STEP_S else
+           "a stacked step's time per sample, measured in cohorts of the default model on an H200"
+           + (", scaled by FLOPs (assumed)" if c["flops"] != c["default_flops"] else ""))
     return Workload(
-        trainer="lstm", parameters=parameters, n_blocks=1, block_parameters=parameters, unit="samples",
-        items_per_micro=int(per_step), grad_accum=1, flops_per_item=flops,
-        activation_bytes=lambda micro, _ck: int(stacked_per_sample * micro), kind="small", strategies=("ddp",),
-        items_total=float(samples), jobs_per_gpu=k, independent=True, min_step_s=stacked_step,
-        min_step_why="a stacked step's time per sample, measured in cohorts on an H200",
-        outside_steps_s=cohorts * COHORT_RUN_S + symbols * COHORT_SYMBOL_RUN_S, shape=shape,
-        notes=[f"{symbols} independent models in {cohorts} cohort(s) of up to {members} (--cohort), each cohort one "
-               f"stacked model a step ({stacked_step * 1e3:.0f} ms, from the H200's {STACKED_SAMPLE_S * 1e6:.1f} us "
-               f"a sample of the default model, scaled by FLOPs), {k} worker(s) per GPU; about {samples:,} samples "
-               f"in all (window {cfg.window}, {cfg.epochs} epochs); outside the steps {COHORT_RUN_S} s a cohort and "
-               f"{COHORT_SYMBOL_RUN_S} s a symbol (fitted to the H200's two cohort jobs; on several GPUs the "
-               f"cohorts are counted as if one worker formed them all)"])
+        trainer="lstm", parameters=c["parameters"], n_blocks=1, block_parameters=c["parameters"], unit="samples",
+        items_per_micro=per_step, grad_accum=1, flops_per_item=c["flops"],
+        activation_bytes=lambda micro, _ck: int(c["stacked_per_sample"] * micro), kind="small",
+        strategies=("ddp",), items_total=float(samples), jobs_per_gpu=k, independent=True,
+        min_step_s=max(SMALL_STEP_S, measured), min_step_why=why, for_device=for_device,
+        outside_steps_s=max(1, workers) * cohorts * COHORT_RUN_S + symbols * COHORT_SYMBOL_RUN_S, shape=shape,
+        notes=[f"{symbols} independent models in cohorts of up to {members} (--cohort), {cohorts} a worker "
+               f"({max(1, workers)} worker(s), {k} per GPU), each cohort one stacked model a step; about "
+               f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs); outside the steps "
+               f"{COHORT_RUN_S} s a cohort and {COHORT_SYMBOL_RUN_S} s a symbol (fitted to the H200's two cohort jobs)"])
 
 
-def planned_cohort(cfg: LstmConfig, features: int, symbols: int) -> int:
-    """The cohort a GPU job forms: --cohort, else what cohort_size gives an 80 GB card (PLAN_GPU_MEMORY),
-    never more than the symbols."""
+def planned_cohort(cfg: LstmConfig, stacked_per_sample: float, symbols: int, memory_bytes: int) -> int:
+    """The largest cohort a GPU job's worker forms: --cohort, else what cohort_size gives a card of
+    `memory_bytes`, never more than the worker's symbols."""
     if cfg.cohort is not None:
         return max(1, min(cfg.cohort, symbols))
-    per_member = cfg.batch_size * stacked_saved_bytes_per_sample(cfg, features)
-    return max(1, min(MAX_AUTO_COHORT, symbols, auto_cohort(PLAN_GPU_MEMORY, cfg.jobs_per_gpu, per_member)))
+    per_member = cfg.batch_size * stacked_per_sample
+    return max(1, min(MAX_AUTO_COHORT, symbols, auto_cohort(memory_bytes, cfg.jobs_per_gpu, per_member)))
 
 
 MAX_AUTO_COHORT = 256  # past this a step's kernels are already wide; more only delays each symbol's first result

@@ -57,6 +57,9 @@ class Workload:
     #                               per-symbol runs: folder, evaluations, checkpoints, results), shared by the workers
     global_batch_items: int | None = None  # a global batch fixed in items (the GPT's tokens): accumulation follows
     memory_fn: Callable[[str, int, int], dict] | None = None  # the trainer's own estimate (the GPT's size.py)
+    # (one GPU's memory in bytes, workers) -> the workload as a run sizes itself there: what the trainer leaves to
+    # the device (PPO's environment batch, the LSTM's cohorts) follows the planned GPU and the workers sharing it
+    for_device: Callable[[int, int], "Workload"] | None = None
 
 
 def memory(w: Workload, strategy: str, gpus: int, compute_bytes: int, items_per_micro: int | None = None) -> dict:
@@ -178,6 +181,8 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
          budget_usd: float | None = None, mfu: float | None = None) -> Plan:
     if gpus < 1:
         raise UsageError(f"--gpus {gpus} must be >= 1")
+    if w.for_device is not None:
+        w = w.for_device(int(device.memory_gib * GIB), gpus * w.jobs_per_gpu)
     compute_bytes = compute_bytes or 2  # bf16 autocast (fp16 + a scaler on chips without bf16)
     assumptions = [f"device table of {TABLE_DATE}: {device.name}, {device.memory_gib:g} GiB, "
                    f"{device.peak_tflops:g} TFLOP/s dense peak, all-reduce bus bandwidth {device.busbw_gbps:g} GB/s "
@@ -201,6 +206,8 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
               f"ASSUMED (no GPU benchmark of ours for {w.trainer} on {device.key}; default for {w.kind} models)")
     t = step_time(w, chosen or ("ddp" if parallel == "auto" else parallel), gpus, device, used_mfu)
     t["strategy"] = chosen
+    if t["launch_bound"]:
+        t["step_floor_why"] = w.min_step_why
     total_items = items if items is not None else w.items_total
     money, timing = {"usd_per_gpu_hour": usd_per_gpu_hour}, dict(t)
     if budget_usd is not None:
@@ -281,8 +288,8 @@ def format_plan(p: Plan, w: Workload) -> str:
     t = p.time
     lines.append(f"step: {t['items_per_step']:,} {w.unit}, compute {t['compute_s'] * 1e3:,.1f} ms + gradient traffic "
                  f"{t['communication_s'] * 1e3:,.1f} ms at MFU {p.mfu['value']:.0%} ({p.mfu['source']})"
-                 + (f", but at least {w.min_step_s * 1e3:.0f} ms a step ({w.min_step_why})" if t.get("launch_bound")
-                    else "")
+                 + (f", but at least {t['step_s'] * 1e3:.0f} ms a step ({t.get('step_floor_why', w.min_step_why)})"
+                    if t.get("launch_bound") else "")
                  + f"; {t['items_per_s']:,.0f} {w.unit}/s")
     if "hours" in t:
         usd = p.money.get("usd")

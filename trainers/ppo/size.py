@@ -20,7 +20,7 @@ MIN_UPDATES_PER_AGENT = 16  # a GPU's default never leaves an agent fewer PPO up
 # had 15 at 64 environments; 1,024 would have left it 1)
 ROLLOUT_MEMORY_SHARE = 0.25  # of a GPU's memory, for the rollout buffer (the rest: features, the update's work)
 MINIBATCHES_PER_EPOCH = 8  # the default minibatch cuts a rollout in this many (512 at 64 x 64, as before)
-PLAN_GPU_MEMORY = 80 * 2**30  # the planner sizes the GPU default for an 80 GB card (the cap holds from ~5 GB)
+PLAN_GPU_MEMORY = 80 * 2**30  # a workload's card until the plan names its GPU (the cap of 4,096 needs ~22 GB)
 SMALL_STEP_S = 0.003  # an eager optimizer step of a small model on a GPU (assumed): launches, not FLOPs
 ACT_STEP_S = 0.001  # one acting forward + one environment step of every environment (assumed)
 
@@ -83,20 +83,25 @@ def flops_per_env_step(cfg: PpoConfig, n_stocks: int) -> float:
     return sum(forwards[e] * (1 + 3 * cfg.update_epochs) for e in encoders) / len(encoders)
 
 
-def workload(cfg: PpoConfig) -> Workload:
+def workload(cfg: PpoConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: int = 1,
+             counted: tuple | None = None) -> Workload:
+    """The run of these options on GPUs of `memory_bytes` (one 80 GB card until the plan names its GPU:
+    Workload.for_device sizes the environment batch again for it and its ranks, as the run would)."""
     import dataclasses
 
     from trainers.ppo.build import build_model
 
-    envs, batch = env_batch(cfg, PLAN_GPU_MEMORY)  # what a run of these options uses on one 80 GB GPU
+    given = cfg
+    envs, batch = env_batch(cfg, memory_bytes, world_size)
     cfg = dataclasses.replace(cfg, num_envs=envs, batch_size=batch)
     cfg.check_rollout()  # the run would refuse it: so does the plan
 
-    policy = build_model(cfg).train()
     n, f, w = cfg.num_stocks, len(FEATURES), cfg.window
-    per_sample = saved_bytes_per_item(policy, _inputs(n, w))
-    flops = flops_per_env_step(cfg, n)
-    parameters = sum(p.numel() for p in policy.parameters())
+    if counted is None:  # the model's own numbers, whatever the batch: counted once
+        policy = build_model(cfg).train()
+        counted = (saved_bytes_per_item(policy, _inputs(n, w)), flops_per_env_step(cfg, n),
+                   sum(p.numel() for p in policy.parameters()))
+    per_sample, flops, parameters = counted
     rollout = cfg.num_envs * cfg.rollout_steps * (w * n * f + 3 * n + 8) * 4  # observations, actions, stats
     features = cfg.synthetic_days * n * f * 4
     # A planner "step" is one PPO update: a rollout of every environment, then the update epochs over
@@ -110,6 +115,7 @@ def workload(cfg: PpoConfig) -> Workload:
         activation_bytes=lambda _micro, _ck: int(per_sample * cfg.batch_size), kind="small", strategies=("ddp",),
         items_total=float(cfg.steps_per_agent() * len(cfg.agents())),  # every agent of the run, one after another
         extra_bytes=rollout + features, min_step_s=floor,
+        for_device=lambda memory, ranks: workload(given, memory, ranks, counted),
         shape={"encoder": cfg.encoder, "hidden": cfg.hidden, "stocks": n, "window": w, "envs": cfg.num_envs},
         notes=[f"an env step costs one acting forward and {cfg.update_epochs} training passes of its sample (FLOPs: the "
                f"mean over the run's agents, {', '.join(dict.fromkeys(e for e, _ in cfg.agents()))}); "
