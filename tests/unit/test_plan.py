@@ -121,6 +121,30 @@ def test_a_small_models_measured_mfu_is_the_one_of_the_nearest_step(tmp_path, mo
         assert plan(w, h100, 1).mfu["value"] == expected, envs
 
 
+def test_a_small_models_rate_measured_on_one_card_is_what_the_plan_says_for_another(tmp_path, monkeypatch):
+    """A small model's step is launches and host work: the default MFU promised an H100 1.6 M env steps/s of PPO
+    where 79,401 were measured. A card with no measurement of its own takes the rate (items a second) of the
+    slowest card that has one, said ASSUMED; its own measurement, and the forecaster's (not a small model), are
+    its own. An A100 (312 TFLOP/s) at the rate measured on an H200 (989) has that many times its MFU."""
+    import trainers.ops.plan as plan_mod
+
+    record = {"device": "NVIDIA H200", "trainer": "ppo", "results": [{"mfu": 0.007, "items_per_step": 1024 * 64}]}
+    (tmp_path / "run_ppo_gpu.json").write_text(json.dumps(record))
+    monkeypatch.setattr(plan_mod, "measured_mfu", lambda *a, **k: measured_mfu(*a, **{**k, "root": tmp_path}))
+    w = load_workload("ppo", ["--num-stocks", "4", "--window", "6", "--hidden", "16", "--num-envs", "1024"])
+    h200, a100 = DEVICES["h200"], DEVICES["a100-80gb"]
+    on_h200, on_a100 = plan(w, h200, 1), plan(w, a100, 1)
+    assert on_h200.mfu == {"value": 0.007, "source": "measured by this repository's GPU benchmark"}
+    assert on_a100.mfu["value"] == pytest.approx(0.007 * h200.peak_tflops / a100.peak_tflops)
+    assert on_a100.mfu["source"].startswith("ASSUMED: env steps/s as measured on h200")
+    assert on_a100.time["items_per_s"] == pytest.approx(on_h200.time["items_per_s"])
+    slower = {"device": "NVIDIA A10G", "trainer": "ppo", "results": [{"mfu": 0.01, "items_per_step": 1024 * 64}]}
+    (tmp_path / "run_ppo_a10g_gpu.json").write_text(json.dumps(slower))  # 0.01 x 125 TFLOP/s: the slowest rate
+    assert plan(w, a100, 1).mfu["source"].startswith("ASSUMED: env steps/s as measured on a10g")
+    forecast = load_workload("forecast", ["--preset", "tiny"])
+    assert plan(forecast, a100, 1).mfu["source"].startswith("ASSUMED (no GPU benchmark")
+
+
 def test_a_garbled_gpu_benchmark_file_is_skipped_never_fatal(tmp_path):
     """GPU JSONs are rewritten by make bench-gpu on machines we do not control (issue 34): a file whose top
     level is a list, a peer entry that is a string, rows that are not a list: the others still count."""

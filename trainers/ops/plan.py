@@ -201,8 +201,11 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
         chosen = parallel if strategies[parallel]["fits"] else None
     fix = None if chosen else suggest_fix(w, device, gpus, compute_bytes, parallel)
     measured = measured_mfu(w.trainer, device, parameters=w.parameters, items_per_step=w.items_per_micro)
-    used_mfu = mfu or measured or DEFAULT_MFU.get(w.kind, 0.3)
+    carried = None if mfu or measured or w.kind != "small" else carried_mfu(w, device)
+    used_mfu = mfu or measured or (carried[0] if carried else DEFAULT_MFU.get(w.kind, 0.3))
     source = ("given" if mfu else "measured by this repository's GPU benchmark" if measured else
+              f"ASSUMED: {w.unit}/s as measured on {carried[1]} (a small model is bound by launches, not by the "
+              f"card's FLOPs)" if carried else
               f"ASSUMED (no GPU benchmark of ours for {w.trainer} on {device.key}; default for {w.kind} models)")
     t = step_time(w, chosen or ("ddp" if parallel == "auto" else parallel), gpus, device, used_mfu)
     t["strategy"] = chosen
@@ -230,6 +233,25 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
         money["usd"] = money["device_hours"] * usd_per_gpu_hour if usd_per_gpu_hour is not None else None
     return Plan(w.trainer, device.key, gpus, w.parameters, strategies, chosen, fix, timing, money,
                 {"value": used_mfu, "source": source}, assumptions + w.notes, w.shape)
+
+
+def carried_mfu(w: Workload, device: Device) -> tuple[float, str] | None:
+    """A small model's rate measured on another card, as this card's MFU: the same items a second (its steps are
+    launches and host work, which a card's FLOPs do not speed up), the slowest where several cards have one.
+    Its assumed default MFU promised the H100 1.6 M env steps/s of PPO against 79,401 measured there."""
+    from trainers.ops.devices import DEVICES
+
+    rates = []
+    for other in DEVICES.values():
+        if other.name.split(" (")[0] == device.name.split(" (")[0]:
+            continue  # its own measurement, had it one, was measured_mfu's
+        mfu = measured_mfu(w.trainer, other, parameters=w.parameters, items_per_step=w.items_per_micro)
+        if mfu:
+            rates.append((mfu * other.peak_tflops, other.key))
+    if not rates:
+        return None
+    rate, key = min(rates)
+    return rate / device.peak_tflops, key
 
 
 def suggest_fix(w: Workload, device: Device, gpus: int, compute_bytes: int, parallel: str) -> str:
