@@ -37,6 +37,22 @@ def test_the_users_number_is_kept_and_the_plan_describes_the_gpu_default(tmp_pat
     assert w.items_per_micro == w.shape["nodes_per_step"] == MAX_AUTO_NODES
 
 
+def test_the_plan_sizes_the_step_for_the_gpu_and_the_ranks_it_plans(tmp_path):
+    """As the run would (Workload.for_device): 600,000 nodes over 8 ranks keep 16 steps an epoch at 4,096 nodes
+    (one rank: 32,768), and a 16 GB card holds a smaller step than an 80 GB one when memory binds."""
+    from trainers.ops.devices import DEVICES
+    from trainers.ops.plan import plan
+
+    w = workload(GnnConfig(data_dir=_dataset(tmp_path, 600_000), hidden=16, layers=2))
+    h100 = DEVICES["h100-sxm"]
+    assert w.shape["nodes_per_step"] == plan(w, h100, 1).shape["nodes_per_step"] == 32768
+    assert plan(w, h100, 8).shape["nodes_per_step"] == 4096
+    # 100 kB a node: a quarter of 80 GB holds 214,748 nodes (-> the cap), of a 16 GB T4 42,949 (-> 32,768)
+    big = workload(GnnConfig(data_dir=_dataset(tmp_path, 100_000_000)), measured=(100_000.0, 1.0, 1, []))
+    assert big.shape["nodes_per_step"] == plan(big, h100, 1).shape["nodes_per_step"] == MAX_AUTO_NODES
+    assert plan(big, DEVICES["t4"], 1).shape["nodes_per_step"] == 32768
+
+
 def test_a_resume_keeps_the_folders_number_on_any_device_or_world_size(tmp_path):
     cfg = GnnConfig(data_dir=_dataset(tmp_path, 10_000_000))
     pin_from_saved(cfg, {"nodes_per_batch": 4096})  # begun on a CPU, resumed on 8 GPUs

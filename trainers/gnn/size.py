@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainers.gnn.config import GnnConfig
-from trainers.ops.plan import Workload, forward_flops, saved_bytes_per_item
+from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes_per_item
 
 SAMPLE_GRAPHS = 96  # drawn from the generator to measure bytes and FLOPs per node
 DEPLOY_GRAPHS, DEPLOY_MIN_NODES, DEPLOY_MAX_NODES = 20_000, 20, 300  # what `deploy_8gpu.sh --trainer gnn` generates
@@ -20,7 +20,6 @@ MAX_AUTO_NODES = 65536  # a GPU's default at most: 10x fewer aten ops per graph 
 # (bench/results/gnn_ops_65536_cpu.json); also fewer optimizer steps an epoch, hence MIN_STEPS_PER_EPOCH
 MIN_STEPS_PER_EPOCH = 16  # a GPU's default never leaves an epoch fewer steps than this (a small dataset)
 ACTIVATION_MEMORY_SHARE = 0.25  # of a GPU's memory, for a step's saved activations
-PLAN_GPU_MEMORY = 80 * 2**30  # the planner sizes the GPU default for an 80 GB card
 DEVICE_BYTES_PER_NODE, DEVICE_BYTES_PER_EDGE = 2 * 4 + 8, 2 * 2 * 4  # degree features + offsets; both directions
 
 
@@ -97,9 +96,13 @@ def nodes_per_step(cfg: GnnConfig, memory_bytes: int | None, world_size: int, pe
     return max(CPU_NODES, 1 << (max(most, 1).bit_length() - 1))
 
 
-def workload(cfg: GnnConfig) -> Workload:
-    per_node, flops_per_node, parameters, sample = _measured(cfg)
-    nodes_per_batch = nodes_per_step(cfg, PLAN_GPU_MEMORY, 1, per_node)  # what one 80 GB GPU's run uses
+def workload(cfg: GnnConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: int = 1,
+             measured: tuple | None = None) -> Workload:
+    """The run of these options on GPUs of `memory_bytes` (one 80 GB card until the plan names its GPU:
+    Workload.for_device sizes the step again for it and its ranks, as the run would)."""
+    measured = measured or _measured(cfg)
+    per_node, flops_per_node, parameters, sample = measured
+    nodes_per_batch = nodes_per_step(cfg, memory_bytes, world_size, per_node)
     sample_nodes = sum(g.n for g in sample)
 
     graphs, nodes, edges, source = dataset_counts(cfg)
@@ -115,6 +118,7 @@ def workload(cfg: GnnConfig) -> Workload:
         items_per_micro=nodes_per_batch, grad_accum=1, flops_per_item=flops_per_node,
         activation_bytes=lambda micro, _ck: int(per_node * micro), kind="small", strategies=("ddp",),
         items_total=float(nodes * cfg.epochs), extra_bytes=on_device, min_step_s=SMALL_STEP_S,
+        for_device=lambda memory, ranks: workload(cfg, memory, ranks, measured),
         shape={"hidden": cfg.hidden, "layers": cfg.layers, "max_colors": cfg.max_colors, "nodes_per_step": nodes_per_batch},
         notes=[f"{graphs:,} training graphs, {nodes:,} nodes, {edges:,} edges ({source}); {cfg.epochs} epochs; "
                f"the final evaluation's tabu search runs on the CPU and is not counted"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from trainers.lstm.config import LstmConfig, n_features
-from trainers.ops.plan import Workload, forward_flops, saved_bytes_per_item
+from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes_per_item
 
 DEFAULT_SYMBOLS = 3  # the seed's BTC-USD, ETH-USD, SOL-USD when none are named
 SMALL_STEP_S = 0.003  # an eager step of a small model on a GPU: launches and Python, not FLOPs (assumed)
@@ -29,7 +29,6 @@ COHORT_SYMBOL_RUN_S = 0.072
 # full batches of 256, 1,536) of the default model (hidden 64, 2 layers, window 64); scaled by FLOPs for another
 # shape, an assumption. Smaller cohorts use the card less well: the 64-symbol job's steps took 2.33 s, this says 1.3.
 STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
-PLAN_GPU_MEMORY = 80 * 2**30  # a workload's card until the plan names its GPU (Workload.for_device)
 
 
 def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int = 1,

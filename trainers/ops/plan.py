@@ -62,6 +62,9 @@ class Workload:
     for_device: Callable[[int, int], "Workload"] | None = None
 
 
+PLAN_GPU_MEMORY = 80 * 2**30  # the card a workload is sized for until the plan names its GPU (Workload.for_device)
+
+
 def memory(w: Workload, strategy: str, gpus: int, compute_bytes: int, items_per_micro: int | None = None) -> dict:
     """Bytes per GPU, itemised. AdamW with a bf16/fp16 autocast keeps fp32 weights, fp32 grads and two
     fp32 moments (16 bytes per parameter); FSDP2 shards all of it over the GPUs and gathers one block

@@ -5,12 +5,12 @@ tensor are the batch-independent memory."""
 
 from __future__ import annotations
 
-from trainers.ops.plan import Workload, forward_flops, saved_bytes_per_item
+from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes_per_item
 from trainers.ppo.config import PpoConfig
 from trainers.ppo.features import FEATURES
 
 CPU_ENVS = 64  # the CPU default: the environments' ~60 small float64 kernels a step are cheap there
-MAX_AUTO_ENVS = 4096  # a GPU's default at most. The training loop's operations per env step fall with the batch
+MAX_AUTO_ENVS = 4096  # a GPU's default at most (its rollouts fill a quarter of a ~22 GB card). The training loop's operations per env step fall with the batch
 # (16x fewer at 1,024 than at 64 environments, bench/results/ppo_ops_batch8192_cpu.json), and on an H200 the
 # env steps/s in training with it: 83,514 at 1,024, 111,961 at 2,048, 125,804 at 4,096, each 16 updates of one
 # agent (bench/results/gpu_h200_aadb2aa/run_ppo*_gpu.json). MIN_UPDATES_PER_AGENT keeps a job's updates: a larger
@@ -20,7 +20,6 @@ MIN_UPDATES_PER_AGENT = 16  # a GPU's default never leaves an agent fewer PPO up
 # had 15 at 64 environments; 1,024 would have left it 1)
 ROLLOUT_MEMORY_SHARE = 0.25  # of a GPU's memory, for the rollout buffer (the rest: features, the update's work)
 MINIBATCHES_PER_EPOCH = 8  # the default minibatch cuts a rollout in this many (512 at 64 x 64, as before)
-PLAN_GPU_MEMORY = 80 * 2**30  # a workload's card until the plan names its GPU (the cap of 4,096 needs ~22 GB)
 SMALL_STEP_S = 0.003  # an eager optimizer step of a small model on a GPU (assumed): launches, not FLOPs
 ACT_STEP_S = 0.001  # one acting forward + one environment step of every environment (assumed)
 
