@@ -42,6 +42,11 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/bench/nvidia_smi.txt"
 status=0
 bench() { python3 bench/gpu.py --out-dir "$out/bench" "$@" || status=1; }
+# a durable small write on this host's disk (~15 a symbol in the LSTM job; under 1 ms on the dev VM): seconds
+disk_write() {
+  step 60 python3 bench/disk_write.py --dir "$out" --out "$out/bench/disk_write_gpu.json" \
+    >/dev/null 2>&1 || { echo "disk_write failed: exit $?"; status=1; }
+}
 lost_context() {
   step 90 env TRAINERS_FAULT_RAISE=SYN001@step2:lost python3 -m torch.distributed.run --standalone --nproc_per_node=1 \
     --max-restarts=1 -m trainers lstm train --run-dir "$out/lstm_lost" --synthetic-tickers 4 --synthetic-days 600 \
@@ -70,14 +75,11 @@ profile_lstm_cohort() {
     >"$out/bench/profile_lstm_cohort_gpu.log" 2>&1 || { echo "profile_job failed: exit $?"; status=1; }
 }
 if [[ "$part" == 1 ]]; then
-  # a durable small write on this host's disk (~15 a symbol in the LSTM job; under 1 ms on the dev VM): seconds
-  step 60 python3 bench/disk_write.py --dir "$out" --out "$out/bench/disk_write_gpu.json" \
-    >/dev/null 2>&1 || { echo "disk_write failed: exit $?"; status=1; }
+  disk_write
   bench --only plan,run_forecast,run_ppo --total-min 3.3
   bench --only lstm_cohort --timeout lstm_cohort=270 --total-min 4.6
 elif [[ "$part" == 33 ]]; then
-  step 60 python3 bench/disk_write.py --dir "$out" --out "$out/bench/disk_write_gpu.json" \
-    >/dev/null 2>&1 || { echo "disk_write failed: exit $?"; status=1; }
+  disk_write
   bench --only plan --total-min 0.5
   bench --only lstm_cohort --timeout lstm_cohort=240 --total-min 4
   bench --only run_ppo,run_gnn --total-min 2
