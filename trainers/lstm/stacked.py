@@ -56,8 +56,8 @@ class StackedLSTM(nn.Module):
         return stacked
 
     def model_state(self, k: int) -> dict[str, torch.Tensor]:
-        """Model k as a DirectionLSTM state dict (copies)."""
-        return {name: p[k].detach().clone() for name, p in zip(parameter_names(self.layers), self.weights)}
+        """Model k as a DirectionLSTM state dict: host copies (a checkpoint's; `host_rows`)."""
+        return dict(zip(parameter_names(self.layers), host_rows(list(self.weights), k)))
 
     def load_model_state(self, k: int, state: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -66,9 +66,9 @@ class StackedLSTM(nn.Module):
 
     def model(self, k: int) -> DirectionLSTM:
         """Model k as the DirectionLSTM it is (for evaluation and export)."""
-        model = DirectionLSTM(self.n_features, self.hidden, self.layers, self.dropout)
-        model.load_state_dict(self.model_state(k))
-        return model.to(self.weights[0].device)
+        model = DirectionLSTM(self.n_features, self.hidden, self.layers, self.dropout).to(self.weights[0].device)
+        model.load_state_dict({name: p[k].detach() for name, p in zip(parameter_names(self.layers), self.weights)})
+        return model  # (copied on the device: no trip through the host)
 
     def keep(self, rows: torch.Tensor) -> None:
         """Only the models at `rows` (in that order) stay: the stack shrinks when most have finished. New
@@ -199,11 +199,14 @@ class StackedAdamW:
         self.steps = self.steps.index_select(0, rows)
 
     def model_state(self, k: int, param_groups: list[dict]) -> dict:
-        """Model k's state as torch.optim.AdamW's state_dict for a DirectionLSTM (`param_groups` from one)."""
-        step = float(self.steps[k])
+        """Model k's state as torch.optim.AdamW's state_dict for a DirectionLSTM (`param_groups` from one): host
+        copies, its step count with them (`host_rows`; AdamW keeps a step as float32, exact to 2^24 steps)."""
+        n = len(self.exp_avg)
+        *moments, step = host_rows([*self.exp_avg, *self.exp_avg_sq, self.steps.to(self.exp_avg[0].dtype)], k)
+        step = float(step)  # (a tensor per entry, as AdamW's own: it adds to each in place)
         state = {} if step == 0 else {
-            i: {"step": torch.tensor(step, dtype=torch.float32), "exp_avg": m[k].detach().clone(),
-                "exp_avg_sq": v[k].detach().clone()} for i, (m, v) in enumerate(zip(self.exp_avg, self.exp_avg_sq))}
+            i: {"step": torch.tensor(step, dtype=torch.float32), "exp_avg": m, "exp_avg_sq": v}
+            for i, (m, v) in enumerate(zip(moments[:n], moments[n:]))}
         return {"state": state, "param_groups": param_groups}
 
     def load_model_state(self, k: int, saved: dict) -> None:
@@ -215,6 +218,18 @@ class StackedAdamW:
                 v[k].copy_(entry["exp_avg_sq"] if entry else torch.zeros_like(v[k]))
             first = state.get(0) or state.get("0")
             self.steps[k] = float(first["step"]) if first else 0.0
+
+
+def host_rows(stacked: list[torch.Tensor], k: int) -> list[torch.Tensor]:
+    """Row k of each stacked tensor (all of one dtype) as host copies, brought over in one device-to-host copy.
+    Why: a cohort member's checkpoint took, per tensor (about 30 for a model and its AdamW state), a clone on
+    the device, a page-locked host buffer (each member its own: a cudaHostAlloc apiece) and a copy: the
+    largest times in the H200's profile of the 64-symbol cohort job (bench/results/gpu_h200_aadb2aa/
+    profile_lstm_cohort_gpu.json). Now one gather kernel and one copy a state, into pageable memory."""
+    rows = [t[k].detach() for t in stacked]
+    flat = torch.cat([r.reshape(-1) for r in rows]).cpu()
+    # each its own copy: a view of `flat` would save all of it with every tensor of the state dict
+    return [piece.view(r.shape).clone() for piece, r in zip(flat.split([r.numel() for r in rows]), rows)]
 
 
 def adamw_param_groups(model: DirectionLSTM, lr: float, weight_decay: float) -> list[dict]:

@@ -18,7 +18,8 @@ so values, checkpoints and gloo work as before. Two modes watch every call:
   tensor with device indices, tags each op's outputs, and counts what would make the host wait for the GPU:
   `.item()`/`float()`/`bool()` (aten._local_scalar_dense), `.tolist()`, `.cpu()` and other device-to-host
   copies, host-to-device copies from pageable memory (`torch.tensor(..., device=)`, an index or `.to()` of
-  a host tensor), and data-dependent shapes (`nonzero`, `masked_select`, boolean indexing, `unique`).
+  a host tensor), and data-dependent shapes (`nonzero`, `masked_select`, boolean indexing, `unique`);
+  and where page-locked host memory is allocated (`pins`).
 
 A tensor made outside the modes (before activation, or by C++ code such as DDP's buckets, which allocate
 "like" a parameter without a device index) is untagged and mixes with either side: the fake errs towards
@@ -170,12 +171,14 @@ class _FunctionMode(TorchFunctionMode):
         if func is torch.Tensor.pin_memory:  # (a CPU-only torch cannot pin: a copy that remembers it was asked)
             out = args[0].clone()
             _pin(out)
+            self.acc.pins.append(_where())
             return out
         if func is torch.Tensor.is_pinned:
             return pinned(args[0])
         if kwargs.get("pin_memory"):
             out = func(*args, **{**kwargs, "pin_memory": False})
             _pin(out)
+            self.acc.pins.append(_where())
             return out
         if func is torch.Tensor.cpu:
             return self._move(args[0], HOST, args[1:], kwargs) if self.acc.on_device(args[0]) else func(*args, **kwargs)
@@ -340,6 +343,9 @@ class FakeAccelerator:
     def __init__(self, index: int = 0):
         self.device = torch.device("cpu", index)
         self.syncs: list[Sync] = []
+        # where page-locked host memory was allocated: CUDA's caching host allocator reuses a block once it is
+        # freed, but each buffer held (a checkpoint's copy behind the loop) is a cudaHostAlloc of its own
+        self.pins: list[str] = []
         self.markers: list[dict] = []
         self.label = "setup"
         self.run = 0
