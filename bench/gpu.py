@@ -207,7 +207,9 @@ def trainer_runs(s: Setup) -> list[Step]:
               ["--max-steps", "150", "--log-every", "10", "--ckpt-every", "100"])
 
     graphs = w / "graphs"
-    g_data = ["--train", "32", "--val", "8", "--max-nodes", "50"] if dry else ["--train", "1000", "--val", "32"]
+    # 7,000 graphs (about 1.09M nodes): the GPU's own step size, 65,536 nodes (gnn/size.py keeps 16 steps an epoch;
+    # the H200's 1,000 graphs held it at 8,192: 1,153,729 nodes/s, bench/results/gpu_h200_aadb2aa/run_gnn_gpu.json)
+    g_data = ["--train", "32", "--val", "8", "--max-nodes", "50"] if dry else ["--train", "7000", "--val", "32"]
     g_shape = (["--epochs", "2", "--nodes-per-batch", "150", "--hidden", "16", "--layers", "2"] if dry else
                ["--epochs", "3"])
     g_loop = (["--search-iters", "200", "--log-every", "2", "--no-compile"] if dry else  # (as the forecaster's)
@@ -238,7 +240,8 @@ def trainer_runs(s: Setup) -> list[Step]:
         return ["--run-dir", str(w / f"run_{name}"), *rehearse]
 
     # estimates: the H100's walls of bench/results/gpu_h100 (forecast 89 s, ppo 38 at 1,024 environments (the H200's
-    # 40 s at 4,096), lstm 20, gnn 22 before its compiled step) with a margin; --total-min starts a step only with its estimate left
+    # 40 s at 4,096), lstm 20, gnn 22 before its compiled step and 27 s (21 s of it compiling) on the H200 at 1,000
+    # graphs) with a margin; --total-min starts a step only with its estimate left
     runs = [  # name, what, commands, shape for the plan, timeout on a GPU, estimate on one H100
         ("forecast", "the forecaster's real loop",
          [_torchrun(s, "forecast", "train", *run("forecast"), *f_shape, *f_loop, "--patience", "0")], f_shape, 360, 100),
@@ -246,7 +249,7 @@ def trainer_runs(s: Setup) -> list[Step]:
          # --overwrite: the plan step made the same (seeded) dataset to size its prediction by it
          [_trainers(s, "gnn", "data", "--out", str(graphs), *g_data, "--no-progress", "--overwrite"),
           _torchrun(s, "gnn", "train", "--data-dir", str(graphs), *run("gnn"), *g_shape, *g_loop)],
-         ["--data-dir", str(graphs), *g_shape], 360, 60),
+         ["--data-dir", str(graphs), *g_shape], 360, 75),
         ("gpt", "the char-level GPT's real loop", [_torchrun(s, "gpt", "train", *run("gpt"), *t_shape, *t_loop)],
          t_shape, 360, 80),
         ("lstm", "the per-symbol LSTMs' job (one worker per GPU)",

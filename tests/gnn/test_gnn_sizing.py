@@ -60,3 +60,24 @@ def test_a_resume_keeps_the_folders_number_on_any_device_or_world_size(tmp_path)
     fresh = GnnConfig(data_dir=cfg.data_dir)
     pin_from_saved(fresh, None)
     assert nodes_per_step(fresh, 80 * GIB, 8, per_node=1000.0) == MAX_AUTO_NODES
+
+
+def test_the_gnn_turns_tf32_on_where_the_device_has_it_and_says_so(tmp_path, monkeypatch):
+    """The H200's compiled GNN step ran its fp32 matmuls without TF32 (inductor warned); the forecaster, the
+    GPT and PPO turn it on. The GNN asks for it too, on the run's device, and its results and log say which."""
+    import trainers.gnn.train as gnn_train
+    from trainers.cli import main
+
+    data = tmp_path / "graphs"
+    assert main(["gnn", "data", "--out", str(data), "--train", "16", "--val", "4", "--max-nodes", "40",
+                 "--no-progress"]) == 0
+    job = ["gnn", "train", "--data-dir", str(data), "--epochs", "1", "--nodes-per-batch", "150", "--hidden", "16",
+           "--layers", "2", "--search-iters", "50", "--no-compile"]
+    assert main([*job, "--run-dir", str(tmp_path / "cpu")]) == 0
+    assert json.loads((tmp_path / "cpu" / "results.json").read_text())["training"]["tf32"] is False
+    asked = []
+    monkeypatch.setattr(gnn_train, "enable_tf32", lambda device: asked.append(device) or True)
+    assert main([*job, "--run-dir", str(tmp_path / "tf32")]) == 0
+    assert [d.type for d in asked] == ["cpu"]
+    assert json.loads((tmp_path / "tf32" / "results.json").read_text())["training"]["tf32"] is True
+    assert ", TF32;" in (tmp_path / "tf32" / "training.log").read_text()

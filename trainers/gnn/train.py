@@ -28,7 +28,7 @@ from trainers.gnn.size import SIZES, flops_per_node, nodes_per_step
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
-from trainers.runtime.precision import build_adamw, compile_default, compile_facts, maybe_compile
+from trainers.runtime.precision import build_adamw, compile_default, compile_facts, enable_tf32, maybe_compile
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
@@ -63,6 +63,8 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed)
     total_steps = cfg.epochs * cursor.steps_per_epoch
 
+    # fp32 throughout: its matmuls in TF32 on Ampere and newer, as the other trainers' (inductor warned on the H200)
+    tf32 = enable_tf32(ctx.device)
     torch.manual_seed(cfg.seed)  # identical init on every rank
     model = build_model(cfg).to(ctx.device)
     n_params = sum(p.numel() for p in model.parameters())
@@ -77,9 +79,10 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
         train_data = DeviceGraphs(train_split, cfg.max_colors, cfg.random_features, ctx.device,
                                   fewer_colors=cfg.fewer_colors)
         val_data = DeviceGraphs(val_split, cfg.max_colors, cfg.random_features, ctx.device, fixed_random_seed=EVAL_SEED)
-        run.log.info("gnn: %s parameters, %d rank(s) on %s; %d train graphs (%d nodes) / %d val; %d steps per epoch "
-                     "of about %d nodes per rank", f"{n_params:,}", ctx.world_size, ctx.device.type, len(train_split),
-                     int(train_split.nodes.sum()), len(val_split), cursor.steps_per_epoch, cfg.nodes_per_batch)
+        run.log.info("gnn: %s parameters, %d rank(s) on %s%s; %d train graphs (%d nodes) / %d val; %d steps per epoch "
+                     "of about %d nodes per rank", f"{n_params:,}", ctx.world_size, ctx.device.type,
+                     ", TF32" if tf32 else "", len(train_split), int(train_split.nodes.sum()), len(val_split),
+                     cursor.steps_per_epoch, cfg.nodes_per_batch)
         start = run.resume()
         cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed,
                                   **NodeBudgetCursor.start(start.position, start.position_rank0))
@@ -142,7 +145,7 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "nodes_per_batch": cfg.nodes_per_batch, "ddp": _ddp_facts(train_model),
                                 **compile_facts(step_model, ctx), "padded_to": list(capacity) if compiled else None,
-                                "fused_adamw": bool(optimizer.defaults.get("fused")),
+                                "fused_adamw": bool(optimizer.defaults.get("fused")), "tf32": tf32,
                                 # every graph is seen once per epoch, so nodes/s = graphs/s x mean graph size
                                 "nodes_per_s_per_device": per_device * nodes_per_graph if per_device else None,
                                 "graphs_per_s_per_device": per_device}}
