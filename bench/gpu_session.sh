@@ -15,10 +15,11 @@
 #                                         # LSTM cohort job under cProfile (bench/profile_job.py)
 #   bash bench/gpu_session.sh 33 OUT_DIR  # ~9 min, for a session with one call's time: issue 33's GPU targets
 #                                         # first (the plan; the LSTM job in cohorts, 64 and 500 symbols; PPO at
-#                                         # its GPU-sized defaults; the GNN), then the real kernel fault in an LSTM
-#                                         # cohort, the 64-symbol cohort job with launches blocking (its true
-#                                         # share outside the steps), PPO with its rollout step captured, the
-#                                         # LSTM cohort job profiled
+#                                         # its GPU-sized defaults; the GNN at its GPU step), then the real kernel
+#                                         # fault in an LSTM cohort, the 64-symbol cohort job with its checkpoints
+#                                         # written in the loop and with launches blocking (its true share outside
+#                                         # the steps), PPO with its rollout step captured, the LSTM cohort job
+#                                         # profiled
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
@@ -69,6 +70,15 @@ cohort_blocking() {
     --shape default --epochs 5 --device auto --out "$out/bench/cohort_packing_blocking_gpu.json" \
     >"$out/bench/cohort_packing_blocking_gpu.log" 2>&1 || { echo "lstm cohort job, launches blocking, failed: exit $?"; status=1; }
 }
+# the same 64-symbol cohort job with its checkpoints written in the loop (--no-ckpt-async): on the H200 the profile
+# of the default (each member's write behind the loop, in a thread of its own) put its main thread's largest times in
+# calls that wait for the GIL while those threads pickle; the job wall of the two (results.json) says which is faster
+cohort_saves_in_loop() {
+  step 60 python3 -m trainers lstm train --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto \
+    --no-ckpt-async --run-dir "$out/lstm_saves_in_loop" >"$out/bench/cohort_saves_in_loop.log" 2>&1 \
+    || { echo "lstm cohort job, saves in the loop, failed: exit $?"; status=1; }
+  cp "$out/lstm_saves_in_loop/results.json" "$out/bench/cohort_saves_in_loop_results.json" 2>/dev/null || true
+}
 profile_lstm_cohort() {
   step 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
     --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto --run-dir "$out/lstm_profiled" \
@@ -84,6 +94,7 @@ elif [[ "$part" == 33 ]]; then
   bench --only lstm_cohort --timeout lstm_cohort=240 --total-min 4
   bench --only run_ppo,run_gnn --total-min 2
   lost_context
+  cohort_saves_in_loop
   cohort_blocking
   ppo_graphs
   profile_lstm_cohort
