@@ -13,7 +13,7 @@ import torch
 
 from toy_trainer import cfg_for, toy_loop
 from trainers.errors import RunEnded, RunFailed
-from trainers.runtime.async_save import HostSnapshot
+from trainers.runtime.async_save import BackgroundWrite, HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.checkpointer import Checkpointer
 from trainers.runtime.run import Run
@@ -39,6 +39,35 @@ def test_the_snapshot_is_a_copy_the_loop_cannot_change():
         assert torch.equal(snap["model"][k], v)
     assert snap["position"] == {"seen": [1, 2]} and snap["t"] == (1, "a")
     assert snap["optimizer"]["param_groups"] == opt.state_dict()["param_groups"]
+
+
+def test_writes_behind_the_loop_take_turns_and_a_write_in_the_loop_does_not_wait_for_them():
+    """An LSTM cohort's members each write behind the loop, all at an epoch's end: at once, their pickling
+    starved the loop's thread of the GIL (bench/gil_convoy.py: a tiny op about 9x slower with 4 writers at once,
+    about 2x with 4 taking turns). Four writes started together run one after another, each completes with its own
+    files; a write in the loop runs while they wait."""
+    running, most, lock = [0], [0], threading.Lock()
+    release = threading.Event()
+
+    def write(name: str):
+        def run():
+            with lock:
+                running[0] += 1
+                most[0] = max(most[0], running[0])
+            release.wait(5)  # (a wait lets the GIL go: threads not made to take turns would all be in here)
+            with lock:
+                running[0] -= 1
+            return {name: "sha"}
+        return run
+
+    writes = [BackgroundWrite(step, {}, write(f"w{step}")) for step in range(4)]
+    in_loop = BackgroundWrite(9, {}, lambda: {"loop": "sha"}, in_thread=False)  # not blocked by the four
+    assert in_loop.done() and in_loop.files == {"loop": "sha"}
+    release.set()
+    for w in writes:
+        w.wait()
+    assert most[0] == 1
+    assert [w.files for w in writes] == [{f"w{step}": "sha"} for step in range(4)] and all(w.done() for w in writes)
 
 
 def test_async_and_sync_runs_end_equal_and_every_checkpoint_completes(tmp_path):
