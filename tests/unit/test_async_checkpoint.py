@@ -43,7 +43,7 @@ def test_the_snapshot_is_a_copy_the_loop_cannot_change():
 
 def test_writes_behind_the_loop_take_turns_and_a_write_in_the_loop_does_not_wait_for_them():
     """An LSTM cohort's members each write behind the loop, all at an epoch's end: at once, their pickling
-    starved the loop's thread of the GIL (bench/gil_convoy.py: a tiny op about 9x slower with 4 writers at once,
+    starved the loop's thread of the GIL (bench/gil_convoy.py: a tiny op about 10x slower with 4 writers at once,
     about 2x with 4 taking turns). Four writes started together run one after another, each completes with its own
     files; a write in the loop runs while they wait."""
     running, most, lock = [0], [0], threading.Lock()

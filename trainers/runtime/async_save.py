@@ -57,7 +57,7 @@ class HostSnapshot:
 
 # Writes behind the loop take turns, one at a time in a process. Pickling holds the GIL, and the loop's thread
 # lets it go around every op (on a GPU, every launch), then waits to get it back: on the dev VM a tiny op took
-# about 9x as long as alone with 4 writers at once, about 2x with 4 taking turns, and the turns wrote more saves a
+# about 10x as long as alone with 4 writers at once, about 2x with 4 taking turns, and the turns wrote more saves a
 # second (bench/gil_convoy.py, bench/results/gil_convoy_cpu.json). It matters where one process writes many
 # checkpoints at once: an LSTM cohort, each member its own run, all saving at an epoch's end.
 _ONE_AT_A_TIME = threading.Lock()
