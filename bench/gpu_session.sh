@@ -70,9 +70,14 @@ cohort_blocking() {
     --shape default --epochs 5 --device auto --out "$out/bench/cohort_packing_blocking_gpu.json" \
     >"$out/bench/cohort_packing_blocking_gpu.log" 2>&1 || { echo "lstm cohort job, launches blocking, failed: exit $?"; status=1; }
 }
-# the same 64-symbol cohort job with its checkpoints written in the loop (--no-ckpt-async): on the H200 the profile
-# of the default (each member's write behind the loop, in a thread of its own) put its main thread's largest times in
-# calls that wait for the GIL while those threads pickle; the job wall of the two (results.json) says which is faster
+# the same 64-symbol cohort job with its checkpoints written in the loop (--no-ckpt-async): on the H200 (aadb2aa) the
+# profile of the default (each member's write behind the loop in a thread of its own, all at once then) put its main
+# thread's largest times in calls that wait for the GIL while those threads pickle; the writes now take turns
+# (bench/gil_convoy.py, run here too); the job wall of the two (results.json) says which is faster on a GPU
+gil_convoy() {
+  step 60 python3 bench/gil_convoy.py --dir "$out" --out "$out/bench/gil_convoy_gpu.json" >/dev/null 2>&1 \
+    || { echo "gil_convoy failed: exit $?"; status=1; }
+}
 cohort_saves_in_loop() {
   step 60 python3 -m trainers lstm train --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto \
     --no-ckpt-async --run-dir "$out/lstm_saves_in_loop" >"$out/bench/cohort_saves_in_loop.log" 2>&1 \
@@ -94,6 +99,7 @@ elif [[ "$part" == 33 ]]; then
   bench --only lstm_cohort --timeout lstm_cohort=240 --total-min 4
   bench --only run_ppo,run_gnn --total-min 2
   lost_context
+  gil_convoy
   cohort_saves_in_loop
   cohort_blocking
   ppo_graphs
