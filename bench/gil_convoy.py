@@ -54,13 +54,13 @@ def op_microseconds(ops: int) -> float:
 
 
 def with_writers(folder: Path, writers: int, state: dict, ops: int, mode: str) -> dict:
-    """`mode`: "threads" (each writer pickles when it likes, as K members' writes behind the loop did), "one at a
-    time" (the writers take turns: one lock), "kit" (each writer a member's checkpointer: one
+    """`mode`: "threads" (each writer pickles when it likes, as K members' writes behind the loop did), "turns"
+    (the writers take turns: one lock), "kit" (each writer a member's checkpointer: one
     runtime.async_save.BackgroundWrite after another, the kit's own rule)."""
     stop, saves, turn = threading.Event(), [0] * writers, threading.Lock()
 
     def save(i: int) -> None:
-        if mode == "one at a time":
+        if mode == "turns":
             with turn:
                 atomic_torch_save(folder / f"member{i}.pt", state)
         elif mode == "kit":
@@ -96,20 +96,20 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     state = member_state()
-    cases = [(0, "none"), (1, "threads"), (4, "threads"), (4, "one at a time"), (4, "kit")]
+    cases = [(0, "alone"), (1, "threads"), (4, "threads"), (4, "turns"), (4, "kit")]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         rows = [with_writers(Path(tmp), writers, state, args.ops, mode) for _ in range(args.repeats)
                 for writers, mode in cases]
     summary = {}
     for writers, mode in cases:
         mine = [r for r in rows if (r["writers"], r["mode"]) == (writers, mode)]
-        name = f"{writers} writers, {mode}"
+        name = mode if writers == 0 else f"{mode}_{writers}"
         summary[name] = {"op_us_median": statistics.median(r["op_us"] for r in mine),
                          "saves_per_s_median": statistics.median(r["saves_per_s"] for r in mine) if writers else None}
         saves = summary[name]["saves_per_s_median"]
         print(f"{name}: {summary[name]['op_us_median']:.1f} us per main-thread op"
               + (f", {saves:.0f} saves/s" if saves else ""))
-    alone = summary["0 writers, none"]["op_us_median"]
+    alone = summary["alone"]["op_us_median"]
     result = {"benchmark": "gil_convoy", "ops": args.ops, "rows": rows, "by_case": summary,
               "slowdown": {name: row["op_us_median"] / alone for name, row in summary.items()}}
     if args.out:
