@@ -731,11 +731,12 @@ def test_a_suspect_of_a_broken_context_is_trained_after_every_other_symbol_of_it
 
 
 def test_a_members_checkpoint_comes_to_the_host_in_one_copy_a_state_and_holds_no_pinned_buffer(tmp_path, monkeypatch):
-    """On the H200 the 64-symbol cohort job's profile (bench/results/gpu_h200_aadb2aa/profile_lstm_cohort_gpu.json)
-    was mostly a member's checkpoint: a clone per tensor of its model and its AdamW state on the device (6,656
-    clones, the largest own time), then a page-locked host buffer per tensor for the copy behind the loop, every
-    member its own (2,733 `host_buffer` calls, 8.6 s of a 19.8 s wall), and a `.item()` for its step count. On
-    the fake accelerator, where the saves are written behind the loop as on CUDA: a member's model and its
+    """A member's checkpoint took a clone per tensor of its model and its AdamW state on the device, a page-locked
+    host buffer per tensor for the copy behind the loop, every member its own (a cudaHostAlloc apiece: the
+    caching allocator cannot reuse a buffer still held), and a `.item()` for its step count; on the H200 the
+    clones (6,656) and the buffers (2,733 `host_buffer` calls) were among the largest times cProfile gave the
+    64-symbol cohort job (its times add across threads: bench/results/gpu_h200_aadb2aa/profile_lstm_cohort_gpu.json).
+    On the fake accelerator, where the saves are written behind the loop as on CUDA: a member's model and its
     optimizer state come to the host in one copy each, whatever the number of tensors, and the copy behind the
     loop holds no page-locked buffer of its own."""
     from trainers.runtime.checkpointer import Checkpointer

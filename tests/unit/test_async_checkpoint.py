@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -43,9 +44,9 @@ def test_the_snapshot_is_a_copy_the_loop_cannot_change():
 
 def test_writes_behind_the_loop_take_turns_and_a_write_in_the_loop_does_not_wait_for_them():
     """An LSTM cohort's members each write behind the loop, all at an epoch's end: at once, their pickling
-    starved the loop's thread of the GIL (bench/gil_convoy.py: a tiny op about 10x slower with 4 writers at once,
-    about 2x with 4 taking turns). Four writes started together run one after another, each completes with its own
-    files; a write in the loop runs while they wait."""
+    starved the loop's thread of the GIL (bench/gil_convoy.py: a tiny op 11x slower with 4 writers at once, 2x
+    with 4 taking turns). Four writes started together run one after another, each completes with its own
+    files, its seconds counting its wait for a turn; a write in the loop runs while they wait."""
     running, most, lock = [0], [0], threading.Lock()
     release = threading.Event()
 
@@ -54,20 +55,28 @@ def test_writes_behind_the_loop_take_turns_and_a_write_in_the_loop_does_not_wait
             with lock:
                 running[0] += 1
                 most[0] = max(most[0], running[0])
-            release.wait(5)  # (a wait lets the GIL go: threads not made to take turns would all be in here)
+            assert release.wait(60)  # (a wait lets the GIL go: threads not made to take turns would all be in here)
             with lock:
                 running[0] -= 1
             return {name: "sha"}
         return run
 
     writes = [BackgroundWrite(step, {}, write(f"w{step}")) for step in range(4)]
-    in_loop = BackgroundWrite(9, {}, lambda: {"loop": "sha"}, in_thread=False)  # not blocked by the four
-    assert in_loop.done() and in_loop.files == {"loop": "sha"}
-    release.set()
+    in_loop = []
+    loop = threading.Thread(target=lambda: in_loop.append(BackgroundWrite(9, {}, lambda: {"loop": "sha"},
+                                                                          in_thread=False)), daemon=True)
+    try:
+        loop.start()
+        loop.join(timeout=10)  # while the first write holds its turn: one in the loop that took a turn would hang
+        assert not loop.is_alive() and in_loop[0].done() and in_loop[0].files == {"loop": "sha"}
+        time.sleep(0.2)
+    finally:
+        release.set()
     for w in writes:
         w.wait()
     assert most[0] == 1
     assert [w.files for w in writes] == [{f"w{step}": "sha"} for step in range(4)] and all(w.done() for w in writes)
+    assert max(w.seconds for w in writes) >= 0.2  # the last in turn waited out the first's 0.2 s
 
 
 def test_async_and_sync_runs_end_equal_and_every_checkpoint_completes(tmp_path):

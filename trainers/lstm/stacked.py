@@ -200,7 +200,8 @@ class StackedAdamW:
 
     def model_state(self, k: int, param_groups: list[dict]) -> dict:
         """Model k's state as torch.optim.AdamW's state_dict for a DirectionLSTM (`param_groups` from one): host
-        copies, its step count with them (`host_rows`; AdamW keeps a step as float32, exact to 2^24 steps)."""
+        copies, its step count with them (`host_rows`, in the moments' dtype: float32, the LSTM's only one, exact
+        to 2^24 steps; AdamW keeps a step as float32 too)."""
         n = len(self.exp_avg)
         *moments, step = host_rows([*self.exp_avg, *self.exp_avg_sq, self.steps.to(self.exp_avg[0].dtype)], k)
         step = float(step)  # (a tensor per entry, as AdamW's own: it adds to each in place)
@@ -223,12 +224,16 @@ class StackedAdamW:
 def host_rows(stacked: list[torch.Tensor], k: int) -> list[torch.Tensor]:
     """Row k of each stacked tensor (all of one dtype) as host copies, brought over in one device-to-host copy.
     Why: a cohort member's checkpoint took, per tensor (about 30 for a model and its AdamW state), a clone on
-    the device, a page-locked host buffer (each member its own: a cudaHostAlloc apiece) and a copy: the
-    largest times in the H200's profile of the 64-symbol cohort job (bench/results/gpu_h200_aadb2aa/
-    profile_lstm_cohort_gpu.json). Now one gather kernel and one copy a state, into pageable memory."""
+    the device, a page-locked host buffer (each member its own: a cudaHostAlloc apiece) and a copy. On the H200
+    the clones and the buffers were among the largest times cProfile gave the 64-symbol cohort job (its times
+    add across threads; bench/results/gpu_h200_aadb2aa/profile_lstm_cohort_gpu.json). Now one gather kernel and
+    one copy a state, into pageable memory."""
     rows = [t[k].detach() for t in stacked]
+    if len({r.dtype for r in rows}) > 1:
+        raise ValueError(f"host_rows: one dtype expected, got {sorted({str(r.dtype) for r in rows})}")
     flat = torch.cat([r.reshape(-1) for r in rows]).cpu()
-    # each its own copy: a view of `flat` would save all of it with every tensor of the state dict
+    # each tensor its own storage, as a state dict's: one kept by a loader (AdamW's state on the host, updated in
+    # place) holds neither the others nor the whole block
     return [piece.view(r.shape).clone() for piece, r in zip(flat.split([r.numel() for r in rows]), rows)]
 
 

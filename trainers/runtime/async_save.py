@@ -56,10 +56,12 @@ class HostSnapshot:
 
 
 # Writes behind the loop take turns, one at a time in a process. Pickling holds the GIL, and the loop's thread
-# lets it go around every op (on a GPU, every launch), then waits to get it back: on the dev VM a tiny op took
-# about 10x as long as alone with 4 writers at once, about 2x with 4 taking turns, and the turns wrote more saves a
-# second (bench/gil_convoy.py, bench/results/gil_convoy_cpu.json). It matters where one process writes many
-# checkpoints at once: an LSTM cohort, each member its own run, all saving at an epoch's end.
+# lets it go around every op (on a GPU, every launch), then waits to get it back: on the dev VM a tiny op took 11x
+# as long as alone with 4 writers at once, 2x with 4 taking turns, and the turns wrote more saves a second
+# (bench/gil_convoy.py; bench/results/gil_convoy_cpu.json, `slowdown`). It matters where one process writes many
+# checkpoints at once: an LSTM cohort, each member its own run, all saving at an epoch's end. The files' I/O takes
+# turns too, and a write that hangs holds the others back (each run waits for its own write before its next save
+# anyway); a write's `seconds` count its wait for a turn.
 _ONE_AT_A_TIME = threading.Lock()
 
 
@@ -74,27 +76,29 @@ class BackgroundWrite:
         self.meta = meta
         self.files: dict[str, str] | None = None
         self.error: BaseException | None = None
+        # from the request to the files on disk, a turn's wait included: what a final save makes the loop wait
+        # (the budget's reserve) and how long the write ran behind the loop
         self.seconds = 0.0
         self.in_thread = in_thread
         self._thread = None
+        requested = time.perf_counter()
         if in_thread:
-            self._thread = threading.Thread(target=self._run_in_turn, args=(write,), name=f"checkpoint-{step}",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._run_in_turn, args=(write, requested),
+                                            name=f"checkpoint-{step}", daemon=True)
             self._thread.start()
         else:
-            self._run(write)
+            self._run(write, requested)
 
-    def _run_in_turn(self, write: Callable[[], dict[str, str]]) -> None:
+    def _run_in_turn(self, write: Callable[[], dict[str, str]], requested: float) -> None:
         with _ONE_AT_A_TIME:
-            self._run(write)
+            self._run(write, requested)
 
-    def _run(self, write: Callable[[], dict[str, str]]) -> None:
-        t0 = time.perf_counter()
+    def _run(self, write: Callable[[], dict[str, str]], requested: float) -> None:
         try:
             self.files = write()
         except Exception as exc:  # noqa: BLE001 - handed to the loop, which stops every rank with it
             self.error = exc
-        self.seconds = time.perf_counter() - t0
+        self.seconds = time.perf_counter() - requested
 
     def done(self) -> bool:
         return self._thread is None or not self._thread.is_alive()
