@@ -78,6 +78,17 @@ def profile_ops(command: list[str], top: int) -> tuple[int, dict]:
                   "by_host_time": op_rows(averages, "host", top)}
 
 
+def threads_profiled(version: tuple[int, int] = sys.version_info[:2]) -> str:
+    """Which threads' calls a cProfile table holds: from Python 3.12 cProfile listens through sys.monitoring,
+    which reports every thread's calls into the one profile (the H200's cohort profile, Python 3.12.3, summed the
+    checkpoint threads' times with the loop's: own times above the wall, a cumulative below its own time);
+    before, only the thread that enabled it."""
+    if version >= (3, 12):
+        return ("all threads, in one table: a function's times add up across threads (they can exceed the wall), "
+                "and a call's cumulative time can read less than its own time")
+    return "the main thread only (threads it starts, such as checkpoint writers, are not counted)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -105,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - started
     stats = pstats.Stats(profile)
     record = {"benchmark": "profile_job", "job": command, "exit_code": code, "wall_s_profiled": wall,
-              "by_cumulative": rows(stats, "cumulative", args.top), "by_own": rows(stats, "own", args.top)}
+              "threads": threads_profiled(), "by_cumulative": rows(stats, "cumulative", args.top),
+              "by_own": rows(stats, "own", args.top)}
     write_record(record, args.out)
     for e in record["by_cumulative"][:args.top]:
         print(f"{e['cumulative_s']:9.3f} s {e['own_s']:9.3f} s {e['calls']:8d}  {e['function']}")
