@@ -13,7 +13,9 @@ thread keeps torch's state simple); at most --max-queue wait, more get 503. Each
 deadline (--request-timeout-s, counted from arrival, queueing included): a request that cannot
 finish by then ends with 504 (or an error event when streaming). Refused before queueing: a prompt
 longer than --max-prompt-chars (413), max_new_tokens above --max-new-tokens-limit, an empty
-prompt, characters the model never saw (named) and malformed fields (422).
+prompt, characters the model never saw (named) and malformed fields (422). A generation that breaks
+the GPU's context (a kernel fault: no later call on the device can succeed in this process) leaves the
+server answering 503 with CUDA's error, /health included, so whatever probes it restarts it.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainers.errors import first_line
 from trainers.gpt.infer import Loaded, encode, load_for_inference
 from trainers.gpt.model import generate
+from trainers.runtime import device as device_mod
 from trainers.runtime.config import INT_MAX
 
 
@@ -63,7 +67,9 @@ def invalid_request(_request: Request, exc: RequestValidationError) -> JSONRespo
 
 
 class Worker:
-    """One thread runs every generation, in arrival order; `pending` counts queued + running."""
+    """One thread runs every generation, in arrival order; `pending` counts queued + running. `broken`: the
+    device's error once a generation broke its CUDA context (every later call on it fails the same way: only a new
+    process can use the GPU again), for /health and /generate to answer 503 with it instead of ok and a 500 each."""
 
     def __init__(self, loaded: Loaded, max_queue: int):
         self.loaded = loaded
@@ -72,6 +78,7 @@ class Worker:
         self.pending = 0
         self.lock = threading.Lock()
         self.served = 0
+        self.broken: str | None = None
 
     def admit(self) -> bool:
         with self.lock:
@@ -89,6 +96,10 @@ class Worker:
         """In the worker thread: generate, calling emit(char) per token; stops at the deadline."""
         try:
             return self._generate(tokens, req, deadline, emit, cancelled)
+        except RuntimeError as exc:
+            if device_mod.context_lost(exc, self.loaded.device):
+                self.broken = first_line(exc)
+            raise
         finally:
             self.done()
 
@@ -117,13 +128,19 @@ def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeou
     worker = Worker(loaded, max_queue)
     params = sum(p.numel() for p in loaded.model.parameters())
 
+    def device_lost() -> str:
+        return f"the device broke ({worker.broken}): this server cannot generate again; restart it"
+
     @app.get("/health")
-    def health() -> dict:
-        return {"status": "ok", "checkpoint_step": loaded.step, "vocab_size": len(loaded.vocab),
+    def health():
+        body = {"status": "ok", "checkpoint_step": loaded.step, "vocab_size": len(loaded.vocab),
                 "parameters": params, "device": str(loaded.device), "queue": worker.pending,
                 "served": worker.served, "limits": {"max_new_tokens": max_new_tokens,
                                                     "max_prompt_chars": max_prompt_chars,
                                                     "request_timeout_s": timeout_s, "max_queue": max_queue}}
+        if worker.broken is not None:  # a probe (a load balancer, a container's health check) sees it and restarts
+            return JSONResponse({**body, "status": "device lost", "detail": device_lost()}, status_code=503)
+        return body
 
     @app.post("/generate")
     async def generate_endpoint(req: GenerateRequest, request: Request):
@@ -138,6 +155,8 @@ def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeou
             tokens = encode(loaded.vocab, req.prompt)
         except ValueError as exc:
             raise HTTPException(422, f"prompt: {exc}") from None
+        if worker.broken is not None:
+            raise HTTPException(503, device_lost())
         if not worker.admit():
             raise HTTPException(503, f"{max_queue} requests are already waiting; retry later",
                                 headers={"Retry-After": "1"})
@@ -151,8 +170,13 @@ def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeou
                     "seconds": time.monotonic() - arrived, "checkpoint_step": loaded.step}
 
         if not req.stream:
-            result = await loop.run_in_executor(worker.pool, worker.run, tokens, req, deadline, lambda _c: None,
-                                                cancelled)
+            try:
+                result = await loop.run_in_executor(worker.pool, worker.run, tokens, req, deadline, lambda _c: None,
+                                                    cancelled)
+            except RuntimeError:
+                if worker.broken is None:
+                    raise  # (a 500: an error that leaves the device usable is this request's own)
+                raise HTTPException(503, device_lost()) from None
             body = summary(result)
             if result["status"] == "timeout":
                 return JSONResponse({"detail": f"request timed out after {timeout_s:g} s ({result['tokens']} "
@@ -174,7 +198,13 @@ def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeou
                     if kind == "token":
                         yield f"data: {json.dumps({'token': value})}\n\n"
                         continue
-                    result = value.result()
+                    try:
+                        result = value.result()
+                    except RuntimeError:
+                        if worker.broken is None:
+                            raise
+                        yield f"event: error\ndata: {json.dumps({'error': device_lost()})}\n\n"
+                        return
                     if result["status"] == "timeout":
                         error = {"error": f"request timed out after {timeout_s:g} s", **summary(result)}
                         yield f"event: error\ndata: {json.dumps(error)}\n\n"
