@@ -47,9 +47,11 @@ class RunOptions:
     agree_every: int | None = option(None, "agree on stops every N steps (0: adaptive, about once a second); "
                                      "default: every step on CPU, adaptive on CUDA, where each agreement is a "
                                      "host sync", resume_safe=True, min=0)
-    gpu_defaults: bool = option(False, "rehearse on the CPU what a CUDA deploy turns on by default: torch.compile "
-                                "(inductor), bf16 autocast, fused AdamW, checkpoints written behind the loop, "
-                                "adaptive stop agreement (slow on a CPU: for trying a run's configuration before "
+    gpu_defaults: bool = option(False, "rehearse on the CPU what a CUDA deploy turns on by default, where the "
+                                "trainer has it: torch.compile (inductor; forecast, gpt, gnn), bf16 autocast "
+                                "(forecast, gpt), fused AdamW (forecast, gpt, gnn), checkpoints written behind the "
+                                "loop and the adaptive stop agreement (every trainer; lstm and ppo have only these) "
+                                "(slow on a CPU: for trying a run's configuration before "
                                 "renting a GPU; no effect on CUDA, where these are the defaults already). A resume "
                                 "may turn it on or off: it changes how later steps compute (precision, compile), not "
                                 "what the checkpoints hold", resume_safe=True)
