@@ -39,6 +39,17 @@ def get(url: str) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read() or b"{}")
 
 
+def post_status(url: str, body: dict) -> int:
+    """The HTTP status of POST /generate (a 500's body is uvicorn's plain text, not JSON)."""
+    request = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def serving(app):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -53,18 +64,24 @@ def serving(app):
     return server, thread, f"http://127.0.0.1:{port}"
 
 
+CALLS: list[int] = []  # the generations started (the app's generate), per test
+
+
 @pytest.fixture
 def app_with_generate(monkeypatch):
-    """The real app on a tiny untrained GPT, its generation replaced by `raising` (an error) after a first
-    request that generates normally."""
-    def make(error: Exception):
-        real, calls = serve.generate, []
+    """The real app on a tiny untrained GPT; after a first request that generates normally, each generation
+    yields `after` characters, then raises `error`."""
+    CALLS.clear()
+
+    def make(error: Exception, after: int = 0):
+        real = serve.generate
 
         def generate(*args, **kwargs):
-            calls.append(1)
-            if len(calls) > 1:
-                raise error
-            yield from real(*args, **kwargs)
+            CALLS.append(1)
+            for i, token in enumerate(real(*args, **kwargs)):
+                if len(CALLS) > 1 and i == after:
+                    raise error
+                yield token
 
         monkeypatch.setattr(serve, "generate", generate)
         torch.manual_seed(0)
@@ -82,8 +99,10 @@ def test_a_broken_device_makes_health_and_generate_answer_503_with_cudas_words(a
         assert status == 503 and "an illegal memory access" in out["detail"] and "restart it" in out["detail"]
         status, health = get(url + "/health")
         assert status == 503 and health["status"] == "device lost" and "an illegal memory access" in health["detail"]
-        status, out = post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})  # refused before queueing
-        assert status == 503 and "cannot generate again" in out["detail"]
+        assert health["served"] == 2
+        status, out = post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
+        assert status == 503 and "cannot generate again" in out["detail"] and len(CALLS) == 2
+        assert get(url + "/health")[1]["served"] == 2  # refused before queueing: the worker never saw it
         with pytest.raises(urllib.error.HTTPError) as refused:  # a stream is refused the same way
             stream(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
         assert refused.value.code == 503 and "cannot generate again" in refused.value.read().decode()
@@ -93,11 +112,12 @@ def test_a_broken_device_makes_health_and_generate_answer_503_with_cudas_words(a
 
 
 def test_a_streamed_generation_that_breaks_the_device_ends_with_an_error_event(app_with_generate):
-    server, thread, url = serving(app_with_generate(RuntimeError(KERNEL_FAULT)))
+    server, thread, url = serving(app_with_generate(RuntimeError(KERNEL_FAULT), after=2))
     try:
         assert post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})[0] == 200
         _, events = stream(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
-        assert events and events[-1][0] == "error" and "an illegal memory access" in events[-1][1]["error"]
+        assert [name for name, _ in events] == ["message", "message", "error"]  # 2 characters, then the error
+        assert "an illegal memory access" in events[-1][1]["error"]
         assert get(url + "/health")[0] == 503
     finally:
         server.should_exit = True
@@ -108,13 +128,29 @@ def test_an_error_that_leaves_the_device_usable_is_that_requests_500_and_health_
     server, thread, url = serving(app_with_generate(RuntimeError("a bug in one request's generation")))
     try:
         assert post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})[0] == 200
-        request = urllib.request.Request(url + "/generate", data=b'{"prompt": "ab", "max_new_tokens": 4}',
-                                         headers={"Content-Type": "application/json"})
-        with pytest.raises(urllib.error.HTTPError) as failed:  # (its body is uvicorn's plain text)
-            urllib.request.urlopen(request, timeout=30)
-        assert failed.value.code == 500
+        assert post_status(url, {"prompt": "ab", "max_new_tokens": 4}) == 500
         status, health = get(url + "/health")
         assert status == 200 and health["status"] == "ok" and health["served"] == 2
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                                   ValueError("a bug in one request's generation")], ids=["out-of-memory", "other"])
+def test_a_stream_that_fails_otherwise_ends_with_an_error_event_and_the_server_stays_healthy(app_with_generate,
+                                                                                            error):
+    """Out of memory leaves the device usable (not a broken context); any failure after the stream's 200 is
+    told in an error event (the stream used to break off without one)."""
+    server, thread, url = serving(app_with_generate(error, after=1))
+    try:
+        assert post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})[0] == 200
+        _, events = stream(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
+        assert [name for name, _ in events] == ["message", "error"]
+        assert events[-1][1]["error"].startswith(type(error).__name__) and "restart" not in events[-1][1]["error"]
+        status, health = get(url + "/health")
+        assert status == 200 and health["status"] == "ok"
+        assert post_status(url, {"prompt": "ab", "max_new_tokens": 4}) == 500  # its own error again, no 503
     finally:
         server.should_exit = True
         thread.join(timeout=10)

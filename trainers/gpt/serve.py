@@ -5,7 +5,7 @@
                       "seed": 0, "stream": false}
                      -> {"text": ..., "tokens": n, "seconds": ..., "queued_s": ...}
                      with "stream": true: server-sent events, one `data: {"token": "c"}` per character,
-                     then `event: done` with the same summary (or `event: error` on a timeout)
+                     then `event: done` with the same summary (or `event: error`: a timeout, a failure)
 
 Requests are served one at a time, in arrival order, by a single generation thread (a FIFO
 queue, not batching: a character model at these sizes is bound by per-token latency, and one
@@ -14,8 +14,9 @@ deadline (--request-timeout-s, counted from arrival, queueing included): a reque
 finish by then ends with 504 (or an error event when streaming). Refused before queueing: a prompt
 longer than --max-prompt-chars (413), max_new_tokens above --max-new-tokens-limit, an empty
 prompt, characters the model never saw (named) and malformed fields (422). A generation that breaks
-the GPU's context (a kernel fault: no later call on the device can succeed in this process) leaves the
-server answering 503 with CUDA's error, /health included, so whatever probes it restarts it.
+the GPU's context (a kernel fault: no later call on the device can succeed in this process) leaves
+/health and every later generation answering 503 with the device's error, so whatever probes the server
+restarts it (nothing in this process exits: under a bare `docker run` no one does).
 """
 
 from __future__ import annotations
@@ -95,11 +96,14 @@ class Worker:
     def run(self, tokens: list[int], req: GenerateRequest, deadline: float, emit, cancelled: threading.Event) -> dict:
         """In the worker thread: generate, calling emit(char) per token; stops at the deadline."""
         try:
-            return self._generate(tokens, req, deadline, emit, cancelled)
-        except RuntimeError as exc:
-            if device_mod.context_lost(exc, self.loaded.device):
-                self.broken = first_line(exc)
-            raise
+            if self.broken is not None:  # queued before the device broke: no call on it can succeed
+                raise RuntimeError(self.broken)
+            try:
+                return self._generate(tokens, req, deadline, emit, cancelled)
+            except RuntimeError as exc:
+                if device_mod.context_lost(exc, self.loaded.device):
+                    self.broken = first_line(exc)
+                raise
         finally:
             self.done()
 
@@ -189,7 +193,12 @@ def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeou
             loop.call_soon_threadsafe(events.put_nowait, ("token", char))
 
         future = loop.run_in_executor(worker.pool, worker.run, tokens, req, deadline, emit, cancelled)
-        future.add_done_callback(lambda f: loop.call_soon_threadsafe(events.put_nowait, ("end", f)))
+
+        def ended(f) -> None:
+            f.exception()  # (read here: a client that left never reads it, and asyncio would log it unread)
+            loop.call_soon_threadsafe(events.put_nowait, ("end", f))
+
+        future.add_done_callback(ended)
 
         async def stream():
             try:
@@ -200,10 +209,10 @@ def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeou
                         continue
                     try:
                         result = value.result()
-                    except RuntimeError:
-                        if worker.broken is None:
-                            raise
-                        yield f"event: error\ndata: {json.dumps({'error': device_lost()})}\n\n"
+                    except Exception as exc:  # noqa: BLE001 - the 200 is sent: the client learns it in an event
+                        error = device_lost() if worker.broken is not None else \
+                            f"{type(exc).__name__}: {first_line(exc)}"
+                        yield f"event: error\ndata: {json.dumps({'error': error})}\n\n"
                         return
                     if result["status"] == "timeout":
                         error = {"error": f"request timed out after {timeout_s:g} s", **summary(result)}
