@@ -173,3 +173,20 @@ def test_nothing_is_left_behind_when_it_exits():
     assert torch.Generator is real
     assert moved.device == torch.device("cpu")  # no mode any more: a plain CPU tensor
     torch.ones(2) + moved
+
+
+def test_one_process_agrees_with_one_read_of_the_devices_flag(acc):
+    """Every LSTM cohort member's run, and every single-GPU run, agrees alone: its stop agreement sent its values
+    to the device (a pinned copy), joined the divergence flag there and read all back. Alone there is nothing
+    to agree with: one read of the flag, no copy to the device, the same answer."""
+    from trainers.runtime.dist import all_reduce_max
+    from trainers.runtime.rundir import single_process_context
+
+    ctx = single_process_context(str(acc.device))
+    for flag, want in ((0.0, [2.0, 0.0, 0.0]), (1.0, [2.0, 0.0, 1.0])):
+        on_device = torch.tensor(flag, device=acc.device)
+        before = len(acc.syncs)
+        assert all_reduce_max(ctx, [2.0, 0.0], on_device=on_device) == want
+        assert acc.pins == []  # (the values went to the device through a pinned copy)
+        assert [s.kind for s in acc.syncs[before:]] == ["item"]
+    assert all_reduce_max(ctx, [3.0]) == [3.0]

@@ -203,8 +203,8 @@ def all_reduce_max(ctx: DistContext, values: list[float], on_device: torch.Tenso
     """Element-wise max over ranks; one small collective. `on_device`: a 0-dim tensor on this rank's
     device that rides as one more element (its max over ranks comes last), so a flag the device holds
     costs no host wait of its own: the one read of the result is the only one."""
-    if not ctx.distributed and on_device is None:
-        return list(values)
+    if not ctx.distributed:  # nothing to agree with: the flag's one read, nothing sent to the device and back
+        return [*values, *([] if on_device is None else [float(on_device.detach())])]
     t = device_mod.to_device(torch.tensor(values, dtype=torch.float64), ctx.device)
     if on_device is not None:
         t = torch.cat([t, on_device.detach().to(torch.float64).reshape(1)])
