@@ -65,11 +65,11 @@ def profile_ops(command: list[str], top: int) -> tuple[int, dict]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    device = torch.cuda.is_available()  # (asked once: the answer decides what is recorded and what is read)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device else [])
     with profile(activities=activities) as prof:
         code = trainers_main(command)
     averages = prof.key_averages()
-    device = torch.cuda.is_available()
     return code, {"activities": [a.name for a in activities],
                   "host_s": sum(e.self_cpu_time_total for e in averages) / 1e6,
                   "device_s": sum(getattr(e, "self_device_time_total", 0) for e in averages) / 1e6 if device else None,
