@@ -195,7 +195,8 @@ def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeou
         future = loop.run_in_executor(worker.pool, worker.run, tokens, req, deadline, emit, cancelled)
 
         def ended(f) -> None:
-            f.exception()  # (read here: a client that left never reads it, and asyncio would log it unread)
+            if not f.cancelled():
+                f.exception()  # (read here: a client that left never reads it, and asyncio would log it unread)
             loop.call_soon_threadsafe(events.put_nowait, ("end", f))
 
         future.add_done_callback(ended)
