@@ -1,8 +1,11 @@
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +94,28 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen) -> None:
 @pytest.fixture
 def tiny_data():
     return list(TINY_DATA)
+
+
+@contextlib.contextmanager
+def serving_in_thread(app, timeout: float = 30):
+    """`app` (ASGI) served by uvicorn on a free localhost port in a thread of this process: its URL while inside."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not come up"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def wait_until_serving(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:

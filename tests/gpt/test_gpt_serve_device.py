@@ -6,9 +6,6 @@ fault; every later call on the device fails the same way until the process resta
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -18,9 +15,8 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-import uvicorn  # noqa: E402
-
 import trainers.gpt.serve as serve  # noqa: E402
+from conftest import serving_in_thread  # noqa: E402
 from trainers.gpt.config import GptConfig  # noqa: E402
 from trainers.gpt.infer import Loaded  # noqa: E402
 from trainers.gpt.loadtest import post, stream  # noqa: E402
@@ -50,20 +46,6 @@ def post_status(url: str, body: dict) -> int:
         return exc.code
 
 
-def serving(app):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not come up"
-        time.sleep(0.05)
-    return server, thread, f"http://127.0.0.1:{port}"
-
-
 CALLS: list[int] = []  # the generations started (the app's generate), per test
 
 
@@ -91,8 +73,7 @@ def app_with_generate(monkeypatch):
 
 
 def test_a_broken_device_makes_health_and_generate_answer_503_with_cudas_words(app_with_generate):
-    server, thread, url = serving(app_with_generate(RuntimeError(KERNEL_FAULT)))
-    try:
+    with serving_in_thread(app_with_generate(RuntimeError(KERNEL_FAULT))) as url:
         status, out = post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
         assert status == 200 and out["tokens"] == 4
         status, out = post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})  # the generation that broke it
@@ -106,34 +87,23 @@ def test_a_broken_device_makes_health_and_generate_answer_503_with_cudas_words(a
         with pytest.raises(urllib.error.HTTPError) as refused:  # a stream is refused the same way
             stream(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
         assert refused.value.code == 503 and "cannot generate again" in refused.value.read().decode()
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_a_streamed_generation_that_breaks_the_device_ends_with_an_error_event(app_with_generate):
-    server, thread, url = serving(app_with_generate(RuntimeError(KERNEL_FAULT), after=2))
-    try:
+    with serving_in_thread(app_with_generate(RuntimeError(KERNEL_FAULT), after=2)) as url:
         assert post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})[0] == 200
         _, events = stream(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
         assert [name for name, _ in events] == ["message", "message", "error"]  # 2 characters, then the error
         assert "an illegal memory access" in events[-1][1]["error"]
         assert get(url + "/health")[0] == 503
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 def test_an_error_that_leaves_the_device_usable_is_that_requests_500_and_health_stays_ok(app_with_generate):
-    server, thread, url = serving(app_with_generate(RuntimeError("a bug in one request's generation")))
-    try:
+    with serving_in_thread(app_with_generate(RuntimeError("a bug in one request's generation"))) as url:
         assert post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})[0] == 200
         assert post_status(url, {"prompt": "ab", "max_new_tokens": 4}) == 500
         status, health = get(url + "/health")
         assert status == 200 and health["status"] == "ok" and health["served"] == 2
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
@@ -142,8 +112,7 @@ def test_a_stream_that_fails_otherwise_ends_with_an_error_event_and_the_server_s
                                                                                             error):
     """Out of memory leaves the device usable (not a broken context); any failure after the stream's 200 is
     told in an error event (the stream used to break off without one)."""
-    server, thread, url = serving(app_with_generate(error, after=1))
-    try:
+    with serving_in_thread(app_with_generate(error, after=1)) as url:
         assert post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})[0] == 200
         _, events = stream(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
         assert [name for name, _ in events] == ["message", "error"]
@@ -151,6 +120,3 @@ def test_a_stream_that_fails_otherwise_ends_with_an_error_event_and_the_server_s
         status, health = get(url + "/health")
         assert status == 200 and health["status"] == "ok"
         assert post_status(url, {"prompt": "ab", "max_new_tokens": 4}) == 500  # its own error again, no 503
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)

@@ -12,11 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GPT_TINY, ROOT, TINY_DATA, run_cli
+from conftest import GPT_TINY, ROOT, TINY_DATA, run_cli, serving_in_thread
 from trainers.cli import main
 
 INT_MAX = 2**31 - 1  # trainers.runtime.config.INT_MAX, written out: these probes also ran against the code before it
@@ -425,28 +423,15 @@ def test_status_refuses_a_trainer_name_that_is_a_path(tmp_path, capsys, monkeypa
 @pytest.fixture(scope="module")
 def gpt_server(tmp_path_factory):
     """The real app on a tiny trained GPT, served by uvicorn on localhost in a thread."""
-    import uvicorn
-
     run_dir = tmp_path_factory.mktemp("gpt") / "run"
     run_cli(["gpt", "train", *GPT_TINY, "--batch-tokens", "256", "--max-steps", "2", "--run-dir", str(run_dir)],
             check=True)
     from trainers.gpt.infer import load_for_inference
     from trainers.gpt.serve import build_app
 
-    app = build_app(load_for_inference(run_dir, "best", "cpu"), 64, 100, timeout_s=30, max_queue=4)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not come up"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving_in_thread(build_app(load_for_inference(run_dir, "best", "cpu"), 64, 100, timeout_s=30,
+                                     max_queue=4)) as url:
+        yield url
 
 
 def post_raw(url: str, body: str) -> tuple[int, dict]:
