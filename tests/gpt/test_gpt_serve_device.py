@@ -6,6 +6,9 @@ fault; every later call on the device fails the same way until the process resta
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -120,3 +123,39 @@ def test_a_stream_that_fails_otherwise_ends_with_an_error_event_and_the_server_s
         status, health = get(url + "/health")
         assert status == 200 and health["status"] == "ok"
         assert post_status(url, {"prompt": "ab", "max_new_tokens": 4}) == 500  # its own error again, no 503
+
+
+def test_the_server_stops_after_the_device_broke_and_exits_1_naming_the_error(app_with_generate, monkeypatch, tmp_path,
+                                                                             capsys):
+    """`trainers gpt serve`: a server that can never generate again, answering 503 forever, is restarted only where
+    something probes /health; under `docker run --restart on-failure` or systemd it must exit. It finishes the
+    answer in flight (the 503 of the generation that broke the device), then exits 1 with one line naming it."""
+    from trainers.cli import main
+
+    app_with_generate(RuntimeError(KERNEL_FAULT))  # (patches serve.generate)
+    torch.manual_seed(0)
+    loaded = Loaded(GptConfig(), VOCAB, GPT(len(VOCAB), 1, 16, 32).eval(), 7, torch.device("cpu"))
+    monkeypatch.setattr(serve, "load_for_inference", lambda *_a, **_k: loaded)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    codes = []
+    thread = threading.Thread(target=lambda: codes.append(main(["gpt", "serve", "--run-dir", str(tmp_path),
+                                                                "--port", str(port)])), daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert get(url + "/health")[0] == 200
+            break
+        except OSError:
+            assert time.monotonic() < deadline and thread.is_alive(), "server did not come up"
+            time.sleep(0.05)
+    assert post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})[0] == 200
+    status, out = post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
+    assert status == 503 and "an illegal memory access" in out["detail"]
+    thread.join(timeout=20)
+    assert not thread.is_alive() and codes == [1]
+    err = capsys.readouterr().err
+    assert "the device broke (CUDA error: an illegal memory access was encountered)" in err and "Traceback" not in err

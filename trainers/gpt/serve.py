@@ -15,8 +15,8 @@ finish by then ends with 504 (or an error event when streaming). Refused before 
 longer than --max-prompt-chars (413), max_new_tokens above --max-new-tokens-limit, an empty
 prompt, characters the model never saw (named) and malformed fields (422). A generation that breaks
 the GPU's context (a kernel fault: no later call on the device can succeed in this process) leaves
-/health and every later generation answering 503 with the device's error, so whatever probes the server
-restarts it (nothing in this process exits: under a bare `docker run` no one does).
+/health and every later generation answering 503 with the device's error; `trainers gpt serve` then
+finishes the answers in flight and exits 1 naming the error, for whatever runs it to start it again.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import torch
 from fastapi import FastAPI, HTTPException, Request
@@ -34,7 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainers.errors import first_line
+from trainers.errors import RunFailed, first_line
 from trainers.gpt.infer import Loaded, encode, load_for_inference
 from trainers.gpt.model import generate
 from trainers.runtime import device as device_mod
@@ -72,9 +73,10 @@ class Worker:
     device's error once a generation broke its CUDA context (every later call on it fails the same way: only a new
     process can use the GPU again), for /health and /generate to answer 503 with it instead of ok and a 500 each."""
 
-    def __init__(self, loaded: Loaded, max_queue: int):
+    def __init__(self, loaded: Loaded, max_queue: int, on_broken: Callable[[str], None] | None = None):
         self.loaded = loaded
         self.max_queue = max_queue
+        self.on_broken = on_broken  # told once, from the generation thread, when the device breaks
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
         self.pending = 0
         self.lock = threading.Lock()
@@ -103,6 +105,8 @@ class Worker:
             except RuntimeError as exc:
                 if device_mod.context_lost(exc, self.loaded.device):
                     self.broken = first_line(exc)
+                    if self.on_broken is not None:
+                        self.on_broken(self.broken)
                 raise
         finally:
             self.done()
@@ -126,10 +130,12 @@ class Worker:
         return {"status": status, "tokens": len(out), "started": started, "text": "".join(out)}
 
 
-def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeout_s: float, max_queue: int) -> FastAPI:
+def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeout_s: float, max_queue: int,
+              on_device_lost: Callable[[str], None] | None = None) -> FastAPI:
+    """The app; `on_device_lost(error)` is called once if a generation breaks the device (`serve` stops then)."""
     app = FastAPI(title="trainers gpt", description=__doc__.split("\n\n")[0])
     app.add_exception_handler(RequestValidationError, invalid_request)
-    worker = Worker(loaded, max_queue)
+    worker = Worker(loaded, max_queue, on_device_lost)
     params = sum(p.numel() for p in loaded.model.parameters())
 
     def device_lost() -> str:
@@ -237,7 +243,17 @@ def serve(run_dir: Path, checkpoint: str, host: str, port: int, device: str, max
     if threads:
         torch.set_num_threads(threads)
     loaded = load_for_inference(Path(run_dir), checkpoint, device)
-    app = build_app(loaded, max_new_tokens, max_prompt_chars, timeout_s, max_queue)
+    lost: list[str] = []
+
+    def device_lost(error: str) -> None:  # the answers in flight finish (503s), then the process leaves
+        lost.append(error)
+        server.should_exit = True
+
+    app = build_app(loaded, max_new_tokens, max_prompt_chars, timeout_s, max_queue, on_device_lost=device_lost)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     print(f"serving {run_dir} (checkpoint step {loaded.step}, {len(loaded.vocab)} characters) on "
           f"http://{host}:{port}  (GET /health, POST /generate)", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    server.run()
+    if lost:
+        raise RunFailed(f"gpt serve: the device broke ({lost[0]}); no generation can succeed in this process, so "
+                        f"the server stopped for whatever runs it (docker --restart, systemd, a pod) to start it again")
