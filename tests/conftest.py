@@ -96,14 +96,19 @@ def tiny_data():
     return list(TINY_DATA)
 
 
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on now (the OS picks it; a test binds it soon after)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @contextlib.contextmanager
 def serving_in_thread(app, timeout: float = 30):
     """`app` (ASGI) served by uvicorn on a free localhost port in a thread of this process: its URL while inside."""
     import uvicorn
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

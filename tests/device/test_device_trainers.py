@@ -16,7 +16,6 @@ points where the loop waits on purpose (logging, evaluation, the stop agreement,
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GPT_TINY, TINY_DATA, read_results, run_cli, run_torchrun, wait_until_serving
+from conftest import GPT_TINY, TINY_DATA, free_port, read_results, run_cli, run_torchrun, wait_until_serving
 from fake_accelerator import fake_env, read_logs, steady_step_syncs
 
 pytestmark = pytest.mark.slow
@@ -143,9 +142,7 @@ def test_gpt_samples_and_serves_on_the_fake_accelerator(trained, tmp_path):
     assert sampled.returncode == 0, tail(sampled)
     from trainers.gpt.loadtest import post, stream
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "trainers", "gpt", "serve", "--run-dir", str(run.run_dir),
                                "--port", str(port), "--device", "auto", "--threads", "1"], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -4,7 +4,6 @@ dispatch, build_and_push.sh, preflight, shellcheck and hadolint, multi-node rend
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAKES, ROOT, TINY_DATA, read_results
+from conftest import FAKES, ROOT, TINY_DATA, free_port, read_results
 
 SCRIPTS = ["deploy_8gpu.sh", "run_multigpu.sh", "kit_lib.sh", "gnn_training/run.sh", "build_and_push.sh",
            "docker/entrypoint.sh", "docker/smoke.sh", ".ci/run", "tests/fakes/nvidia-smi",
@@ -293,9 +292,7 @@ def test_build_and_push(tmp_path):
 @pytest.mark.slow
 def test_two_nodes_on_localhost_train_together(tmp_path):
     """Two torchrun launches (one per "node") meet through c10d rendezvous and produce one result."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINERS_FAULT")}
     env["OMP_NUM_THREADS"] = "1"

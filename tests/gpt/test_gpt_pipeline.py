@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import GPT_TINY, read_results, run_cli, run_torchrun, wait_until_serving
+from conftest import GPT_TINY, free_port, read_results, run_cli, run_torchrun, wait_until_serving
 from trainers.cli import main
 
 pytestmark = pytest.mark.slow
@@ -117,12 +116,6 @@ def test_onnx_matches_pytorch_at_lengths_other_than_the_export(fsdp_run):
 
 
 # ---- the server --------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(fsdp_run):
     port = free_port()

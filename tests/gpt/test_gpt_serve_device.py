@@ -6,7 +6,6 @@ fault; every later call on the device fails the same way until the process resta
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -19,7 +18,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 import trainers.gpt.serve as serve  # noqa: E402
-from conftest import serving_in_thread  # noqa: E402
+from conftest import free_port, serving_in_thread  # noqa: E402
 from trainers.gpt.config import GptConfig  # noqa: E402
 from trainers.gpt.infer import Loaded  # noqa: E402
 from trainers.gpt.loadtest import post, stream  # noqa: E402
@@ -136,9 +135,7 @@ def test_the_server_stops_after_the_device_broke_and_exits_1_naming_the_error(ap
     torch.manual_seed(0)
     loaded = Loaded(GptConfig(), VOCAB, GPT(len(VOCAB), 1, 16, 32).eval(), 7, torch.device("cpu"))
     monkeypatch.setattr(serve, "load_for_inference", lambda *_a, **_k: loaded)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     codes = []
     thread = threading.Thread(target=lambda: codes.append(main(["gpt", "serve", "--run-dir", str(tmp_path),
                                                                 "--port", str(port)])), daemon=True)

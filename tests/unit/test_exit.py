@@ -2,12 +2,11 @@
 loaded, without the interpreter's teardown (runtime/leave.py: 0.8 s of CPU a process, and gloo's threads that
 abort a completed worker when they outlive it), after everything else a normal exit does."""
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from conftest import _env
+from conftest import _env, free_port
 
 SCRIPT = """
 import atexit, os, sys, threading, time
@@ -39,9 +38,7 @@ leave(3)
 
 
 def _run(mode: str, tmp_path) -> tuple[subprocess.CompletedProcess, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = _env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1",
                 "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "exit-test"})
     kept = tmp_path / "kept.txt"
