@@ -73,17 +73,18 @@ cohort_blocking() {
 # the same 64-symbol cohort job with its checkpoints written in the loop (--no-ckpt-async): on the H200 (aadb2aa) the
 # profile of the default (each member's write behind the loop in a thread of its own, all at once then) put its main
 # thread's largest times in calls that wait for the GIL while those threads pickle; the writes now take turns
-# (bench/gil_convoy.py, run here too). Its job wall (results.json) against the lstm_cohort step's 64-symbol cohort
-# row (cohort_packing_gpu.json, the same job with its writes behind the loop) says which is faster on a GPU
-gil_convoy() {
-  step 60 python3 bench/gil_convoy.py --dir "$out" --out "$out/bench/gil_convoy_gpu.json" \
-    >"$out/bench/gil_convoy_gpu.log" 2>&1 || { echo "gil_convoy failed: exit $?"; status=1; }
-}
+# (bench/gil_convoy.py, below). Its job wall (results.json) against the lstm_cohort step's 64-symbol cohort row
+# (cohort_packing_gpu.json, the same job with its writes behind the loop) says which is faster on a GPU
 cohort_saves_in_loop() {
   step 60 python3 -m trainers lstm train --synthetic-tickers 64 --epochs 5 --patience 0 --no-export --device auto \
     --no-ckpt-async --run-dir "$out/lstm_saves_in_loop" >"$out/bench/cohort_saves_in_loop.log" 2>&1 \
     || { echo "lstm cohort job, saves in the loop, failed: exit $?"; status=1; }
   cp "$out/lstm_saves_in_loop/results.json" "$out/bench/cohort_saves_in_loop_results.json" 2>/dev/null || true
+}
+# the GIL's convoy on this host: a main-thread op beside checkpoint writers at once and taking turns (seconds)
+gil_convoy() {
+  step 60 python3 bench/gil_convoy.py --dir "$out" --out "$out/bench/gil_convoy_gpu.json" \
+    >"$out/bench/gil_convoy_gpu.log" 2>&1 || { echo "gil_convoy failed: exit $?"; status=1; }
 }
 profile_lstm_cohort() {
   step 120 python3 bench/profile_job.py --out "$out/bench/profile_lstm_cohort_gpu.json" -- lstm train \
