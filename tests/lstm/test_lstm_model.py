@@ -56,12 +56,13 @@ def test_the_loss_is_bce_on_the_logit_and_a_double_sigmoid_would_fail():
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    """SYN000 trains (and exports in its worker), SYN001 is made to fail on both tries."""
+    """SYN000 and SYN002 train (and export in their worker: SYN002's file is SYN000's graph with its own weights),
+    SYN001 is made to fail on both tries."""
     root = tmp_path_factory.mktemp("lstm-job")
     mp = pytest.MonkeyPatch()
     mp.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:always")
     try:
-        rc = main(["lstm", "train", "--run-dir", str(root / "job"), *TINY, "--symbols", "SYN000,SYN001"])
+        rc = main(["lstm", "train", "--run-dir", str(root / "job"), *TINY, "--symbols", "SYN000,SYN001,SYN002"])
     finally:
         mp.undo()
     return root / "job", rc
@@ -71,11 +72,11 @@ def test_one_process_exits_1_when_a_symbol_failed_and_says_so(job):
     run_dir, rc = job
     assert rc == 1
     r = json.loads((run_dir / "results.json").read_text())
-    assert r["training"]["symbols"] == {"ok": 1, "failed": 1, "stopped": 0, "pending": 0}
+    assert r["training"]["symbols"] == {"ok": 2, "failed": 1, "stopped": 0, "pending": 0}
     assert r["symbols"]["SYN001"]["tries"] == 2 and "asked SYN001 to fail" in r["symbols"]["SYN001"]["error"]
-    assert r["runs"] == {"SYN000": "symbols/SYN000"}
+    assert r["runs"] == {"SYN000": "symbols/SYN000", "SYN002": "symbols/SYN002"}
     md = (run_dir / "results.md").read_text()
-    assert "1 of 2 symbols succeeded, 1 failed" in md and "SYN001: RuntimeError" in md
+    assert "2 of 3 symbols succeeded, 1 failed" in md and "SYN001: RuntimeError" in md
     log = (run_dir / "training.log").read_text()
     assert "SYN001: try 1 failed" in log and "SYN001: failed twice" in log
 
@@ -99,12 +100,18 @@ def test_the_training_loop_logs_bce_of_the_logits(job):
     assert abs(first["loss"] - double) > 1e-3
 
 
-def test_export_is_a_probability_and_matches_pytorch_at_other_batch_sizes(job):
+@pytest.mark.parametrize("symbol", ["SYN000", "SYN002"])
+def test_export_is_a_probability_and_matches_pytorch_at_other_batch_sizes(job, symbol):
+    """Each symbol's file computes its own model: SYN002's graph is the one exported before it (from SYN000, or
+    from another test's job in this process) with its weights put in."""
     import onnxruntime as ort
 
     run_dir, _ = job
-    folder = run_dir / "symbols" / "SYN000"
+    folder = run_dir / "symbols" / symbol
     info = json.loads((folder / "export.json").read_text())
+    if symbol == "SYN002":
+        assert info["graph"] == "reused"
+        assert info["sha256"] != json.loads((run_dir / "symbols" / "SYN000" / "export.json").read_text())["sha256"]
     assert info["export_batch"] == 2 and 2 not in info["parity"]["batch_sizes"]
     assert info["parity"]["max_abs_error"] < 1e-4 and info["output"]["name"] == "probability"
     from trainers.runtime.files import sha256_file
@@ -121,7 +128,7 @@ def test_export_is_a_probability_and_matches_pytorch_at_other_batch_sizes(job):
         want = UpProbability(model.eval())(x).numpy()
     assert got.shape == (5,) and ((got > 0) & (got < 1)).all() and np.abs(got - want).max() < 1e-5
     r = json.loads((run_dir / "results.json").read_text())
-    assert r["symbols"]["SYN000"]["export"]["sha256"] == info["sha256"]
+    assert r["symbols"][symbol]["export"]["sha256"] == info["sha256"]
 
 
 def test_evaluate_and_package_the_job(job, tmp_path):

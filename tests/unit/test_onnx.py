@@ -49,3 +49,108 @@ def test_latency_report_has_percentiles(exported):
         for engine in ("onnxruntime", "pytorch_eager"):
             r = lat[b][engine]
             assert r["iters"] == 5 and 0 < r["p50_ms"] <= r["p99_ms"]
+
+
+def lstm_probability(seed: int) -> torch.nn.Module:
+    from trainers.lstm.model import DirectionLSTM, UpProbability
+
+    torch.manual_seed(seed)
+    return UpProbability(DirectionLSTM(5, 8, 2, 0.0)).eval()
+
+
+def export_of(module, path, reuse: bool):
+    from trainers.onnx import export_program, export_reusing
+
+    args = (torch.zeros(2, 6, 5),)
+    shapes = {"x": {0: torch.export.Dim("batch", min=1, max=1 << 20)}}
+    if not reuse:
+        return export_program(module, args, path, ["features"], ["probability"], shapes)
+    return export_reusing(module, args, path, ["features"], ["probability"], shapes, architecture=("test",))
+
+
+def test_a_second_model_of_one_architecture_gets_the_first_graph_with_its_own_weights(tmp_path, monkeypatch):
+    """export_reusing: the first model is exported; the next ones get that graph with their own parameters put in
+    (the LSTM's exporter reorders its gates into initializers: markers say which parameter each value is). The
+    file is the graph torch.onnx.export makes for that model, its initializers bit for bit, and onnxruntime
+    computes that model, not the first."""
+    import onnx
+    from onnx import numpy_helper
+
+    import trainers.onnx as onnx_mod
+
+    monkeypatch.setattr(onnx_mod, "_TEMPLATES", {})
+    first, second, third = (lstm_probability(seed) for seed in (0, 1, 2))
+    assert export_of(first, tmp_path / "first.onnx", reuse=True) is False
+    assert export_of(second, tmp_path / "second.onnx", reuse=True) is True
+    assert export_of(third, tmp_path / "third.onnx", reuse=True) is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first.onnx", "second.onnx", "third.onnx"]  # no leftovers
+    export_of(third, tmp_path / "direct.onnx", reuse=False)
+    reused, direct = onnx.load(tmp_path / "third.onnx"), onnx.load(tmp_path / "direct.onnx")
+    assert onnx_mod._without_initializers(reused) == onnx_mod._without_initializers(direct)
+    for a, b in zip(reused.graph.initializer, direct.graph.initializer, strict=True):
+        assert a.name == b.name and numpy_helper.to_array(a).tobytes() == numpy_helper.to_array(b).tobytes()
+    x = (torch.randn(9, 6, 5),)
+    for module, name in ((second, "second.onnx"), (third, "third.onnx")):
+        check_parity(module, tmp_path / name, {"batch_9": x}, ["features"], tolerance=1e-5)
+    with pytest.raises(ExportMismatch):  # the third's file is not the first model's
+        check_parity(first, tmp_path / "third.onnx", {"batch_9": x}, ["features"], tolerance=1e-5)
+
+
+class Summed(torch.nn.Module):
+    """A graph with one initializer copied from a parameter (w) and one the exporter computes from two (it folds
+    a + b): the second model's file would hold the first model's a + b, so no graph of it is reused."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.a = torch.nn.Parameter(torch.randn(3, 30, generator=g))
+        self.b = torch.nn.Parameter(torch.randn(3, 30, generator=g))
+        self.w = torch.nn.Parameter(torch.randn(30, 2, generator=g))
+
+    def forward(self, x):
+        return (x.flatten(1) @ (self.a + self.b).T).sum(-1) + (x.flatten(1) @ self.w).sum(-1)
+
+
+def test_a_graph_that_computes_from_its_parameters_is_exported_for_every_model(tmp_path, monkeypatch):
+    import trainers.onnx as onnx_mod
+
+    monkeypatch.setattr(onnx_mod, "_TEMPLATES", {})
+    models = [Summed(seed).eval() for seed in range(3)]
+    assert [export_of(m, tmp_path / f"{k}.onnx", reuse=True) for k, m in enumerate(models)] == [False] * 3
+    assert [t.reusable for t in onnx_mod._TEMPLATES.values()] == [False]  # worked out once, on the second model
+    for k, m in enumerate(models):
+        check_parity(m, tmp_path / f"{k}.onnx", {"batch_4": (torch.randn(4, 6, 5),)}, ["features"], tolerance=1e-5)
+
+
+def graph_of(w: list, op: str = "MatMul"):
+    """A one-node graph y = op(x, W), W [2, 2] an initializer."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node(op, ["x", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+                              [numpy_helper.from_array(np.array(w, dtype=np.float32), "W")])
+    return helper.make_model(graph)
+
+
+@pytest.mark.parametrize("case", ["copies", "another graph", "computed"])
+def test_a_template_is_reused_only_where_the_markers_and_its_own_values_agree(case):
+    """GraphTemplate.work_out on hand-made graphs: W holds parameters 2, 0, 3, 1 (markers say so). Reused only
+    when the rest of the graph is the marked export's and the first model's parameters, put back in, give the
+    template's W bit for bit; a W computed from the parameters (here + 1) that the markers cannot tell from a
+    copy is caught by the second check."""
+    from onnx import numpy_helper
+
+    from trainers.onnx import MARKER_BASE, GraphTemplate
+
+    flat = torch.tensor([0.5, -1.0, 2.0, 3.0])
+    order = [[2, 0], [3, 1]]
+    mine = [[float(flat[i]) + (1.0 if case == "computed" else 0.0) for i in row] for row in order]
+    template = GraphTemplate(graph_of(mine), flat)
+    template.work_out(graph_of([[MARKER_BASE + i for i in row] for row in order],
+                               "Add" if case == "another graph" else "MatMul"))
+    assert template.reusable is (case == "copies")
+    if template.reusable:
+        put_in = template.with_parameters(torch.tensor([10.0, 11.0, 12.0, 13.0]))
+        assert numpy_helper.to_array(put_in.graph.initializer[0]).tolist() == [[12.0, 10.0], [13.0, 11.0]]

@@ -2,7 +2,11 @@
 traced at batch 2 and checked by onnxruntime against PyTorch at batch sizes 1, 7 and 64.
 
 Training workers export each symbol as it finishes (in parallel, `--export`, the default);
-`trainers lstm export --run-dir JOB` exports the symbols whose export is missing or stale.
+`trainers lstm export --run-dir JOB` exports the symbols whose export is missing or stale. A job's symbols
+share one architecture: a process runs torch.onnx.export for the first (about 2 s on the development VM) and
+gives each later symbol that graph with its own weights put in (trainers.onnx.export_reusing, milliseconds);
+every file, either way, is checked by onnxruntime against its own symbol's model. export.json's `graph` says
+which ("exported" or "reused").
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 from trainers.errors import UsageError
 from trainers.lstm.config import LstmConfig, job_symbols
 from trainers.lstm.model import UpProbability
-from trainers.onnx import check_parity, check_tolerance, export_program, measure_latency, opset, parity_line
+from trainers.onnx import check_parity, check_tolerance, export_reusing, measure_latency, opset, parity_line
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.files import sha256_file
 from trainers.runtime.results import merge_results, read_results
@@ -56,8 +60,11 @@ def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-
     path = folder / "model.onnx"
     t0 = time.perf_counter()
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
-    export_program(module, (torch.zeros(EXPORT_BATCH, cfg.window, model_info["n_features"]),), path,
-                   input_names=["features"], output_names=["probability"], dynamic_shapes={"x": {0: batch}})
+    # a job's symbols share one architecture: from the second on, the first's graph with the symbol's weights
+    reused = export_reusing(module, (torch.zeros(EXPORT_BATCH, cfg.window, model_info["n_features"]),), path,
+                            input_names=["features"], output_names=["probability"], dynamic_shapes={"x": {0: batch}},
+                            architecture=("lstm", cfg.window, model_info["n_features"], cfg.hidden, cfg.layers,
+                                          cfg.dropout))
     export_s = time.perf_counter() - t0
     parity = check_parity(module, path, cases(cfg.window, model_info["n_features"], CHECK_BATCHES), ["features"],
                           tolerance)
@@ -65,7 +72,8 @@ def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-
     latency = measure_latency(module, path, cases(cfg.window, model_info["n_features"], (1, 256), seed=1),
                               ["features"], latency_iters)
     info = {"path": path.name, "symbol": cfg.symbols, "checkpoint_step": step, "export_batch": EXPORT_BATCH,
-            "export_s": export_s, "opset": opset(path), "bytes": path.stat().st_size, "sha256": sha256_file(path),
+            "export_s": export_s, "graph": "reused" if reused else "exported", "opset": opset(path),
+            "bytes": path.stat().st_size, "sha256": sha256_file(path),
             "parity": parity, "latency_cpu": latency,
             "input": {"name": "features", "shape": ["batch", cfg.window, model_info["n_features"]]},
             "output": {"name": "probability", "shape": ["batch"], "meaning": "P(close rises over the horizon)"},
