@@ -61,6 +61,11 @@ def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("lstm-job")
     mp = pytest.MonkeyPatch()
     mp.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:always")
+    import trainers.lstm.export as lstm_export
+    import trainers.onnx as onnx_mod
+
+    mp.setattr(onnx_mod, "_TEMPLATES", {})  # this job's first export is its own, whatever ran before in the process
+    mp.setattr(lstm_export, "_LATENCY", {})
     try:
         rc = main(["lstm", "train", "--run-dir", str(root / "job"), *TINY, "--symbols", "SYN000,SYN001,SYN002"])
     finally:
@@ -102,16 +107,17 @@ def test_the_training_loop_logs_bce_of_the_logits(job):
 
 @pytest.mark.parametrize("symbol", ["SYN000", "SYN002"])
 def test_export_is_a_probability_and_matches_pytorch_at_other_batch_sizes(job, symbol):
-    """Each symbol's file computes its own model: SYN002's graph is the one exported before it (from SYN000, or
-    from another test's job in this process) with its weights put in."""
+    """Each symbol's file computes its own model: SYN002's graph is SYN000's with its weights put in, its CPU latency
+    the one measured on SYN000's file (the same operations)."""
     import onnxruntime as ort
 
     run_dir, _ = job
     folder = run_dir / "symbols" / symbol
     info = json.loads((folder / "export.json").read_text())
-    if symbol == "SYN002":
-        assert info["graph"] == "reused"
-        assert info["sha256"] != json.loads((run_dir / "symbols" / "SYN000" / "export.json").read_text())["sha256"]
+    first = json.loads((run_dir / "symbols" / "SYN000" / "export.json").read_text())
+    assert info["graph"] == ("exported" if symbol == "SYN000" else "reused")
+    assert info["latency_cpu"] == first["latency_cpu"] and first["latency_cpu"]["measured_on"] == "SYN000"
+    assert (info["sha256"] == first["sha256"]) is (symbol == "SYN000")
     assert info["export_batch"] == 2 and 2 not in info["parity"]["batch_sizes"]
     assert info["parity"]["max_abs_error"] < 1e-4 and info["output"]["name"] == "probability"
     from trainers.runtime.files import sha256_file
