@@ -9,6 +9,7 @@ would pick it up. `measure_latency` times both on the CPU (p50/p99).
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import tempfile
@@ -153,9 +154,14 @@ def export_reusing(module: torch.nn.Module, args: tuple, path: Path, input_names
             for p in marked.parameters():
                 p.copy_(torch.arange(start, start + p.numel(), dtype=torch.float64).add_(MARKER_BASE).view(p.shape))
                 start += p.numel()
-        with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx-markers-") as tmp:
-            export_program(marked, args, Path(tmp) / path.name, input_names, output_names, dynamic_shapes)
-            template.work_out(_load(Path(tmp) / path.name))
+        template.reusable = False  # (until worked out: a failure below is not tried again for every module)
+        try:
+            with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx-markers-") as tmp:
+                export_program(marked, args, Path(tmp) / path.name, input_names, output_names, dynamic_shapes)
+                template.work_out(_load(Path(tmp) / path.name))
+        except Exception as exc:  # noqa: BLE001 - reuse is only quicker: this module and the next are exported
+            logging.getLogger("trainers").warning("ONNX: the export with markers failed (%s: %s); every module of "
+                                                  "this architecture is exported in full", type(exc).__name__, exc)
     if template is not None and template.reusable:
         _write_proto(template.with_parameters(flat), path)
         return True

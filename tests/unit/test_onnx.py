@@ -154,3 +154,26 @@ def test_a_template_is_reused_only_where_the_markers_and_its_own_values_agree(ca
     if template.reusable:
         put_in = template.with_parameters(torch.tensor([10.0, 11.0, 12.0, 13.0]))
         assert numpy_helper.to_array(put_in.graph.initializer[0]).tolist() == [[12.0, 10.0], [13.0, 11.0]]
+
+
+def test_when_the_export_with_markers_fails_every_model_is_exported_and_it_is_not_tried_again(tmp_path, monkeypatch,
+                                                                                            caplog):
+    import trainers.onnx as onnx_mod
+
+    monkeypatch.setattr(onnx_mod, "_TEMPLATES", {})
+    real, calls = onnx_mod.export_program, []
+
+    def failing_for_markers(module, *args):
+        calls.append(args[1].parent.name.startswith(".onnx-markers-"))
+        if calls[-1]:
+            raise RuntimeError("exporter broke on the marked copy")
+        return real(module, *args)
+
+    monkeypatch.setattr(onnx_mod, "export_program", failing_for_markers)
+    models = [lstm_probability(seed) for seed in range(3)]
+    assert [export_of(m, tmp_path / f"{k}.onnx", reuse=True) for k, m in enumerate(models)] == [False] * 3
+    assert calls == [False, True, False, False]  # tried once, then each model exported in full
+    assert "export with markers failed (RuntimeError: exporter broke on the marked copy)" in caplog.text
+    for k, m in enumerate(models):
+        check_parity(m, tmp_path / f"{k}.onnx", {"batch_3": (torch.randn(3, 6, 5),)}, ["features"], tolerance=1e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0.onnx", "1.onnx", "2.onnx"]
