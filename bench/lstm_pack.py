@@ -180,8 +180,7 @@ def step_benchmark(groups: int, steps: int, threads: int) -> dict:
 
 def planned_job_s(symbols: int, shape: list[str], gpu: str) -> float:
     """`trainers plan`'s wall time for the job of `symbols` synthetic symbols with these train options."""
-    options = [a for a in shape if a not in ("--no-export",)]
-    options = [a for i, a in enumerate(options) if a != "--device" and (i == 0 or options[i - 1] != "--device")]
+    options = [a for i, a in enumerate(shape) if a != "--device" and (i == 0 or shape[i - 1] != "--device")]
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([sys.executable, "-m", "trainers", "plan", "--trainer", "lstm", *options, "--synthetic-tickers",
                         str(symbols), "--gpus", "1", "--gpu", gpu, "--json", f"{tmp}/plan.json"], check=True,

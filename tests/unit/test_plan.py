@@ -349,13 +349,14 @@ def test_the_lstm_jobs_time_counts_each_symbols_run_outside_its_steps():
 
     h100 = DEVICES["h100-sxm"]
     for symbols in (10, 500):
-        w = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", str(symbols), "--cohort", "1"])
+        w = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", str(symbols), "--cohort", "1", "--no-export"])
         assert w.shape["symbols"] == symbols and w.outside_steps_s == pytest.approx(symbols * SYMBOL_RUN_S)
         for gpus in (1, 4):
             t = plan(w, h100, gpus).time
             assert t["outside_steps_s"] == pytest.approx(symbols * SYMBOL_RUN_S / gpus)
             assert t["hours"] * 3600 == pytest.approx(w.items_total / t["items_per_s"] + t["outside_steps_s"])
-    bought = plan(load_workload("lstm", ["--synthetic-tickers", "500", "--cohort", "1"]), h100, 1, hours=0.1).time
+    bought = plan(load_workload("lstm", ["--synthetic-tickers", "500", "--cohort", "1", "--no-export"]), h100, 1,
+                  hours=0.1).time
     assert bought["items"] == pytest.approx(bought["items_per_s"] * (360 - 500 * SYMBOL_RUN_S))
 
 
@@ -373,7 +374,7 @@ def test_the_lstm_jobs_time_in_cohorts_is_the_h200s_measured_cohort_jobs():
     assert COHORT_RUN_S + 64 * COHORT_SYMBOL_RUN_S == pytest.approx(outside[64], rel=0.01)
     assert 2 * COHORT_RUN_S + 500 * COHORT_SYMBOL_RUN_S == pytest.approx(outside[500], rel=0.01)
     h200 = DEVICES["h200"]
-    w = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", "500"])
+    w = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", "500", "--no-export"])  # as the jobs were
     # the stacked steps' time: the job's, over the samples as the plan counts them
     steps = cohort_jobs[500]["sum_symbol_s"] - outside[500]
     assert STACKED_SAMPLE_S == pytest.approx(steps / w.items_total, rel=0.01)
@@ -381,12 +382,35 @@ def test_the_lstm_jobs_time_in_cohorts_is_the_h200s_measured_cohort_jobs():
     assert w.outside_steps_s == pytest.approx(2 * COHORT_RUN_S + 500 * COHORT_SYMBOL_RUN_S)
     assert w.min_step_s == pytest.approx(max(SMALL_STEP_S, 256 * 256 * STACKED_SAMPLE_S))
     for n, job in cohort_jobs.items():
-        planned = plan(load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", str(n)]), h200, 1).time
+        planned = plan(load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", str(n), "--no-export"]), h200,
+                       1).time
         assert planned["hours"] * 3600 == pytest.approx(job["job_wall_s"], rel=0.15)
-    small = load_workload("lstm", ["--synthetic-tickers", "10", "--cohort", "4"])
+    small = load_workload("lstm", ["--synthetic-tickers", "10", "--cohort", "4", "--no-export"])
     assert small.shape["cohort"] == 4 and small.items_per_micro == 256 * 4  # 3 cohorts for 10 symbols: 4, 4, 2
     assert small.outside_steps_s == pytest.approx(3 * COHORT_RUN_S + 10 * COHORT_SYMBOL_RUN_S)
     assert plan(small, h200, 1).time["step_floor_why"].startswith("ASSUMED")  # 1,024 samples: the launch floor binds
+
+
+def test_the_lstm_jobs_time_counts_its_onnx_exports_as_measured():
+    """--export (the default) adds each worker's first export and the one that works out the graph's reuse, and
+    each symbol's reused graph, parity check and latency (bench/results/lstm_export_default_cpu.json: the constants
+    are that run's); --no-export adds nothing. Both the cohort and the one-at-a-time job, shared by the workers."""
+    from trainers.lstm.size import EXPORT_SYMBOL_S, EXPORT_WORKER_S
+
+    run = json.loads((REPO / "bench/results/lstm_export_default_cpu.json").read_text())
+    assert EXPORT_SYMBOL_S == pytest.approx(run["export_symbol"][0]["median_symbol_s"], rel=0.01)
+    assert EXPORT_WORKER_S + run["symbols"] * EXPORT_SYMBOL_S == pytest.approx(
+        run["job_wall_export_minus_no_export_s"], rel=0.01)
+    h200 = DEVICES["h200"]
+    for cohort in ([], ["--cohort", "1"]):
+        job = ["--epochs", "5", "--synthetic-tickers", "500", *cohort]
+        without = load_workload("lstm", [*job, "--no-export"])
+        with_export = load_workload("lstm", job)
+        assert with_export.outside_steps_s - without.outside_steps_s == pytest.approx(
+            EXPORT_WORKER_S + 500 * EXPORT_SYMBOL_S)
+        assert "ONNX export" in " ".join(with_export.notes) and "ONNX export" not in " ".join(without.notes)
+        on_eight = plan(with_export, h200, 8).time["outside_steps_s"] - plan(without, h200, 8).time["outside_steps_s"]
+        assert on_eight == pytest.approx(EXPORT_WORKER_S + 500 * EXPORT_SYMBOL_S / 8)  # each worker its own first
 
 
 def test_the_plan_sizes_what_the_run_leaves_to_the_device_for_the_planned_gpu_and_workers():
@@ -400,7 +424,7 @@ def test_the_plan_sizes_what_the_run_leaves_to_the_device_for_the_planned_gpu_an
     assert long_ppo.shape["envs"] == 4096
     on_t4 = plan(long_ppo, t4, 1)
     assert on_t4.chosen is not None and on_t4.shape["envs"] < 4096  # the T4's quarter holds fewer rollouts
-    lstm = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", "500"])
+    lstm = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", "500", "--no-export"])
     on_t4 = plan(lstm, t4, 1)
     assert on_t4.chosen is not None and on_t4.shape["cohort"] < 256
     eight = plan(lstm, h200, 8)

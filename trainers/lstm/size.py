@@ -29,6 +29,15 @@ COHORT_SYMBOL_RUN_S = 0.072
 # full batches of 256, 1,536) of the default model (hidden 64, 2 layers, window 64); scaled by FLOPs for another
 # shape, an assumption. Smaller cohorts use the card less well: the 64-symbol job's steps took 2.33 s, this says 1.3.
 STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
+# The ONNX export of each finished symbol (--export, the default; the constants above are --no-export jobs'), on the
+# worker's host CPU, from the development VM (bench/results/lstm_export_default_cpu.json: 32 symbols of the default
+# model, one worker of one thread). A worker's first symbol is a torch.onnx.export (with torch.onnx's warm-up) and
+# the CPU latency measurement, its second one more export that works out how the graph is reused; every symbol after
+# gets the graph with its own weights and onnxruntime's parity check. The job took 14.76 s longer with its exports
+# on: 0.043 s a symbol (the median export_symbol with the graph reused), the worker's part the rest. A GPU host's
+# CPU is assumed as fast.
+EXPORT_SYMBOL_S = 0.043
+EXPORT_WORKER_S = 14.76 - 32 * EXPORT_SYMBOL_S
 
 
 def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int = 1,
@@ -49,8 +58,10 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
                    "flops": 3 * forward_flops(model, (torch.randn(1, cfg.window, n_in),)),
                    "default_flops": 3 * forward_flops(default, (torch.randn(1, LstmConfig().window, n_in),))}
     c = counted
-    symbols = (len(cfg.symbols.split(",")) if cfg.symbols else cfg.synthetic_tickers if cfg.source == "synthetic"
-               else DEFAULT_SYMBOLS)
+    export_s = (max(1, workers) * EXPORT_WORKER_S + symbols_of(cfg) * EXPORT_SYMBOL_S) if cfg.export else 0.0
+    exported = (f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker and {EXPORT_SYMBOL_S} s a symbol (the development VM's "
+                f"CPU)" if cfg.export else "")
+    symbols = symbols_of(cfg)
     days = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * 365)
     samples = int(days * (1 - cfg.val_frac - cfg.test_frac)) * symbols * cfg.epochs
     k = max(1, cfg.jobs_per_gpu or 1)
@@ -64,10 +75,10 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
             unit="samples", items_per_micro=cfg.batch_size, grad_accum=1, flops_per_item=c["flops"],
             activation_bytes=lambda micro, _ck: int(c["per_sample"] * micro), kind="small", strategies=("ddp",),
             items_total=float(samples), jobs_per_gpu=k, independent=True, min_step_s=SMALL_STEP_S,
-            outside_steps_s=symbols * SYMBOL_RUN_S, shape=shape, for_device=for_device,
+            outside_steps_s=symbols * SYMBOL_RUN_S + export_s, shape=shape, for_device=for_device,
             notes=[f"{symbols} independent models, {k} at a time per GPU (no gradient traffic between them); about "
                    f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs); {SYMBOL_RUN_S} s a "
-                   f"symbol outside its steps (measured one symbol at a time on an H100)"])
+                   f"symbol outside its steps (measured one symbol at a time on an H100){exported}"])
     # A stacked step trains every member's batch at once. A worker fills a cohort before the next, so the
     # largest cohort is `members` (its activations are what must fit); the job's step time is its samples at
     # the measured rate, however the cohorts split them.
@@ -83,11 +94,17 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
         activation_bytes=lambda micro, _ck: int(c["stacked_per_sample"] * micro), kind="small",
         strategies=("ddp",), items_total=float(samples), jobs_per_gpu=k, independent=True,
         min_step_s=max(SMALL_STEP_S, measured), min_step_why=why, for_device=for_device,
-        outside_steps_s=max(1, workers) * cohorts * COHORT_RUN_S + symbols * COHORT_SYMBOL_RUN_S, shape=shape,
+        outside_steps_s=max(1, workers) * cohorts * COHORT_RUN_S + symbols * COHORT_SYMBOL_RUN_S + export_s, shape=shape,
         notes=[f"{symbols} independent models in cohorts of up to {members} (--cohort), {cohorts} a worker "
                f"({max(1, workers)} worker(s), {k} per GPU), each cohort one stacked model a step; about "
                f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs); outside the steps "
-               f"{COHORT_RUN_S} s a cohort and {COHORT_SYMBOL_RUN_S} s a symbol (fitted to the H200's two cohort jobs)"])
+               f"{COHORT_RUN_S} s a cohort and {COHORT_SYMBOL_RUN_S} s a symbol (fitted to the H200's two cohort jobs)"
+               f"{exported}"])
+
+
+def symbols_of(cfg: LstmConfig) -> int:
+    return (len(cfg.symbols.split(",")) if cfg.symbols else cfg.synthetic_tickers if cfg.source == "synthetic"
+            else DEFAULT_SYMBOLS)
 
 
 def planned_cohort(cfg: LstmConfig, stacked_per_sample: float, symbols: int, memory_bytes: int) -> int:
