@@ -65,8 +65,8 @@ class GraphTemplate:
     """An exported graph (the ModelProto of its file) and the parameters of the module it was exported from. From
     the second module of the same architecture on, `gather` says where each initializer's values sit in the
     parameters (worked out once, by exporting a copy holding markers): a module of that architecture gets the
-    file by putting its own parameters in, in milliseconds, where torch.onnx.export took about 2 s on the
-    development VM for a per-symbol LSTM (500 symbols: ~20 minutes of a job whose training takes 1)."""
+    file by putting its own parameters in, in milliseconds, where torch.onnx.export took 2.5-5.5 s a per-symbol
+    LSTM on the development VM (bench/results/lstm_export_*cpu.json; 500 symbols: about an hour)."""
 
     def __init__(self, proto, flat: torch.Tensor):
         self.proto, self.flat = proto, flat
@@ -92,7 +92,7 @@ class GraphTemplate:
             if values.dtype == np.float32 and values.size and ((values >= MARKER_BASE) & (values < MARKER_BASE + n)
                                                                & (values == np.floor(values))).all():
                 index = (values.astype(np.int64) - int(MARKER_BASE))
-                if not np.array_equal(self.flat.numpy()[index], numpy_helper.to_array(t)):
+                if self.flat.numpy()[index].tobytes() != numpy_helper.to_array(t).tobytes():  # (a NaN equals itself)
                     return
                 gather[t.name] = index
             elif numpy_helper.to_array(t).tobytes() != values.tobytes():
@@ -136,15 +136,21 @@ def flat_parameters(module: torch.nn.Module) -> torch.Tensor | None:
 _TEMPLATES: dict[tuple, GraphTemplate] = {}  # this process's exports, by architecture (export_reusing)
 
 
+def forget_templates() -> None:
+    """A new job's first module is exported again (a job's records say which of its own files was exported)."""
+    _TEMPLATES.clear()
+
+
 def export_reusing(module: torch.nn.Module, args: tuple, path: Path, input_names: list[str],
                    output_names: list[str], dynamic_shapes: dict, architecture: tuple) -> bool:
     """export_program for one of many modules of one architecture (`architecture`: what makes their graphs the
-    same, beside the parameters' shapes, which are checked too): the first is exported; from the second on
-    its graph is the first one's with the module's own parameters put in (GraphTemplate), where the graph
-    allows that. True when the graph was reused. The caller's parity check runs the file either way."""
+    same, beside the module's repr and its parameters' shapes, which are in the key too): the first is exported;
+    the second is exported once more with markers (GraphTemplate.work_out), then gets the first graph with its own
+    parameters put in, as does every one after, where the graph allows that. True when the graph was reused (the
+    second module's time includes the export with markers). The caller's parity check runs the file either way."""
     module.eval()
     flat = flat_parameters(module)
-    key = (architecture, type(module).__qualname__, tuple((n, tuple(p.shape)) for n, p in module.named_parameters()),
+    key = (architecture, repr(module), tuple((n, tuple(p.shape)) for n, p in module.named_parameters()),
            tuple((tuple(a.shape), a.dtype) for a in args), tuple(input_names), tuple(output_names), repr(dynamic_shapes))
     template = _TEMPLATES.get(key) if flat is not None else None
     if template is not None and template.reusable is None:

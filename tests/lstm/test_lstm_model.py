@@ -61,11 +61,6 @@ def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("lstm-job")
     mp = pytest.MonkeyPatch()
     mp.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:always")
-    import trainers.lstm.export as lstm_export
-    import trainers.onnx as onnx_mod
-
-    mp.setattr(onnx_mod, "_TEMPLATES", {})  # this job's first export is its own, whatever ran before in the process
-    mp.setattr(lstm_export, "_LATENCY", {})
     try:
         rc = main(["lstm", "train", "--run-dir", str(root / "job"), *TINY, "--symbols", "SYN000,SYN001,SYN002"])
     finally:
@@ -108,7 +103,8 @@ def test_the_training_loop_logs_bce_of_the_logits(job):
 @pytest.mark.parametrize("symbol", ["SYN000", "SYN002"])
 def test_export_is_a_probability_and_matches_pytorch_at_other_batch_sizes(job, symbol):
     """Each symbol's file computes its own model: SYN002's graph is SYN000's with its weights put in, its CPU latency
-    the one measured on SYN000's file (the same operations)."""
+    the one measured on SYN000's file (the same operations). A job's first symbol is its own export, whatever
+    this process exported before (other tests' jobs)."""
     import onnxruntime as ort
 
     run_dir, _ = job
@@ -135,6 +131,28 @@ def test_export_is_a_probability_and_matches_pytorch_at_other_batch_sizes(job, s
     assert got.shape == (5,) and ((got > 0) & (got < 1)).all() and np.abs(got - want).max() < 1e-5
     r = json.loads((run_dir / "results.json").read_text())
     assert r["symbols"][symbol]["export"]["sha256"] == info["sha256"]
+
+
+def test_a_forced_export_of_the_job_exports_its_first_symbol_again_and_reuses_it(job, monkeypatch):
+    """`trainers lstm export` starts afresh (trainers.lstm.export.forget_exports): the training job's graph and
+    latency, still in this process, are not what its records name; a new --latency-iters is measured anew."""
+    run_dir, _ = job
+    assert main(["lstm", "export", "--run-dir", str(run_dir), "--force", "--latency-iters", "3"]) == 0
+    infos = {s: json.loads((run_dir / "symbols" / s / "export.json").read_text()) for s in ("SYN000", "SYN002")}
+    assert [infos[s]["graph"] for s in infos] == ["exported", "reused"]
+    assert [infos[s]["latency_cpu"]["measured_on"] for s in infos] == ["SYN000", "SYN000"]
+    assert infos["SYN002"]["latency_cpu"]["batch_1"]["onnxruntime"]["iters"] == 3
+
+
+def test_a_symbols_export_clears_what_an_export_killed_mid_write_left(job):
+    from trainers.lstm.export import export_symbol
+
+    run_dir, _ = job
+    folder = run_dir / "symbols" / "SYN002"
+    (folder / ".onnx-markers-killed").mkdir()
+    (folder / ".onnx-markers-killed" / "model.onnx").write_bytes(b"marker weights")
+    export_symbol(folder, latency_iters=2)
+    assert not list(folder.glob(".onnx-*"))
 
 
 def test_evaluate_and_package_the_job(job, tmp_path):

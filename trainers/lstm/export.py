@@ -3,7 +3,8 @@ traced at batch 2 and checked by onnxruntime against PyTorch at batch sizes 1, 7
 
 Training workers export each symbol as it finishes (in parallel, `--export`, the default);
 `trainers lstm export --run-dir JOB` exports the symbols whose export is missing or stale. A job's symbols
-share one architecture: a process runs torch.onnx.export for the first (about 2 s on the development VM) and
+share one architecture: a process runs torch.onnx.export for the first (2.5-5.5 s on the development VM) and
+once more for the second (with markers, to work out where its weights go: the second's export_s counts it), and
 gives each later symbol that graph with its own weights put in (trainers.onnx.export_reusing, milliseconds);
 every file, either way, is checked by onnxruntime against its own symbol's model. export.json's `graph` says
 which ("exported" or "reused"); a reused graph's CPU latency is the one measured on the first symbol's file in
@@ -13,6 +14,7 @@ the process (`latency_cpu.measured_on` names it).
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -21,7 +23,15 @@ import torch
 from trainers.errors import UsageError
 from trainers.lstm.config import LstmConfig, job_symbols
 from trainers.lstm.model import UpProbability
-from trainers.onnx import check_parity, check_tolerance, export_reusing, measure_latency, opset, parity_line
+from trainers.onnx import (
+    check_parity,
+    check_tolerance,
+    export_reusing,
+    forget_templates,
+    measure_latency,
+    opset,
+    parity_line,
+)
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.files import sha256_file
 from trainers.runtime.results import merge_results, read_results
@@ -47,6 +57,13 @@ def cases(window: int, n_in: int, batches, seed: int = 0) -> dict[str, tuple[tor
     return {f"batch_{b}": (torch.randn((b, window, n_in), generator=g),) for b in batches}
 
 
+def forget_exports() -> None:
+    """At a job's start (training or `trainers lstm export`): its first symbol is exported and measured again, so
+    its records name its own files (a process may run several jobs: tests, notebooks)."""
+    forget_templates()
+    _LATENCY.clear()
+
+
 def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-4, latency_iters: int = 20) -> dict:
     """Export one symbol's run folder; writes model.onnx and export.json, merges `export` into its
     results.json. Raises ExportMismatch (and deletes the file) when onnxruntime disagrees."""
@@ -63,6 +80,8 @@ def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-
     model.load_state_dict(states["model"])
     module = UpProbability(model).eval()
     path = folder / "model.onnx"
+    for stale in folder.glob(".onnx-*"):  # an export killed mid-write (the folder is this export's: its lock)
+        shutil.rmtree(stale)
     t0 = time.perf_counter()
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     # a job's symbols share one architecture: from the second on, the first's graph with the symbol's weights
@@ -118,6 +137,7 @@ def export_run(run_dir: Path, symbols: str | None = None, checkpoint: str = "bes
                          f"point it at the folder `trainers lstm train` wrote")
     wanted = job_symbols(job, symbols)
     with exclusive(run_dir):  # it writes into the job's folders: not while training (or another) does
+        forget_exports()
         return _export_symbols(run_dir, wanted, checkpoint, tolerance, latency_iters, force, log)
 
 

@@ -34,8 +34,10 @@ STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
 # model, one worker of one thread). A worker's first symbol is a torch.onnx.export (with torch.onnx's warm-up) and
 # the CPU latency measurement, its second one more export that works out how the graph is reused; every symbol after
 # gets the graph with its own weights and onnxruntime's parity check. The job took 14.76 s longer with its exports
-# on: 0.043 s a symbol (the median export_symbol with the graph reused), the worker's part the rest. A GPU host's
-# CPU is assumed as fast.
+# on: 0.043 s a symbol (the median export_symbol with the graph reused), the worker's part the rest. Thin: one run's
+# difference of two job times (the small shape's run puts it below its in-process exports: noise of a second or
+# two), of the default model whatever the shape, a worker's part charged once whatever its symbols (and once per
+# architecture: a job of mixed feature counts pays it per group). A GPU host's CPU is assumed as fast.
 EXPORT_SYMBOL_S = 0.043
 EXPORT_WORKER_S = 14.76 - 32 * EXPORT_SYMBOL_S
 

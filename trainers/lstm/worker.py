@@ -41,7 +41,7 @@ import torch
 from trainers.errors import UsageError, first_line
 from trainers.lstm import queue as jobqueue
 from trainers.lstm.config import LstmConfig
-from trainers.lstm.export import export_symbol
+from trainers.lstm.export import export_symbol, forget_exports
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
 from trainers.lstm.size import cohort_size
@@ -425,6 +425,7 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
     device = worker_device(cfg, ctx.local_rank)
     faults.raise_requests()  # a malformed test hook fails here, not as every symbol's error
     plan = prepare_job(cfg, log=print if ctx.is_main else (lambda _msg: None))
+    forget_exports()  # this job's first symbol is exported (and its latency measured) for this job's records
     # One job per folder, as for every trainer: rank 0 holds the job folder's lock for the job's life
     # (each symbol's run locks only its own folder, so a second job used to collide symbol by symbol,
     # marking the first one's symbols failed "in use" and training the others beside it). The
