@@ -57,7 +57,8 @@ def export_program(module: torch.nn.Module, args: tuple, path: Path, input_names
 
 
 # Markers: model parameter n holds MARKER_BASE + n for one export (exact in float32 while n < 2^23). A value made
-# by arithmetic on parameters (a sum, a difference, a scaling) falls outside [MARKER_BASE, 2 MARKER_BASE).
+# by arithmetic on parameters (a sum, a difference, a scaling) mostly falls outside [MARKER_BASE, 2 MARKER_BASE) or
+# is not a whole number; what does not is caught by GraphTemplate.work_out's bit-for-bit check.
 MARKER_BASE = float(1 << 23)
 
 
@@ -116,18 +117,18 @@ def _without_initializers(proto) -> bytes:
     counts exports made in the process)."""
     from onnx import ModelProto
 
-    copy = ModelProto()
-    copy.CopyFrom(proto)
-    del copy.graph.initializer[:]
-    del copy.graph.metadata_props[:]
-    return copy.SerializeToString(deterministic=True)
+    bare = ModelProto()
+    bare.CopyFrom(proto)
+    del bare.graph.initializer[:]
+    del bare.graph.metadata_props[:]
+    return bare.SerializeToString(deterministic=True)
 
 
 def flat_parameters(module: torch.nn.Module) -> torch.Tensor | None:
     """The module's parameters in one float32 host tensor; None where markers cannot stand in for them (another
     dtype, buffers that an export would hold, 2^23 values or more)."""
     params = [p.detach() for p in module.parameters()]
-    if not params or any(p.dtype != torch.float32 for p in params) or any(True for _ in module.buffers()):
+    if not params or any(p.dtype != torch.float32 for p in params) or next(module.buffers(), None) is not None:
         return None
     flat = torch.cat([p.reshape(-1) for p in params]).cpu()
     return flat if flat.numel() < MARKER_BASE else None

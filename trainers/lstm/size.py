@@ -60,10 +60,10 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
                    "flops": 3 * forward_flops(model, (torch.randn(1, cfg.window, n_in),)),
                    "default_flops": 3 * forward_flops(default, (torch.randn(1, LstmConfig().window, n_in),))}
     c = counted
-    export_s = (max(1, workers) * EXPORT_WORKER_S + symbols_of(cfg) * EXPORT_SYMBOL_S) if cfg.export else 0.0
+    symbols = symbols_of(cfg)
+    export_s = (max(1, workers) * EXPORT_WORKER_S + symbols * EXPORT_SYMBOL_S) if cfg.export else 0.0
     exported = (f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker and {EXPORT_SYMBOL_S} s a symbol (the development VM's "
                 f"CPU)" if cfg.export else "")
-    symbols = symbols_of(cfg)
     days = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * 365)
     samples = int(days * (1 - cfg.val_frac - cfg.test_frac)) * symbols * cfg.epochs
     k = max(1, cfg.jobs_per_gpu or 1)
@@ -105,6 +105,7 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
 
 
 def symbols_of(cfg: LstmConfig) -> int:
+    """The symbols the job trains: those named, the synthetic count, else the seed's three."""
     return (len(cfg.symbols.split(",")) if cfg.symbols else cfg.synthetic_tickers if cfg.source == "synthetic"
             else DEFAULT_SYMBOLS)
 
