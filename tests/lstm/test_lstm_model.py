@@ -133,7 +133,7 @@ def test_export_is_a_probability_and_matches_pytorch_at_other_batch_sizes(job, s
     assert r["symbols"][symbol]["export"]["sha256"] == info["sha256"]
 
 
-def test_a_forced_export_of_the_job_exports_its_first_symbol_again_and_reuses_it(job, monkeypatch):
+def test_a_forced_export_of_the_job_exports_its_first_symbol_again_and_reuses_it(job):
     """`trainers lstm export` starts afresh (trainers.lstm.export.forget_exports): the training job's graph and
     latency, still in this process, are not what its records name; a new --latency-iters is measured anew."""
     run_dir, _ = job
