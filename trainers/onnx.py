@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from trainers.errors import CheckFailed, UsageError
+from trainers.runtime.files import atomic_write
 
 INLINE_LIMIT_BYTES = 1_800_000_000  # protobuf caps a single ONNX file at 2 GB
 
@@ -170,7 +171,8 @@ def export_reusing(module: torch.nn.Module, args: tuple, path: Path, input_names
             logging.getLogger("trainers").warning("ONNX: the export with markers failed (%s: %s); every module of "
                                                   "this architecture is exported in full", type(exc).__name__, exc)
     if template is not None and template.reusable:
-        _write_proto(template.with_parameters(flat), path)
+        proto = template.with_parameters(flat)  # (weights inline: the file is the proto's bytes)
+        atomic_write(path, lambda f: f.write(proto.SerializeToString()))
         return True
     export_program(module, args, path, input_names, output_names, dynamic_shapes)
     if flat is not None and key not in _TEMPLATES:  # (under 2^23 float32 values: the file holds them inline)
@@ -182,16 +184,6 @@ def _load(path: Path):
     import onnx
 
     return onnx.load(str(path))
-
-
-def _write_proto(proto, path: Path) -> None:
-    """As export_program writes: under a temporary folder, then moved into place."""
-    import onnx
-
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".onnx-") as tmp:
-        staged = Path(tmp) / path.name
-        onnx.save(proto, str(staged))
-        os.replace(staged, path)
 
 
 def onnx_session(path: Path):
