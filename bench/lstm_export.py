@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,22 +27,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lstm_pack import SHRUNK  # noqa: E402
+from lstm_pack import SHRUNK, run_job  # noqa: E402
 from record import write_record  # noqa: E402
 
 DEFAULT_MODEL = ["--patience", "0", "--epochs", "1", "--device", "cpu"]
 
 
-def job_wall(run_dir: Path, n: int, export: bool, job: list[str]) -> dict:
+def job_wall(root: Path, n: int, export: bool, job: list[str]) -> dict:
+    """The job trained in a process of its own (lstm_pack.run_job: one worker, one thread), its exports counted."""
     shape = [a for a in job if a != "--no-export"] + ([] if export else ["--no-export"])
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "trainers", "lstm", "train", "--run-dir", str(run_dir),
-                    "--synthetic-tickers", str(n), *shape], check=True, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    exports = [json.loads(p.read_text()) for p in sorted(run_dir.glob("symbols/*/export.json"))]
-    return {"export": export, "command_wall_s": wall,
-            "job_wall_s": json.loads((run_dir / "results.json").read_text())["training"]["wall_time_s_this_attempt"],
+    label = "exported" if export else "trained"
+    row = run_job(n, 1, 1, root, label, (), tuple(shape))
+    exports = [json.loads(p.read_text()) for p in sorted((root / f"{label}-{n}").glob("symbols/*/export.json"))]
+    return {"export": export, "command_wall_s": row["command_wall_s"], "job_wall_s": row["job_wall_s"],
             "exports": len(exports), "graphs": {g: sum(e["graph"] == g for e in exports) for g in ("exported", "reused")}}
 
 
@@ -52,12 +47,11 @@ def export_all(folders: list[Path], reuse: bool) -> dict:
     import trainers.lstm.export as lstm_export
     import trainers.onnx as onnx_mod
 
-    onnx_mod._TEMPLATES.clear()
-    lstm_export._LATENCY.clear()
+    lstm_export.forget_exports()
     export_s, whole_s, graphs = [], [], []
     for folder in folders:
         if not reuse:
-            onnx_mod._TEMPLATES.clear()  # torch.onnx.export for this symbol, as before the reuse
+            onnx_mod.forget_templates()  # torch.onnx.export for this symbol, as before the reuse
         t0 = time.perf_counter()
         info = lstm_export.export_symbol(folder)
         whole_s.append(time.perf_counter() - t0)
@@ -78,9 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     job = [*SHRUNK, "--cohort", str(args.symbols)] if args.shape == "small" else DEFAULT_MODEL
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [job_wall(Path(tmp) / "trained", args.symbols, False, job),
-                job_wall(Path(tmp) / "exported", args.symbols, True, job)]
-        folders = sorted((Path(tmp) / "trained" / "symbols").iterdir())
+        jobs = [job_wall(Path(tmp), args.symbols, False, job), job_wall(Path(tmp), args.symbols, True, job)]
+        folders = sorted((Path(tmp) / f"trained-{args.symbols}" / "symbols").iterdir())
         import torch
 
         torch.set_num_threads(1)  # as the job's worker (OMP_NUM_THREADS=1 above)
