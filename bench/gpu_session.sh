@@ -16,7 +16,7 @@
 #   bash bench/gpu_session.sh 33 OUT_DIR  # ~9-10 min (run it under `timeout 575`), for a session with one call's
 #                                         # time: issue 33's GPU targets first (the plan; the LSTM job in cohorts,
 #                                         # 64 and 500 symbols; PPO at its GPU-sized defaults; the GNN at its GPU
-#                                         # step), then the 64-symbol cohort job with its ONNX exports, PPO with
+#                                         # step), then the 500-symbol cohort job with its ONNX exports, PPO with
 #                                         # its rollout step captured, the 64-symbol cohort
 #                                         # job with its checkpoints written in the loop, the GIL's convoy, the
 #                                         # cohort job with launches blocking (its true share outside the steps)
@@ -82,15 +82,17 @@ cohort_saves_in_loop() {
     || { echo "lstm cohort job, saves in the loop, failed: exit $?"; status=1; }
   cp "$out/lstm_saves_in_loop/results.json" "$out/bench/cohort_saves_in_loop_results.json" 2>/dev/null || true
 }
-# the 64-symbol cohort job with its ONNX exports on (the default; the lstm_cohort step's jobs are --no-export): its
-# job wall against that step's 64-symbol cohort row is what the exports cost on this host's CPU (the first symbol's
+# the 500-symbol cohort job with its ONNX exports on (the default; the lstm_cohort step's jobs are --no-export): its
+# job wall against that step's 500-symbol cohort row is what the exports cost on this host's CPU (the first symbol's
 # torch.onnx.export and the one that works out the reuse, then each symbol's reused graph and parity check;
-# bench/results/lstm_export_default_cpu.json on the dev VM), and the plan's EXPORT_* constants beside it
+# bench/results/lstm_export_default_cpu.json on the dev VM), beside the plan's 92 s for it on an H200
+# (bench/results/plan_lstm500_h200_export.json, its EXPORT_* constants from the dev VM)
 cohort_export() {
-  step 150 python3 -m trainers lstm train --synthetic-tickers 64 --epochs 5 --patience 0 --device auto \
+  step 200 python3 -m trainers lstm train --synthetic-tickers 500 --epochs 5 --patience 0 --device auto \
     --run-dir "$out/lstm_exported" >"$out/bench/cohort_export.log" 2>&1 \
     || { echo "lstm cohort job with exports failed: exit $?"; status=1; }
   cp "$out/lstm_exported/results.json" "$out/bench/cohort_export_results.json" 2>/dev/null || true
+  cp "$out/lstm_exported/symbols/SYN000/export.json" "$out/bench/cohort_export_SYN000.json" 2>/dev/null || true
   cp "$out/lstm_exported/symbols/SYN001/export.json" "$out/bench/cohort_export_SYN001.json" 2>/dev/null || true
 }
 # the GIL's convoy on this host: a main-thread op beside checkpoint writers at once and taking turns (seconds)
