@@ -155,3 +155,45 @@ def test_graphs_mode_marks_every_tensor_the_step_writes_as_static(tmp_path, monk
     seen.clear()
     assert main([*TINY, "--total-steps", "128", "--run-dir", str(tmp_path / "on"), "--compile-rollout", "on"]) == 0
     assert seen and all(not marked for _mode, _written, marked in seen)
+
+
+class PoolOutput(torch.Tensor):
+    """A stand-in CUDA graph's output: once the graph runs again, any use of it raises, as CUDA graph trees make
+    a stale output's storage raise (torch._C._set_storage_access_error_msg, a CUDA build's alone)."""
+    stale = False
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        used = [*args, *(kwargs or {}).values()]
+        used += [t for a in used if isinstance(a, (tuple, list)) for t in a]
+        if any(isinstance(t, PoolOutput) and t.stale for t in used):
+            raise RuntimeError("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def test_graphs_mode_passes_no_graph_output_past_the_next_replay(tmp_path, monkeypatch):
+    """Under `--compile-rollout graphs` a CUDA graph's outputs are overwritten by its next replay (any agent's):
+    the H200 (1adc135) died at its first replay on the observation fed back in. A stand-in compiler whose
+    outputs raise once it is called again, over two agents (one step shared): the run completes and trains
+    exactly what `--compile-rollout off` trains (without the observation's clone it raises)."""
+    two_agents = [*TINY, "--seeds", "2", "--total-steps", "384"]
+    assert main([*two_agents, "--run-dir", str(tmp_path / "eager")]) == 0
+    pool: list[PoolOutput] = []
+
+    def graph_like_compile(fn, **kwargs):
+        def replay(*args):
+            for t in pool:
+                t.stale = True
+            pool.clear()
+            obs, reward, done, *rest = fn(*args)
+            out = (tuple(o.as_subclass(PoolOutput) for o in obs), *(t.as_subclass(PoolOutput) for t in (reward, done, *rest)))
+            pool.extend([*out[0], *out[1:]])
+            return out
+        return replay
+
+    monkeypatch.setattr(torch, "compile", graph_like_compile)
+    assert main([*two_agents, "--run-dir", str(tmp_path / "graphs"), "--compile-rollout", "graphs"]) == 0
+    eager, graphs = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("eager", "graphs"))
+    assert graphs["training"]["compile_error"] is None
+    assert json.dumps(graphs["evaluation"], sort_keys=True) == json.dumps(eager["evaluation"], sort_keys=True)

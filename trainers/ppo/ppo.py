@@ -163,7 +163,15 @@ def rollout_stepper(mode: str, log=None) -> Callable:
 
     def step(*args):
         with torch._dynamo.config.patch(allow_rnn=True):
-            return compiled(*args)
+            out = compiled(*args)
+        if mode != "graphs":
+            return out
+        # A CUDA graph's outputs live in its memory pool, and any use of one after the graph runs again raises
+        # (the H200 at 1adc135: "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent
+        # run"). The observation is the next call's input, so it leaves the pool here; the other outputs are
+        # copied into the rollout, and the done flags read, before the next call.
+        obs, *rest = out
+        return (tuple(o.clone() for o in obs), *rest)
     return CompiledOrEager(step, rollout_step, log, off_flag="--compile-rollout off")
 
 
