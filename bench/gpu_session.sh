@@ -14,7 +14,8 @@
 #                                         # under torch.profiler (bench/profile_job.py --ops); a 64-symbol
 #                                         # LSTM cohort job under cProfile (bench/profile_job.py)
 #   bash bench/gpu_session.sh 33 OUT_DIR  # ~9-10 min (run it under `timeout 575`), for a session with one call's
-#                                         # time: issue 33's GPU targets first (the plan; the LSTM job in cohorts,
+#                                         # time: the LSTM export's parity threads (seconds), then issue 33's
+#                                         # GPU targets (the plan; the LSTM job in cohorts,
 #                                         # 64 and 500 symbols; PPO at its GPU-sized defaults; the GNN at its GPU
 #                                         # step), then the 500-symbol cohort job with its ONNX exports, PPO with
 #                                         # its rollout step captured, the 64-symbol cohort
@@ -95,6 +96,12 @@ cohort_export() {
   cp "$out/lstm_exported/symbols/SYN000/export.json" "$out/bench/cohort_export_SYN000.json" 2>/dev/null || true
   cp "$out/lstm_exported/symbols/SYN001/export.json" "$out/bench/cohort_export_SYN001.json" 2>/dev/null || true
 }
+# the LSTM export's parity check with onnxruntime on its default threads and on one, beside torch on one thread
+# and on every core (the H200 at 1adc135: 0.16-0.2 s a reused symbol, the dev VM 0.043 s; seconds)
+parity_threads() {
+  step 90 python3 bench/onnx_parity_threads.py --out "$out/bench/onnx_parity_threads_gpu.json" \
+    >"$out/bench/onnx_parity_threads_gpu.log" 2>&1 || { echo "onnx_parity_threads failed: exit $?"; status=1; }
+}
 # the GIL's convoy on this host: a main-thread op beside checkpoint writers at once and taking turns (seconds)
 gil_convoy() {
   step 60 python3 bench/gil_convoy.py --dir "$out" --out "$out/bench/gil_convoy_gpu.json" \
@@ -111,6 +118,7 @@ if [[ "$part" == 1 ]]; then
   bench --only lstm_cohort --timeout lstm_cohort=270 --total-min 4.6
 elif [[ "$part" == 33 ]]; then
   disk_write
+  parity_threads
   bench --only plan --total-min 0.5
   bench --only lstm_cohort --timeout lstm_cohort=240 --total-min 4
   bench --only run_ppo,run_gnn --total-min 2

@@ -186,11 +186,14 @@ def _load(path: Path):
     return onnx.load(str(path))
 
 
-def onnx_session(path: Path):
+def onnx_session(path: Path, threads: int | None = None):
+    """A CPU session of the file; `threads`: onnxruntime's intra-op threads (None: its default, every core)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = threads
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -200,10 +203,12 @@ def max_abs_error(expected: np.ndarray, got: np.ndarray, _args: tuple) -> float:
 
 def check_parity(module: torch.nn.Module, path: Path, cases: dict[str, tuple[torch.Tensor, ...]],
                  input_names: Sequence[str], tolerance: float,
-                 error: Callable[[np.ndarray, np.ndarray, tuple], float] = max_abs_error) -> dict:
-    """Run every case (label -> input tensors) through PyTorch and onnxruntime; the largest error per
-    case. Raises ExportMismatch (and deletes the file) above `tolerance` or on a shape mismatch."""
-    session = onnx_session(path)
+                 error: Callable[[np.ndarray, np.ndarray, tuple], float] = max_abs_error,
+                 threads: int | None = None) -> dict:
+    """Run every case (label -> input tensors) through PyTorch and onnxruntime (`threads`: onnx_session's); the
+    largest error per case. Raises ExportMismatch (and deletes the file) above `tolerance` or on a shape
+    mismatch."""
+    session = onnx_session(path, threads)
     errors = {}
     for label, args in cases.items():
         with torch.no_grad():
@@ -218,7 +223,8 @@ def check_parity(module: torch.nn.Module, path: Path, cases: dict[str, tuple[tor
         path.unlink(missing_ok=True)
         raise ExportMismatch(f"ONNX output differs from PyTorch by {worst:.3e} > tolerance {tolerance:.1e} "
                              f"(per case: {errors})")
-    return {"cases": list(cases), "max_abs_error": worst, "per_case": errors, "tolerance": tolerance}
+    return {"cases": list(cases), "max_abs_error": worst, "per_case": errors, "tolerance": tolerance,
+            "onnxruntime_threads": session.get_session_options().intra_op_num_threads}  # 0: its default
 
 
 def _percentiles(samples_s: list[float]) -> dict:

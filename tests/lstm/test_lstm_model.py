@@ -116,6 +116,7 @@ def test_export_is_a_probability_and_matches_pytorch_at_other_batch_sizes(job, s
     assert (info["sha256"] == first["sha256"]) is (symbol == "SYN000")
     assert info["export_batch"] == 2 and 2 not in info["parity"]["batch_sizes"]
     assert info["parity"]["max_abs_error"] < 1e-4 and info["output"]["name"] == "probability"
+    assert info["parity"]["onnxruntime_threads"] == 1  # its own pool beside torch's threads: slower, not faster
     from trainers.runtime.files import sha256_file
 
     assert info["sha256"] == sha256_file(folder / "model.onnx")

@@ -30,6 +30,9 @@ def test_onnx_matches_pytorch_at_batch_sizes_other_than_the_export(exported):
     report = check_parity(module, path, batch_cases(12, [1, 7, 33]), ["features"], tolerance=1e-5)
     assert f"batch_{EXPORT_BATCH}" not in report["cases"]
     assert report["max_abs_error"] < 1e-5 and set(report["per_case"]) == {"batch_1", "batch_7", "batch_33"}
+    assert report["onnxruntime_threads"] == 0  # onnxruntime's default (every core)
+    one = check_parity(module, path, batch_cases(12, [7]), ["features"], tolerance=1e-5, threads=1)
+    assert one["onnxruntime_threads"] == 1 and one["max_abs_error"] < 1e-5
 
 
 def test_parity_check_fails_when_the_models_differ(exported, tmp_path):
