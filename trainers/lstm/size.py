@@ -30,16 +30,19 @@ COHORT_SYMBOL_RUN_S = 0.072
 # shape, an assumption. Smaller cohorts use the card less well: the 64-symbol job's steps took 2.33 s, this says 1.3.
 STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
 # The ONNX export of each finished symbol (--export, the default; the constants above are --no-export jobs'), on the
-# worker's host CPU, from the development VM (bench/results/lstm_export_default_cpu.json: 32 symbols of the default
-# model, one worker of one thread). A worker's first symbol is a torch.onnx.export (with torch.onnx's warm-up) and
-# the CPU latency measurement, its second one more export that works out how the graph is reused; every symbol after
-# gets the graph with its own weights and onnxruntime's parity check. The job took 14.76 s longer with its exports
-# on: 0.043 s a symbol (the median export_symbol with the graph reused), the worker's part the rest. Thin: one run's
-# difference of two job times (the small shape's run puts it below its in-process exports: noise of a second or
-# two), of the default model whatever the shape, a worker's part charged once whatever its symbols (and once per
-# architecture: a job of mixed feature counts pays it per group). A GPU host's CPU is assumed as fast.
-EXPORT_SYMBOL_S = 0.043
-EXPORT_WORKER_S = 14.76 - 32 * EXPORT_SYMBOL_S
+# worker's host CPU. A worker's first symbol is a torch.onnx.export (with torch.onnx's warm-up) and the CPU latency
+# measurement, its second one more export that works out how the graph is reused; every symbol after gets the graph
+# with its own weights and onnxruntime's parity check. The worker's part from the development VM
+# (bench/results/lstm_export_default_cpu.json: 32 symbols of the default model, one worker of one thread, 14.76 s
+# longer with the exports on, 0.043 s of it a reused symbol's median). A symbol's from the H200 host
+# (bench/results/gpu_h200_1adc135/, 1adc135: 500 symbols of the default model, 5 epochs, one worker with every
+# core, 157.93 s with the exports on, 52.98 s without, in two jobs of one session), the worker's part taken off:
+# 0.18 s a symbol, 4x the dev VM's (its log: 0.16-0.2 s a reused symbol). The parity check has run onnxruntime on
+# one thread since (270426c, against this contention), unmeasured on a GPU host: this may now over-count. Thin:
+# one run's difference of two job times, of the default model whatever the shape, a worker's part charged once
+# whatever its symbols (and once per architecture: a job of mixed feature counts pays it per group).
+EXPORT_WORKER_S = 14.76 - 32 * 0.043
+EXPORT_SYMBOL_S = (157.93 - 52.98 - EXPORT_WORKER_S) / 500
 
 
 def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int = 1,
@@ -62,8 +65,8 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
     c = counted
     symbols = symbols_of(cfg)
     export_s = (max(1, workers) * EXPORT_WORKER_S + symbols * EXPORT_SYMBOL_S) if cfg.export else 0.0
-    exported = (f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker and {EXPORT_SYMBOL_S} s a symbol (the development VM's "
-                f"CPU)" if cfg.export else "")
+    exported = (f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker (the development VM's CPU) and {EXPORT_SYMBOL_S:.3f} s "
+                f"a symbol (the H200 host's)" if cfg.export else "")
     days = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * 365)
     samples = int(days * (1 - cfg.val_frac - cfg.test_frac)) * symbols * cfg.epochs
     k = max(1, cfg.jobs_per_gpu or 1)
