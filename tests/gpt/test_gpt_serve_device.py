@@ -82,10 +82,11 @@ def test_a_broken_device_makes_health_and_generate_answer_503_with_cudas_words(a
         assert status == 503 and "an illegal memory access" in out["detail"] and "restart it" in out["detail"]
         status, health = get(url + "/health")
         assert status == 503 and health["status"] == "device lost" and "an illegal memory access" in health["detail"]
-        assert health["served"] == 2
+        assert (health["served"], health["failed"]) == (1, 1)  # the generation that broke it is no answer
         status, out = post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
         assert status == 503 and "cannot generate again" in out["detail"] and len(CALLS) == 2
-        assert get(url + "/health")[1]["served"] == 2  # refused before queueing: the worker never saw it
+        health = get(url + "/health")[1]
+        assert (health["served"], health["failed"]) == (1, 1)  # refused before queueing: the worker never saw it
         with pytest.raises(urllib.error.HTTPError) as refused:  # a stream is refused the same way
             stream(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})
         assert refused.value.code == 503 and "cannot generate again" in refused.value.read().decode()
@@ -105,7 +106,7 @@ def test_an_error_that_leaves_the_device_usable_is_that_requests_500_and_health_
         assert post(url + "/generate", {"prompt": "ab", "max_new_tokens": 4})[0] == 200
         assert post_status(url, {"prompt": "ab", "max_new_tokens": 4}) == 500
         status, health = get(url + "/health")
-        assert status == 200 and health["status"] == "ok" and health["served"] == 2
+        assert status == 200 and health["status"] == "ok" and (health["served"], health["failed"]) == (1, 1)
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),

@@ -80,7 +80,8 @@ class Worker:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
         self.pending = 0
         self.lock = threading.Lock()
-        self.served = 0
+        self.served = 0  # generations that ran to their end (done, timeout or cancelled)
+        self.failed = 0  # generations that raised (each answered 500 or 503, or a stream's error event)
         self.broken: str | None = None
 
     def admit(self) -> bool:
@@ -90,18 +91,24 @@ class Worker:
             self.pending += 1
             return True
 
-    def done(self) -> None:
+    def done(self, ok: bool) -> None:
         with self.lock:
             self.pending -= 1
-            self.served += 1
+            if ok:
+                self.served += 1
+            else:
+                self.failed += 1
 
     def run(self, tokens: list[int], req: GenerateRequest, deadline: float, emit, cancelled: threading.Event) -> dict:
         """In the worker thread: generate, calling emit(char) per token; stops at the deadline."""
+        ok = False
         try:
             if self.broken is not None:  # queued before the device broke: no call on it can succeed
                 raise RuntimeError(self.broken)
             try:
-                return self._generate(tokens, req, deadline, emit, cancelled)
+                out = self._generate(tokens, req, deadline, emit, cancelled)
+                ok = True
+                return out
             except RuntimeError as exc:
                 if device_mod.context_lost(exc, self.loaded.device):
                     self.broken = first_line(exc)
@@ -109,7 +116,7 @@ class Worker:
                         self.on_broken(self.broken)
                 raise
         finally:
-            self.done()
+            self.done(ok)
 
     def _generate(self, tokens, req, deadline, emit, cancelled) -> dict:
         started = time.monotonic()
@@ -145,7 +152,7 @@ def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeou
     def health():
         body = {"status": "ok", "checkpoint_step": loaded.step, "vocab_size": len(loaded.vocab),
                 "parameters": params, "device": str(loaded.device), "queue": worker.pending,
-                "served": worker.served, "limits": {"max_new_tokens": max_new_tokens,
+                "served": worker.served, "failed": worker.failed, "limits": {"max_new_tokens": max_new_tokens,
                                                     "max_prompt_chars": max_prompt_chars,
                                                     "request_timeout_s": timeout_s, "max_queue": max_queue}}
         if worker.broken is not None:  # a probe (a load balancer, a container's health check) sees it and restarts
