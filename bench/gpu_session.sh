@@ -13,7 +13,8 @@
 #                                         # PPO's backtest both ways (bench/ppo_backtest.py); PPO's update
 #                                         # under torch.profiler (bench/profile_job.py --ops); a 64-symbol
 #                                         # LSTM cohort job under cProfile (bench/profile_job.py)
-#   bash bench/gpu_session.sh 33 OUT_DIR  # ~9-10 min (run it under `timeout 575`), for a session with one call's
+#   bash bench/gpu_session.sh 33 OUT_DIR  # ~9.5-10 min (run it under `timeout 575`: the last steps, measured
+#                                         # before, may be cut; 533 s at 1adc135), for a session with one call's
 #                                         # time: the LSTM export's parity threads (seconds), then issue 33's
 #                                         # GPU targets (the plan; the LSTM job in cohorts,
 #                                         # 64 and 500 symbols; PPO at its GPU-sized defaults; the GNN at its GPU
@@ -60,7 +61,7 @@ lost_context() {
 }
 ppo_graphs() {
   step 150 python3 -m torch.distributed.run --standalone --nproc_per_node=1 -m trainers ppo train \
-    --run-dir "$out/ppo_graphs" --total-steps 4194304 --no-baseline-mlp --log-every 1 --eval-every 4 \
+    --run-dir "$out/ppo_graphs" --total-steps 2097152 --no-baseline-mlp --log-every 1 --eval-every 4 \
     --compile-rollout graphs >"$out/bench/ppo_graphs.log" 2>&1 || { echo "ppo --compile-rollout graphs failed: exit $?"; status=1; }
   cp "$out/ppo_graphs/results.json" "$out/bench/ppo_graphs_results.json" 2>/dev/null || true
 }
@@ -86,8 +87,8 @@ cohort_saves_in_loop() {
 # the 500-symbol cohort job with its ONNX exports on (the default; the lstm_cohort step's jobs are --no-export): its
 # job wall against that step's 500-symbol cohort row is what the exports cost on this host's CPU (the first symbol's
 # torch.onnx.export and the one that works out the reuse, then each symbol's reused graph and parity check;
-# bench/results/lstm_export_default_cpu.json on the dev VM), beside the plan's 92 s for it on an H200
-# (bench/results/plan_lstm500_h200_export.json, its EXPORT_* constants from the dev VM)
+# bench/results/lstm_export_default_cpu.json on the dev VM), beside the plan's 162 s for it on an H200
+# (bench/results/plan_lstm500_h200_export.json; the H200 at 1adc135: 157.9 s, before the parity check's one thread)
 cohort_export() {
   step 200 python3 -m trainers lstm train --synthetic-tickers 500 --epochs 5 --patience 0 --device auto \
     --run-dir "$out/lstm_exported" >"$out/bench/cohort_export.log" 2>&1 \

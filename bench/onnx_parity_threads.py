@@ -7,8 +7,8 @@ every core, on this host, in one run.
 Why: the H200 host (16 cores) took 0.16-0.2 s a reused symbol in a 500-symbol job's exports, the development VM
 (one thread) 0.043 s (bench/results/gpu_h200_1adc135/). A GPU job's torch has every core, and onnxruntime's own
 pool, every core too and spinning between runs, competes with torch's threads for them. The default model's
-file (random weights: the timing does not depend on them), exported once; each row the median of --iters checks,
-each with a new session as an export makes one.
+file (random weights: the timing does not depend on them), exported once; each row the median of --rounds x --iters
+checks (the settings interleaved round by round), each with a new session as an export makes one.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ N_FEATURES = 11  # the default job's feature count (a synthetic symbol's export.
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=10, help="checks a setting and round")
+    p.add_argument("--rounds", type=int, default=4, help="rounds over the four settings, interleaved")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if not 1 <= args.iters <= 10_000:
-        p.error(f"--iters {args.iters}: give 1 to 10000")
+    for name in ("iters", "rounds"):
+        if not 1 <= getattr(args, name) <= 10_000:
+            p.error(f"--{name} {getattr(args, name)}: give 1 to 10000")
     import torch
 
     from trainers.lstm.build import build_model
@@ -50,30 +52,33 @@ def main(argv: list[str] | None = None) -> int:
     module = UpProbability(build_model(cfg, N_FEATURES)).eval()
     checks = cases(cfg.window, N_FEATURES, CHECK_BATCHES)
     cores = os.cpu_count() or 1
-    rows = []
+    settings = [(t, o) for t in sorted({1, cores}) for o in (None, 1)]
+    seconds: dict[tuple, list[float]] = {k: [] for k in settings}
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.onnx"
         export_reusing(module, (torch.zeros(EXPORT_BATCH, cfg.window, N_FEATURES),), path, input_names=["features"],
                        output_names=["probability"],
                        dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=1 << 20)}},
                        architecture=("bench", cfg.window, N_FEATURES))
-        for torch_threads in sorted({1, cores}):
-            torch.set_num_threads(torch_threads)
-            for ort_threads in (None, 1):
-                seconds = []
-                for _ in range(args.iters + 2):  # two first runs warm up
+        for round_ in range(args.rounds):  # the settings interleaved, so a burst of outside load hits them all
+            for torch_threads, ort_threads in settings if round_ % 2 == 0 else settings[::-1]:
+                torch.set_num_threads(torch_threads)
+                for i in range(args.iters + 1):  # the first run of a round warms up
                     t0 = time.perf_counter()
                     check_parity(module, path, checks, ["features"], 1e-4, threads=ort_threads)
-                    seconds.append(time.perf_counter() - t0)
-                seconds = seconds[2:]
-                rows.append({"torch_threads": torch_threads,
-                             "onnxruntime_threads": "default" if ort_threads is None else ort_threads,
-                             "median_ms": 1000 * statistics.median(seconds),
-                             "p90_ms": 1000 * sorted(seconds)[int(0.9 * (len(seconds) - 1))], "checks": len(seconds)})
+                    if i:
+                        seconds[(torch_threads, ort_threads)].append(time.perf_counter() - t0)
+    rows = [{"torch_threads": t, "onnxruntime_threads": "default" if o is None else o,
+             "median_ms": 1000 * statistics.median(seconds[(t, o)]),
+             "p90_ms": 1000 * sorted(seconds[(t, o)])[int(0.9 * (len(seconds[(t, o)]) - 1))],
+             "checks": len(seconds[(t, o)])} for t, o in settings]
     by = {(r["torch_threads"], r["onnxruntime_threads"]): r["median_ms"] for r in rows}
     record = {"benchmark": "onnx_parity_threads", "device": "cpu", "cores": cores, "model": "lstm default",
-              "cases": list(checks), "rows": rows,
-              "all_cores_default_over_one": by[(cores, "default")] / by[(cores, 1)]}
+              "cases": list(checks), "rounds": args.rounds, "rows": rows,
+              "all_cores_default_over_one": by[(cores, "default")] / by[(cores, 1)],
+              "one_torch_thread_default_over_one": by[(1, "default")] / by[(1, 1)],
+              "load_average_1_5_15": {"start": load_at_start, "end": os.getloadavg()}}
     write_record(record, args.out)
     print(json.dumps({k: v for k, v in record.items() if k not in ("machine", "versions")}, indent=1))
     return 0

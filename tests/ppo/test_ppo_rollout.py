@@ -157,43 +157,59 @@ def test_graphs_mode_marks_every_tensor_the_step_writes_as_static(tmp_path, monk
     assert seen and all(not marked for _mode, _written, marked in seen)
 
 
-class PoolOutput(torch.Tensor):
-    """A stand-in CUDA graph's output: once the graph runs again, any use of it raises, as CUDA graph trees make
-    a stale output's storage raise (torch._C._set_storage_access_error_msg, a CUDA build's alone)."""
-    stale = False
+class StaleOutputs(torch.overrides.TorchFunctionMode):
+    """A stand-in CUDA graph's memory pool: once the graph runs again, any use of a tensor on the storage of one of
+    its outputs (a view too) raises, as CUDA graph trees make a stale output's storage raise
+    (torch._C._set_storage_access_error_msg, a CUDA build's alone). The stale outputs are kept, so their
+    addresses are not reused."""
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        used = [*args, *(kwargs or {}).values()]
-        used += [t for a in used if isinstance(a, (tuple, list)) for t in a]
-        if any(isinstance(t, PoolOutput) and t.stale for t in used):
-            raise RuntimeError("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run")
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+    def __init__(self):
+        super().__init__()
+        self.live: list[torch.Tensor] = []  # the last replay's outputs
+        self.kept: list[torch.Tensor] = []
+        self.stale: set[int] = set()
+
+    def run_again(self) -> None:
+        """The graph runs again: the last run's outputs are overwritten."""
+        self.stale |= {t.untyped_storage().data_ptr() for t in self.live if t.numel()}
+        self.kept += self.live
+        self.live = []
+
+    def check(self, things) -> None:
+        for t in things:
+            if isinstance(t, (tuple, list)):
+                self.check(t)
+            elif isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() in self.stale:
+                raise RuntimeError("accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run")
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.check([*args, *(kwargs or {}).values()])
+        return func(*args, **(kwargs or {}))
 
 
 def test_graphs_mode_passes_no_graph_output_past_the_next_replay(tmp_path, monkeypatch):
-    """Under `--compile-rollout graphs` a CUDA graph's outputs are overwritten by its next replay (any agent's):
-    the H200 (1adc135) died at its first replay on the observation fed back in. A stand-in compiler whose
-    outputs raise once it is called again, over two agents (one step shared): the run completes and trains
+    """Under `--compile-rollout graphs` a CUDA graph's outputs are overwritten when it runs again (any agent's
+    call): the H200 (1adc135) died recording the graph at its second call, on the observation the first returned.
+    A stand-in compiler whose outputs (and views of them) raise on any use once it is called again, and which
+    reads its inputs first as CUDA graph trees do, over two agents (one step shared): the run completes and trains
     exactly what `--compile-rollout off` trains (without the observation's clone it raises)."""
     two_agents = [*TINY, "--seeds", "2", "--total-steps", "384"]
     assert main([*two_agents, "--run-dir", str(tmp_path / "eager")]) == 0
-    pool: list[PoolOutput] = []
+    pool = StaleOutputs()
 
     def graph_like_compile(fn, **kwargs):
         def replay(*args):
-            for t in pool:
-                t.stale = True
-            pool.clear()
+            pool.run_again()
+            pool.check(args)  # the graph's inputs are read first
             obs, reward, done, *rest = fn(*args)
-            out = (tuple(o.as_subclass(PoolOutput) for o in obs), *(t.as_subclass(PoolOutput) for t in (reward, done, *rest)))
-            pool.extend([*out[0], *out[1:]])
+            out = (tuple(o.clone() for o in obs), *(t.clone() for t in (reward, done, *rest)))  # in "its pool"
+            pool.live = [*out[0], *out[1:]]
             return out
         return replay
 
     monkeypatch.setattr(torch, "compile", graph_like_compile)
-    assert main([*two_agents, "--run-dir", str(tmp_path / "graphs"), "--compile-rollout", "graphs"]) == 0
+    with pool:
+        assert main([*two_agents, "--run-dir", str(tmp_path / "graphs"), "--compile-rollout", "graphs"]) == 0
     eager, graphs = (json.loads((tmp_path / name / "results.json").read_text()) for name in ("eager", "graphs"))
-    assert graphs["training"]["compile_error"] is None
+    assert graphs["training"]["compile_error"] is None and len(pool.stale) > 100
     assert json.dumps(graphs["evaluation"], sort_keys=True) == json.dumps(eager["evaluation"], sort_keys=True)

@@ -90,12 +90,12 @@ def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-
                             input_names=["features"], output_names=["probability"], dynamic_shapes={"x": {0: batch}},
                             architecture=architecture)
     export_s = time.perf_counter() - t0
-    # onnxruntime on one thread: beside torch on every core, its own pool (every core too, spinning between runs)
-    # made these three tiny cases 1.5x slower at the median and 3x at p90 on the dev VM's 2 cores
-    # (bench/results/onnx_parity_threads_cpu.json); the H200 host's 16 cores took 0.16-0.2 s a reused symbol,
-    # the dev VM 0.043 s on one thread (bench/results/gpu_h200_1adc135/). Unmeasured on a GPU host since
+    # Beside torch on several threads, onnxruntime on one: its own pool (every core, spinning between runs) made
+    # these three tiny cases 1.5x slower at the median and 3.7x at p90 on the dev VM's 2 cores; with torch on one
+    # thread its pool was the faster (bench/results/onnx_parity_threads_cpu.json). The H200 host (16 cores, torch
+    # on all) took about 0.18 s a reused symbol, the dev VM 0.043 s on one thread (bench/results/gpu_h200_1adc135/).
     parity = check_parity(module, path, cases(cfg.window, model_info["n_features"], CHECK_BATCHES), ["features"],
-                          tolerance, threads=1)
+                          tolerance, threads=1 if torch.get_num_threads() > 1 else None)
     parity["batch_sizes"] = list(CHECK_BATCHES)
     timed = (architecture, latency_iters, torch.get_num_threads())
     if not (reused and timed in _LATENCY):  # a reused graph runs as fast as the one it was measured on
