@@ -133,6 +133,7 @@ def test_export_is_a_probability_and_matches_pytorch_at_other_batch_sizes(job, s
     assert r["symbols"][symbol]["export"]["sha256"] == info["sha256"]
 
 
+@pytest.mark.slow  # nothing in it depends on the SIMD width (CI's narrowed pass skips it)
 @pytest.mark.parametrize("torch_threads", [1, 4])
 def test_the_parity_check_runs_onnxruntime_on_one_thread_where_torch_has_several(job, tmp_path, monkeypatch,
                                                                                 torch_threads):
