@@ -67,7 +67,9 @@ ppo_graphs() {
 }
 # the same 64-symbol cohort job with every launch synchronous (CUDA_LAUNCH_BLOCKING=1): the job times its steps
 # on the host, which otherwise does not wait for the device, so its share outside the steps counts the steps'
-# device work the host waits for later; serialised, each part holds its own device work (both slower than usual)
+# device work the host waits for later; serialised, each part holds its own device work (both slower than usual).
+# Its row's phase_s splits the time outside the steps by the parts of the cohort's loop (trainers.lstm.cohort.PHASES:
+# 67 % of the job was outside the steps on the H200 at 1adc135, which part unknown)
 cohort_blocking() {
   step 90 env CUDA_LAUNCH_BLOCKING=1 python3 bench/lstm_pack.py --symbols 64 --cohorts auto --baseline-max 0 \
     --shape default --epochs 5 --device auto --out "$out/bench/cohort_packing_blocking_gpu.json" \

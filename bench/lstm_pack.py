@@ -74,7 +74,8 @@ def run_job(n: int, workers: int, threads: int, root: Path, label: str, extra: t
             "sum_symbol_s": t["packing"]["sum_symbol_seconds"], "packing_efficiency": t["packing"]["efficiency"],
             "symbols_per_s": n / wall, "median_symbol_s": sorted(per_symbol)[len(per_symbol) // 2],
             "steps_per_symbol": t["steps"] // n, "largest_cohort": max(cohorts),
-            "share_outside_steps": t["packing"].get("share_outside_steps")}
+            "share_outside_steps": t["packing"].get("share_outside_steps"),
+            **({"phase_s": t["packing"]["sum_phase_seconds"]} if "sum_phase_seconds" in t["packing"] else {})}
 
 
 def time_export(root: Path) -> dict:

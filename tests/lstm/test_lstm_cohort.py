@@ -492,6 +492,15 @@ def test_a_cohort_job_trains_what_the_one_at_a_time_job_trains(tmp_path):
     assert job["training"]["packing"]["efficiency"] <= 1.05  # shares of the worker's time, not 5 overlapping spans
     # the time in training steps, each a share of the stacked steps: inside each symbol's share of the worker
     assert 0 < marker["step_seconds"] < marker["seconds"]
+    # and its share of each part of the cohort's loop (trainers.lstm.cohort.PHASES): every part ran, together
+    # within its share of the worker's time; summed in the job's packing, a cohort job's alone
+    from trainers.lstm.cohort import PHASES
+
+    parts = marker["phase_seconds"]
+    assert sorted(parts) == sorted(PHASES) and all(v > 0 for v in parts.values()), parts
+    assert sum(parts.values()) < marker["seconds"]
+    assert sorted(job["training"]["packing"]["sum_phase_seconds"]) == sorted(PHASES)
+    assert "sum_phase_seconds" not in json.loads((tmp_path / "alone" / "results.json").read_text())["training"]["packing"]
     for name in ("alone", "cohort"):
         packing = json.loads((tmp_path / name / "results.json").read_text())["training"]["packing"]
         assert 0 < packing["sum_step_seconds"] < packing["sum_symbol_seconds"], (name, packing)

@@ -55,6 +55,11 @@ from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
 
 STEP, EVALUATION = "training step", "evaluation"  # the two kinds of stacked pass, each with its own memory
+# The parts of a cohort's loop, timed on the host (the job's packing.sum_phase_seconds): opening the members' runs,
+# starting them (resume, the untrained evaluation), the stacked steps, each member's bookkeeping after a step, the
+# validation passes, step_done (the agreements, checkpoints, heartbeats), the finishes (final evaluation, results).
+# On a GPU a part's time includes the device work it waits for (CUDA_LAUNCH_BLOCKING=1 gives each its own).
+PHASES = ("enter", "start", "steps", "after_step", "evaluation", "step_done", "finish")
 
 
 @dataclass(eq=False)  # members are told apart by identity (two runs of one symbol never share a cohort)
@@ -343,6 +348,7 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
             data.to(device)
             members.append(Member(scfg, data, planned_steps(scfg, len(data.ids["train"]))))
         cohort = Cohort(members, cfg, device, worker.rows_per_pass, worker.log)
+        clock = dict.fromkeys(PHASES, 0.0)
     except RuntimeError as exc:
         if not device_mod.out_of_memory(exc):
             raise
@@ -356,11 +362,12 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
                 if m.run is not None and not m.done:
                     m.run.request_stop(StopReason.SIGNAL, worker.signalled)
         cohort.on_signal = on_signal
-        for m in members:
-            states = {"model": SliceModel(cohort, m), "optimizer": SliceOptimizer(cohort, m)}
-            _guarded(m, cohort, lambda m=m, states=states: _enter(m, states, cfg, worker))
-            cohort.hold_signals()  # (each run installs its own handler as it opens)
-        _train(cfg, members, cohort, worker, attempt)
+        with timed(clock, "enter"):
+            for m in members:
+                states = {"model": SliceModel(cohort, m), "optimizer": SliceOptimizer(cohort, m)}
+                _guarded(m, cohort, lambda m=m, states=states: _enter(m, states, cfg, worker))
+                cohort.hold_signals()  # (each run installs its own handler as it opens)
+        _train(cfg, members, cohort, worker, attempt, clock)
     except RuntimeError as exc:
         if not (device_mod.out_of_memory(exc) or device_mod.context_lost(exc, device)):
             raise
@@ -373,6 +380,9 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
             signal.signal(sig, handler)
     if cohort.out_of_memory is not None:
         worker.smaller_cohorts(len(members), cohort.out_of_memory)
+    for m in members:  # an equal share of each part: the parts are the cohort's, its members ran them together
+        if m.outcome is not None:
+            m.outcome.phase_seconds = {k: v / len(members) for k, v in clock.items()}
     return {m.symbol: m.outcome if m.outcome is not None else m.error.with_traceback(None) for m in members}
 
 
@@ -383,16 +393,27 @@ def _enter(m: Member, states: dict, cfg: LstmConfig, worker: Worker) -> None:
     m.run.quiet_progress()  # one bar per symbol would fill the terminal
 
 
-def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worker, attempt: int) -> None:
+@contextlib.contextmanager
+def timed(clock: dict[str, float], part: str):
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        clock[part] += time.perf_counter() - started
+
+
+def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worker, attempt: int,
+           clock: dict[str, float]) -> None:
     device = worker.device
     generator = torch.Generator(device=device)  # reseeded per member and step (stacked.stream_seed)
     fresh = []
-    for m in members:
-        if not m.done:
-            _guarded(m, cohort, lambda m=m: _start(m, cohort, worker, fresh))
-    _evaluated(cohort, [m for m in fresh if not m.done], cfg.eval_batch_size, initial=True)
-    _finish_together([m for m in members if not m.done and (m.step >= m.total_steps or m.ended)],  # resumed at
-                     cohort, cfg, worker, attempt)  # or past its last step, or where it had stopped early
+    with timed(clock, "start"):
+        for m in members:
+            if not m.done:
+                _guarded(m, cohort, lambda m=m: _start(m, cohort, worker, fresh))
+        _evaluated(cohort, [m for m in fresh if not m.done], cfg.eval_batch_size, initial=True)
+        _finish_together([m for m in members if not m.done and (m.step >= m.total_steps or m.ended)],  # resumed
+                         cohort, cfg, worker, attempt)  # at or past its last step, or where it had stopped early
     cohort.model.train()
     membership = None
     while any(not m.done for m in cohort.members):
@@ -415,21 +436,27 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
         clip_per_model(list(cohort.model.parameters()), cfg.grad_clip, training)
         cohort.optimizer.step(training)
         stepped = [m for m in stack if not m.done]
-        share = (time.perf_counter() - stepping) / len(stepped)
+        spent = time.perf_counter() - stepping
+        clock["steps"] += spent
+        share = spent / len(stepped)
         passes = cohort.rows_per_pass[STEP]
         for m in stepped:
             m.step_seconds += share
             if passes is not None and passes < len(stack):
                 m.rows_per_pass = min(m.rows_per_pass or passes, passes)
         due = []
-        for m in stepped:
-            _guarded(m, cohort, lambda m=m: _after_step(m, losses[cohort.row(m)], worker, attempt, due))
-        _evaluated(cohort, [m for m in due if not m.done], cfg.eval_batch_size)
+        with timed(clock, "after_step"):
+            for m in stepped:
+                _guarded(m, cohort, lambda m=m: _after_step(m, losses[cohort.row(m)], worker, attempt, due))
+        with timed(clock, "evaluation"):
+            _evaluated(cohort, [m for m in due if not m.done], cfg.eval_batch_size)
         ending = []
-        for m in stepped:
-            if not m.done:
-                _guarded(m, cohort, lambda m=m: _step_done(m, ending))
-        _finish_together(ending, cohort, cfg, worker, attempt)
+        with timed(clock, "step_done"):
+            for m in stepped:
+                if not m.done:
+                    _guarded(m, cohort, lambda m=m: _step_done(m, ending))
+        with timed(clock, "finish"):
+            _finish_together(ending, cohort, cfg, worker, attempt)
 
 
 def _guarded(m: Member, cohort: Cohort, work) -> None:

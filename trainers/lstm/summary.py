@@ -55,7 +55,8 @@ def symbol_row(job_dir: Path, symbol: str, planned_steps: int | None) -> dict:
            "best_val_loss": training.get("best_val", {}).get("value"), "seconds": marker.get("seconds"),
            "step_seconds": marker.get("step_seconds"),
            "worker": marker.get("worker", training.get("worker")), "device": marker.get("device"),
-           "tries": marker.get("tries"), "attempt_token": marker.get("attempt_token")}
+           "tries": marker.get("tries"), "attempt_token": marker.get("attempt_token"),
+           **({"phase_seconds": marker["phase_seconds"]} if marker.get("phase_seconds") else {})}
     if status == "failed":
         row["error"] = marker.get("error")
     if marker.get("cohort_failed"):  # trained alone: its cohort's stacked code failed (the job's log has why)
@@ -106,6 +107,8 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
     this_attempt = [r for r in rows.values() if r["attempt_token"] == attempt["token"] and r["seconds"]]
     job_seconds = float(sum(r["seconds"] for r in this_attempt))
     step_seconds = float(sum(r.get("step_seconds") or 0.0 for r in this_attempt))
+    phases = [r["phase_seconds"] for r in this_attempt if isinstance(r.get("phase_seconds"), dict)]
+    phase_seconds = {k: float(sum(p.get(k) or 0.0 for p in phases)) for k in sorted({k for p in phases for k in p})}
     if stop and stop.get("reason") in STOPPED:
         reason = stop["reason"]
     elif counts["ok"] + counts["failed"] == len(rows):
@@ -128,6 +131,9 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
                             # the workers' time in training steps (host time: on a GPU, launching them)
                             "sum_step_seconds": step_seconds,
                             "share_outside_steps": 1 - step_seconds / job_seconds if job_seconds else None,
+                            # cohorts only: the host time of each part of their loop, the members' shares summed
+                            # (steps as above; the rest is the share outside them, part by part; exports after)
+                            **({"sum_phase_seconds": phase_seconds} if phase_seconds else {}),
                             "definition": "sum of per-symbol times / (wall time x devices)"}}
     results = {"trainer": "lstm", "job": True, "config": cfgmod.to_dict(cfg), "data": plan.source,
                "training": training, "evaluation": job_evaluation(job_dir, rows, stop), "symbols": rows,

@@ -98,6 +98,7 @@ class SymbolOutcome:
     steps: int
     results: dict | None
     step_seconds: float = 0.0  # host time in its training steps (in a cohort: its share of the stacked steps)
+    phase_seconds: dict | None = None  # in a cohort: its share of each part of the cohort's loop (cohort.PHASES)
 
 
 class Worker:
@@ -247,7 +248,8 @@ def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, 
                         outcome.reason.name.lower())
         return outcome
     marker = _marker(worker, symbol, "ok", attempt, started, steps=outcome.steps, **(note or {}),
-                     stop_reason=outcome.reason.name.lower(), step_seconds=outcome.step_seconds)
+                     stop_reason=outcome.reason.name.lower(), step_seconds=outcome.step_seconds,
+                     **({"phase_seconds": outcome.phase_seconds} if outcome.phase_seconds else {}))
     if cfg.export:
         try:
             info = export_symbol(folder)
