@@ -395,6 +395,8 @@ def _enter(m: Member, states: dict, cfg: LstmConfig, worker: Worker) -> None:
 
 @contextlib.contextmanager
 def timed(clock: dict[str, float], part: str):
+    """Host time inside, added to clock[part]. No device sync (Run.timing's clock waits for the device at both
+    edges): these parts run every step, and a wait there would slow the loop it measures."""
     started = time.perf_counter()
     try:
         yield

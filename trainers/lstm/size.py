@@ -40,9 +40,8 @@ STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
 # of one session: the training's own difference is in it too, a few seconds), the worker's part taken off:
 # 0.18 s a symbol, 4x the dev VM's (its log: 0.16-0.2 s a reused symbol). The parity check has run onnxruntime on
 # one thread beside torch's several since (against their contention), unmeasured on a GPU host: this may now
-# over-count. Thin:
-# one run's difference of two job times, of the default model whatever the shape, a worker's part charged once
-# whatever its symbols (and once per architecture: a job of mixed feature counts pays it per group).
+# over-count. Thin: one run's difference of two job times, of the default model whatever the shape, a worker's part
+# charged once whatever its symbols (and once per architecture: a job of mixed feature counts pays it per group).
 EXPORT_WORKER_S = 14.76 - 32 * 0.043
 EXPORT_SYMBOL_S = (157.93 - 52.98 - EXPORT_WORKER_S) / 500
 
