@@ -23,12 +23,18 @@
 #                                         # job with its checkpoints written in the loop, the GIL's convoy, the
 #                                         # cohort job with launches blocking (its true share outside the steps)
 #                                         # and profiled, the real kernel fault in an LSTM cohort
+#   bash bench/gpu_session.sh 34 OUT_DIR  # part 33's steps with what the H200 at 1adc135 left open first: the
+#                                         # parity threads, the 500-symbol job with its exports and the same job
+#                                         # without (both on every core: what the exports cost, clean), PPO's
+#                                         # captured rollout (its fix), the blocking cohort job's parts and its
+#                                         # profile; then the GPU targets measured there again (run it under
+#                                         # `timeout 575`; the last may be cut)
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
-part="${1:?usage: bash bench/gpu_session.sh 1|2|33 OUT_DIR}"
-out="${2:?usage: bash bench/gpu_session.sh 1|2|33 OUT_DIR}"
-[[ "$part" == 1 || "$part" == 2 || "$part" == 33 ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2 or 33" >&2; exit 2; }
+part="${1:?usage: bash bench/gpu_session.sh 1|2|33|34 OUT_DIR}"
+out="${2:?usage: bash bench/gpu_session.sh 1|2|33|34 OUT_DIR}"
+[[ "$part" =~ ^(1|2|33|34)$ ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2, 33 or 34" >&2; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 mkdir -p "$out/bench"
@@ -99,6 +105,14 @@ cohort_export() {
   cp "$out/lstm_exported/symbols/SYN000/export.json" "$out/bench/cohort_export_SYN000.json" 2>/dev/null || true
   cp "$out/lstm_exported/symbols/SYN001/export.json" "$out/bench/cohort_export_SYN001.json" 2>/dev/null || true
 }
+# the same 500-symbol job with --no-export, as the CLI runs it (torch on every core; the lstm_cohort step's row
+# runs torch on one thread): cohort_export's wall less this one is what the exports cost, clean
+cohort_noexport() {
+  step 120 python3 -m trainers lstm train --synthetic-tickers 500 --epochs 5 --patience 0 --device auto --no-export \
+    --run-dir "$out/lstm_noexport" >"$out/bench/cohort_noexport.log" 2>&1 \
+    || { echo "lstm cohort job without exports failed: exit $?"; status=1; }
+  cp "$out/lstm_noexport/results.json" "$out/bench/cohort_noexport_results.json" 2>/dev/null || true
+}
 # the LSTM export's parity check with onnxruntime on its default threads and on one, beside torch on one thread
 # and on every core (the H200 at 1adc135: 0.16-0.2 s a reused symbol, the dev VM 0.043 s; seconds)
 parity_threads() {
@@ -133,6 +147,19 @@ elif [[ "$part" == 33 ]]; then
   cohort_blocking
   profile_lstm_cohort
   lost_context
+elif [[ "$part" == 34 ]]; then
+  disk_write
+  parity_threads
+  cohort_export
+  cohort_noexport
+  ppo_graphs
+  cohort_blocking
+  profile_lstm_cohort
+  bench --only plan --total-min 0.5
+  bench --only run_ppo,run_gnn --total-min 2
+  cohort_saves_in_loop
+  gil_convoy
+  bench --only lstm_cohort --timeout lstm_cohort=240 --total-min 4
 else
   deploy="$out/deploy"
   step 180 env TRAINERS_PYTHON=python3 bash deploy_8gpu.sh --trainer forecast --foreground --skip-data \
