@@ -35,15 +35,15 @@ STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
 # with its own weights and onnxruntime's parity check. The worker's part from the development VM
 # (bench/results/lstm_export_default_cpu.json: 32 symbols of the default model, one worker of one thread, 14.76 s
 # longer with the exports on, 0.043 s of it a reused symbol's median). A symbol's from the H200 host
-# (bench/results/gpu_h200_1adc135/, 1adc135: 500 symbols of the default model, 5 epochs, one worker, 157.93 s with
-# the exports on and torch on every core, 52.98 s without and on one thread (bench/lstm_pack.py's jobs), two jobs
-# of one session: the training's own difference is in it too, a few seconds), the worker's part taken off:
-# 0.18 s a symbol, 4x the dev VM's (its log: 0.16-0.2 s a reused symbol). The parity check has run onnxruntime on
-# one thread beside torch's several since (against their contention), unmeasured on a GPU host: this may now
-# over-count. Thin: one run's difference of two job times, of the default model whatever the shape, a worker's part
-# charged once whatever its symbols (and once per architecture: a job of mixed feature counts pays it per group).
+# (bench/results/gpu_h200_eab6a5d/, eab6a5d: the 500-symbol job of the default model, 5 epochs, one worker, run
+# twice by the same command, torch on every core: 97.72 s with the exports on, 63.89 s with --no-export), the
+# worker's part taken off: 0.041 s a symbol, the dev VM's speed. The session before (1adc135) had measured 0.18 s,
+# its parity check's onnxruntime on its default pool (every core, spinning) beside torch's 16 threads: 8.4x slower
+# a check on that host (gpu_h200_eab6a5d/onnx_parity_threads_gpu.json), and one thread since. Thin: one run's difference of two
+# job times, of the default model whatever the shape, a worker's part charged once whatever its symbols (and once
+# per architecture: a job of mixed feature counts pays it per group).
 EXPORT_WORKER_S = 14.76 - 32 * 0.043
-EXPORT_SYMBOL_S = (157.93 - 52.98 - EXPORT_WORKER_S) / 500
+EXPORT_SYMBOL_S = (97.72 - 63.89 - EXPORT_WORKER_S) / 500
 
 
 def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int = 1,
