@@ -29,12 +29,16 @@
 #                                         # captured rollout (its fix), the blocking cohort job's parts and its
 #                                         # profile; then the GPU targets measured there again (run it under
 #                                         # `timeout 575`; the last may be cut)
+#   bash bench/gpu_session.sh 35 OUT_DIR  # ~2.5 min, for a session's last 4-5 device-minutes: the GNN's job
+#                                         # compiled (the CUDA default) and eager, same data, same machine (does
+#                                         # the compile pay on the default job?), and PPO eager at the 2,048
+#                                         # environments part 34's captured rollout ran at
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
-part="${1:?usage: bash bench/gpu_session.sh 1|2|33|34 OUT_DIR}"
-out="${2:?usage: bash bench/gpu_session.sh 1|2|33|34 OUT_DIR}"
-[[ "$part" =~ ^(1|2|33|34)$ ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2, 33 or 34" >&2; exit 2; }
+part="${1:?usage: bash bench/gpu_session.sh 1|2|33|34|35 OUT_DIR}"
+out="${2:?usage: bash bench/gpu_session.sh 1|2|33|34|35 OUT_DIR}"
+[[ "$part" =~ ^(1|2|33|34|35)$ ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2, 33, 34 or 35" >&2; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 mkdir -p "$out/bench"
@@ -113,6 +117,30 @@ cohort_noexport() {
     || { echo "lstm cohort job without exports failed: exit $?"; status=1; }
   cp "$out/lstm_noexport/results.json" "$out/bench/cohort_noexport_results.json" 2>/dev/null || true
 }
+# the GNN's job (run_gnn's data and options, 6 epochs) eager and compiled: at 65,536 nodes a step the H200 spent
+# 16-18 s of a 22-24 s run compiling for ~0.35 s of steady steps (gpu_h200_1adc135, gpu_h200_eab6a5d): whether
+# the compile pays on a job of this length. Each job's command wall (process start to exit) in gnn_walls.txt
+gnn_compile_or_not() {
+  step 60 python3 -m trainers gnn data --out "$out/graphs" --train 7000 --val 32 --no-progress --overwrite \
+    >"$out/bench/gnn_data.log" 2>&1 || { echo "gnn data failed: exit $?"; status=1; return; }
+  local mode started
+  for mode in no-compile compile; do
+    started=$(date +%s.%N)
+    step 120 python3 -m trainers gnn train --data-dir "$out/graphs" --run-dir "$out/gnn_$mode" --epochs 6 \
+      --search-iters 2000 --search-seconds 0.2 --log-every 10 "--$mode" >"$out/bench/gnn_$mode.log" 2>&1 \
+      || { echo "gnn train --$mode failed: exit $?"; status=1; }
+    echo "$mode $(python3 -c "import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))" "$started" "$(date +%s.%N)")" \
+      >>"$out/bench/gnn_walls.txt"
+    cp "$out/gnn_$mode/results.json" "$out/bench/gnn_${mode}_results.json" 2>/dev/null || true
+  done
+}
+# PPO eager at the environments ppo_graphs ran at (2,048: sized from the same --total-steps), its comparison
+ppo_eager_2048() {
+  step 120 python3 -m torch.distributed.run --standalone --nproc_per_node=1 -m trainers ppo train \
+    --run-dir "$out/ppo_eager" --total-steps 2097152 --no-baseline-mlp --log-every 1 --eval-every 4 \
+    >"$out/bench/ppo_eager.log" 2>&1 || { echo "ppo eager failed: exit $?"; status=1; }
+  cp "$out/ppo_eager/results.json" "$out/bench/ppo_eager_results.json" 2>/dev/null || true
+}
 # the LSTM export's parity check with onnxruntime on its default threads and on one, beside torch on one thread
 # and on every core (the H200 at 1adc135: 0.16-0.2 s a reused symbol, the dev VM 0.043 s; seconds)
 parity_threads() {
@@ -160,6 +188,9 @@ elif [[ "$part" == 34 ]]; then
   cohort_saves_in_loop
   gil_convoy
   bench --only lstm_cohort --timeout lstm_cohort=240 --total-min 4
+elif [[ "$part" == 35 ]]; then
+  gnn_compile_or_not
+  ppo_eager_2048
 else
   deploy="$out/deploy"
   step 180 env TRAINERS_PYTHON=python3 bash deploy_8gpu.sh --trainer forecast --foreground --skip-data \
