@@ -3,6 +3,8 @@ and the dataset allow (an epoch keeps at least 16 steps), unless the user says."
 
 import json
 
+import pytest
+
 from trainers.gnn.config import GnnConfig
 from trainers.gnn.size import CPU_NODES, MAX_AUTO_NODES, MIN_STEPS_PER_EPOCH, nodes_per_step, workload
 from trainers.gnn.train import pin_from_saved
@@ -81,3 +83,70 @@ def test_the_gnn_turns_tf32_on_where_the_device_has_it_and_says_so(tmp_path, mon
     assert [d.type for d in asked] == ["cpu"]
     assert json.loads((tmp_path / "tf32" / "results.json").read_text())["training"]["tf32"] is True
     assert ", TF32;" in (tmp_path / "tf32" / "training.log").read_text()
+
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def test_the_compile_pays_after_the_steps_the_h200_measured_and_the_default_follows_them():
+    """The H200 ran the GNN's job (65,536 nodes a step) eager and compiled, one command apart
+    (bench/results/gpu_h200_66d4c37/): the constants are those runs', and by default a GPU run (or its rehearsal)
+    compiles only when its steps left are at least the break-even; --compile and --no-compile are obeyed."""
+    from trainers.gnn.size import COMPILE_EAGER_STEP_RATIO, COMPILE_PAYS_AFTER_STEPS, COMPILE_S, compiles
+
+    runs = {mode: json.loads((REPO / f"bench/results/gpu_h200_66d4c37/gnn_{mode}_results.json").read_text())
+            for mode in ("compile", "no-compile")}
+    assert runs["compile"]["training"]["compiled"] is True and runs["no-compile"]["training"]["compiled"] is False
+    differ = {k for k in runs["compile"]["config"] if runs["compile"]["config"][k] != runs["no-compile"]["config"][k]}
+    assert differ == {"compile", "run_dir"}  # one command apart
+    first = {m: r["training"]["throughput"]["breakdown_s"]["first_window"] for m, r in runs.items()}
+    step = {m: r["training"]["throughput"]["breakdown_s"]["steady_steps"] / r["training"]["throughput"]["steady_steps"]
+            for m, r in runs.items()}
+    assert COMPILE_S == pytest.approx(first["compile"] - first["no-compile"], abs=1e-3)
+    assert COMPILE_PAYS_AFTER_STEPS == pytest.approx(COMPILE_S / (step["no-compile"] - step["compile"]), rel=1e-3)
+    assert COMPILE_EAGER_STEP_RATIO == pytest.approx(step["no-compile"] / step["compile"], rel=1e-3)
+    assert 5_000 < COMPILE_PAYS_AFTER_STEPS < 20_000
+    assert compiles(None, True, COMPILE_PAYS_AFTER_STEPS)[0] and not compiles(None, True, COMPILE_PAYS_AFTER_STEPS - 1)[0]
+    assert not compiles(None, False, 10**9)[0]  # a CPU run without the rehearsal: eager however long
+    assert compiles(True, False, 1) == (True, "--compile given") and compiles(False, True, 10**9)[0] is False
+    assert "--compile to compile anyway" in compiles(None, True, 100)[1]
+
+
+def test_a_short_gpu_like_run_trains_eager_and_says_why_and_a_long_one_compiles(tmp_path, monkeypatch):
+    """Under --gpu-defaults (what a CUDA run decides), a run of a few steps trains eager, and its log and
+    results.json say why; the same run with the break-even lowered below its steps compiles."""
+    import trainers.gnn.size as gnn_size
+    from trainers.cli import main
+
+    data = tmp_path / "graphs"
+    assert main(["gnn", "data", "--out", str(data), "--train", "16", "--val", "4", "--max-nodes", "40",
+                 "--no-progress"]) == 0
+    job = ["gnn", "train", "--data-dir", str(data), "--epochs", "1", "--nodes-per-batch", "150", "--hidden", "16",
+           "--layers", "2", "--search-iters", "50", "--gpu-defaults"]
+    assert main([*job, "--run-dir", str(tmp_path / "short")]) == 0
+    training = json.loads((tmp_path / "short" / "results.json").read_text())["training"]
+    assert training["compiled"] is False and training["compile_decision"].startswith("eager: ")
+    assert "after which a compile" in (tmp_path / "short" / "training.log").read_text()
+    steps = training["steps"]
+    monkeypatch.setattr(gnn_size, "COMPILE_PAYS_AFTER_STEPS", steps)
+    assert main([*job, "--run-dir", str(tmp_path / "long")]) == 0
+    training = json.loads((tmp_path / "long" / "results.json").read_text())["training"]
+    assert training["compiled"] is True and training["compile_decision"].startswith("compiled: ")
+
+
+def test_the_plan_counts_the_compile_where_the_run_would_compile(tmp_path):
+    """The plan decides as the run does (its steps on the planned GPU and ranks): the deploy's default job
+    plans eager and nothing outside its steps; one long enough plans the compile outside its steps, once per rank
+    at the same time (the plan shares that time among the ranks)."""
+    from trainers.gnn.size import COMPILE_S
+    from trainers.ops.devices import DEVICES
+    from trainers.ops.plan import plan
+
+    h200 = DEVICES["h200"]
+    short = plan(workload(GnnConfig(data_dir=str(tmp_path / "none"))), h200, 1)
+    assert "outside_steps_s" not in short.time and "training step eager" in " ".join(short.assumptions)
+    long = plan(workload(GnnConfig(data_dir=str(tmp_path / "none"), epochs=400)), h200, 1)
+    assert long.time["outside_steps_s"] == pytest.approx(COMPILE_S)
+    assert "training step compiled" in " ".join(long.assumptions)
+    assert plan(workload(GnnConfig(data_dir=str(tmp_path / "none"), epochs=4000)), h200, 4).time["outside_steps_s"] \
+        == pytest.approx(COMPILE_S)

@@ -157,8 +157,9 @@ COMPILED = {  # the trainers that compile on a GPU, in their GPU configuration (
     "gpt": ["gpt", "train", *GPT_TINY, "--batch-tokens", "512", "--eval-every", "4", "--gpu-defaults",
             "--device", "cpu"],
     # batches of varying size, each padded to the run's largest step (gnn/batch.py pad_batch): one shape
+    # (--compile: a GPU run of this few steps trains eager, gnn/size.py's break-even)
     "gnn": ["gnn", "train", "--nodes-per-batch", "300", "--hidden", "16", "--layers", "2", "--search-iters", "20",
-            "--log-every", "3", "--gpu-defaults", "--device", "cpu"],
+            "--log-every", "3", "--gpu-defaults", "--compile", "--device", "cpu"],
 }
 LONGER = {"forecast": (["--epochs", "1"], ["--epochs", "2"]), "gpt": (["--max-steps", "8"], ["--max-steps", "16"]),
           "gnn": (["--epochs", "2"], ["--epochs", "3"])}

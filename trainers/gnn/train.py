@@ -24,11 +24,11 @@ from trainers.gnn.config import GnnConfig
 from trainers.gnn.evaluate import EVAL_SEED, evaluate, markdown_table, validation_loss
 from trainers.gnn.graphs import GraphSplit
 from trainers.gnn.sampling import NodeBudgetCursor, padded_capacity
-from trainers.gnn.size import SIZES, flops_per_node, nodes_per_step
+from trainers.gnn.size import SIZES, compiles, flops_per_node, nodes_per_step
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
-from trainers.runtime.precision import build_adamw, compile_default, compile_facts, enable_tf32, maybe_compile
+from trainers.runtime.precision import build_adamw, compile_facts, enable_tf32, maybe_compile
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
 from trainers.runtime.stops import StopReason
@@ -87,7 +87,10 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
         cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed,
                                   **NodeBudgetCursor.start(start.position, start.position_rank0))
         train_model = wrap_ddp(model, ctx) if ctx.distributed else model
-        compiled = compile_default(cfg.compile, ctx.device, cfg.gpu_defaults)
+        # the steps left decide (a resume near the end compiles nothing); the same on every rank
+        compiled, compile_why = compiles(cfg.compile, device_mod.gpu_like(ctx.device, cfg.gpu_defaults),
+                                         total_steps - start.step)
+        run.log.info("gnn: training step %s", compile_why)
         # every batch padded to the run's largest step: one static shape (CUDA-graph ready), one compile
         capacity = padded_capacity(train_split.nodes, train_data.directed, ctx.world_size, ctx.rank,
                                    cfg.nodes_per_batch, cfg.seed, cfg.epochs) if compiled else None
@@ -144,7 +147,8 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                              "max_colors": cfg.max_colors, "flops_per_graph": flops_per_graph},
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "nodes_per_batch": cfg.nodes_per_batch, "ddp": _ddp_facts(train_model),
-                                **compile_facts(step_model, ctx), "padded_to": list(capacity) if compiled else None,
+                                **compile_facts(step_model, ctx), "compile_decision": compile_why,
+                                "padded_to": list(capacity) if compiled else None,
                                 "fused_adamw": bool(optimizer.defaults.get("fused")), "tf32": tf32,
                                 # every graph is seen once per epoch, so nodes/s = graphs/s x mean graph size
                                 "nodes_per_s_per_device": per_device * nodes_per_graph if per_device else None,

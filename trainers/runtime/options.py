@@ -48,7 +48,8 @@ class RunOptions:
                                      "default: every step on CPU, adaptive on CUDA, where each agreement is a "
                                      "host sync", resume_safe=True, min=0)
     gpu_defaults: bool = option(False, "rehearse on the CPU what a CUDA deploy turns on by default, where the "
-                                "trainer has it: torch.compile (inductor; forecast, gpt, gnn), bf16 autocast "
+                                "trainer has it: torch.compile (inductor; forecast, gpt, and gnn where the run is long "
+                                "enough to pay for it), bf16 autocast "
                                 "(forecast, gpt), fused AdamW (forecast, gpt, gnn), checkpoints written behind the "
                                 "loop and the adaptive stop agreement (every trainer; lstm and ppo have only these) "
                                 "(slow on a CPU: for trying a run's configuration before "
