@@ -322,8 +322,8 @@ def format_plan(p: Plan, w: Workload) -> str:
                      f"{p.money['device_hours']:,.1f} device-hours" + (f" = ${usd:,.2f}" if usd is not None else
                                                                         " (give --usd-per-gpu-hour for the cost)"))
         if t.get("outside_steps_s"):
-            lines.append(f"  of which {t['outside_steps_s']:,.0f} s outside the training steps (per-run set-up, "
-                         f"evaluations, checkpoints, results)")
+            lines.append(f"  of which {t['outside_steps_s']:,.0f} s outside the training steps (what the notes "
+                         f"below count: per-run set-up, a compile, evaluations, checkpoints, results)")
     for a in p.assumptions:
         lines.append(f"  note: {a}")
     return "\n".join(lines)
