@@ -135,9 +135,9 @@ def test_a_short_gpu_like_run_trains_eager_and_says_why_and_a_long_one_compiles(
 
 
 def test_the_plan_counts_the_compile_where_the_run_would_compile(tmp_path):
-    """The plan decides as the run does (its steps on the planned GPU and ranks): the deploy's default job
-    plans eager and nothing outside its steps; one long enough plans the compile outside its steps, once per rank
-    at the same time (the plan shares that time among the ranks)."""
+    """The plan decides as the run does, on the steps it plans (epochs, --items or --hours, on the planned GPU
+    and ranks): the deploy's default job plans eager and nothing outside its steps; one long enough plans the
+    compile outside its steps, once (every rank compiles at the same time)."""
     from trainers.gnn.size import COMPILE_S
     from trainers.ops.devices import DEVICES
     from trainers.ops.plan import plan
@@ -150,3 +150,10 @@ def test_the_plan_counts_the_compile_where_the_run_would_compile(tmp_path):
     assert "training step compiled" in " ".join(long.assumptions)
     assert plan(workload(GnnConfig(data_dir=str(tmp_path / "none"), epochs=4000)), h200, 4).time["outside_steps_s"] \
         == pytest.approx(COMPILE_S)
+    default = workload(GnnConfig(data_dir=str(tmp_path / "none")))  # 20 epochs, but more nodes asked of it
+    assert plan(default, h200, 1, items=1e10).time["outside_steps_s"] == pytest.approx(COMPILE_S)
+    assert plan(default, h200, 1, hours=1.0).time["outside_steps_s"] == pytest.approx(COMPILE_S)
+    forced = plan(workload(GnnConfig(data_dir=str(tmp_path / "none"), compile=True)), h200, 1)
+    assert forced.time["outside_steps_s"] == pytest.approx(COMPILE_S)
+    assert "outside_steps_s" not in plan(workload(GnnConfig(data_dir=str(tmp_path / "none"), compile=False)), h200,
+                                         1, items=1e10).time

@@ -25,8 +25,10 @@ DEVICE_BYTES_PER_NODE, DEVICE_BYTES_PER_EDGE = 2 * 4 + 8, 2 * 2 * 4  # degree fe
 # Whether a compile pays for itself (bench/results/gpu_h200_66d4c37/: the job at 65,536 nodes a step, 108 steps,
 # eager and compiled on one H200, one run each): the compiled run's first window took 16.73 s, the eager one's 0.80 s,
 # and a steady step took 5.70 ms compiled against 7.28 ms eager (98 steps each). So about 10,000 steps before the
-# compile is paid back; the deploy's default job (20 epochs of its 20,000 graphs) is about 1,000. One GPU, one step
-# size: a smaller step may save less a step (fewer nodes) or more (the eager step bound by launches).
+# compile is paid back; the deploy's default job (20 epochs of its 20,000 graphs) is about 1,000. Thin: one GPU,
+# one step size, one pair of runs, and the same compiled job ran 7.14 and 8.26 ms a step on two other H200s
+# (run_gnn_gpu.json of gpu_h200_1adc135 and gpu_h200_eab6a5d, 44 steady steps each): there it would pay only after
+# far more steps. Eager for the default job holds either way; a run near the break-even loses at most the compile.
 COMPILE_S = 16.7345 - 0.8017
 COMPILE_SAVES_A_STEP_S = (0.7133 - 0.5586) / 98
 COMPILE_PAYS_AFTER_STEPS = math.ceil(COMPILE_S / COMPILE_SAVES_A_STEP_S)
@@ -36,7 +38,8 @@ COMPILE_EAGER_STEP_RATIO = 0.7133 / 0.5586
 def compiles(setting: bool | None, gpu_like: bool, steps: int) -> tuple[bool, str]:
     """Whether the run compiles its training step, and why (the log's and results.json's words): --compile or
     --no-compile as given; by default on a GPU (or rehearsing one: --gpu-defaults) when the steps left to train
-    are enough for the compile to pay for itself, else eager."""
+    are enough for the compile to pay for itself, else eager. (The steps left are at most: early stopping or a
+    budget may end the run sooner.)"""
     if setting is not None:
         return setting, f"{'--compile' if setting else '--no-compile'} given"
     if not gpu_like:
@@ -138,19 +141,19 @@ def workload(cfg: GnnConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
         source = (f"ASSUMED: the deploy's {DEPLOY_GRAPHS:,} generated graphs of {DEPLOY_MIN_NODES}-{DEPLOY_MAX_NODES} "
                   f"nodes (no dataset in {cfg.data_dir} yet)")
     on_device = nodes * DEVICE_BYTES_PER_NODE + edges * DEVICE_BYTES_PER_EDGE  # the split lives on the GPU
-    steps = math.ceil(nodes / (nodes_per_batch * max(1, world_size))) * cfg.epochs  # (whole graphs: a few more)
-    compiled, why = compiles(cfg.compile, True, steps)  # as the run decides on a GPU
-    step_note = (f"training step {why}; the compile counted outside the steps" if compiled else
-                 f"training step {why}; the steps at the compiled step's measured rate (an eager step took "
-                 f"{COMPILE_EAGER_STEP_RATIO:.2f}x as long on an H200)")
+
+    def planned_compile(steps: float) -> tuple[bool, str]:  # as the run decides on a GPU, on the plan's steps
+        compiled, why = compiles(cfg.compile, True, round(steps))
+        return compiled, why if compiled else (f"{why}; the steps at the compiled step's measured rate (an eager "
+                                               f"step took {COMPILE_EAGER_STEP_RATIO:.2f}x as long on an H200)")
+
     return Workload(
         trainer="gnn", parameters=parameters, n_blocks=1, block_parameters=parameters, unit="nodes",
         items_per_micro=nodes_per_batch, grad_accum=1, flops_per_item=flops_per_node,
         activation_bytes=lambda micro, _ck: int(per_node * micro), kind="small", strategies=("ddp",),
         items_total=float(nodes * cfg.epochs), extra_bytes=on_device, min_step_s=SMALL_STEP_S,
-        # every rank compiles at once, and the plan shares the time outside the steps among the ranks
-        outside_steps_s=COMPILE_S * max(1, world_size) if compiled else 0.0,
+        compiles=planned_compile, compile_s=COMPILE_S,
         for_device=lambda memory, ranks: workload(cfg, memory, ranks, measured),
         shape={"hidden": cfg.hidden, "layers": cfg.layers, "max_colors": cfg.max_colors, "nodes_per_step": nodes_per_batch},
         notes=[f"{graphs:,} training graphs, {nodes:,} nodes, {edges:,} edges ({source}); {cfg.epochs} epochs; "
-               f"the final evaluation's tabu search runs on the CPU and is not counted", step_note])
+               f"the final evaluation's tabu search runs on the CPU and is not counted"])

@@ -60,6 +60,10 @@ class Workload:
     # (one GPU's memory in bytes, workers) -> the workload as a run sizes itself there: what the trainer leaves to
     # the device (PPO's environment batch, the LSTM's cohorts) follows the planned GPU and the workers sharing it
     for_device: Callable[[int, int], "Workload"] | None = None
+    # a step compiled when the run is long enough for it to pay (the GNN's): steps -> (compiled, why), decided on
+    # the plan's own step count (epochs, --items or --hours); a compile's seconds, every worker's own at once
+    compiles: Callable[[float], tuple[bool, str]] | None = None
+    compile_s: float = 0.0
 
 
 PLAN_GPU_MEMORY = 80 * 2**30  # the card a workload is sized for until the plan names its GPU (Workload.for_device)
@@ -221,6 +225,13 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
             raise UsageError("--budget-usd needs --usd-per-gpu-hour > 0 to turn money into hours")
         hours = budget_usd / (usd_per_gpu_hour * gpus)
     outside = w.outside_steps_s / (gpus * w.jobs_per_gpu)  # wall seconds of it: the workers share it
+    notes = list(w.notes)
+    if w.compiles is not None:  # as the run decides, on the steps it would train
+        steps = (t["items_per_s"] * max(hours * 3600 - outside, 0.0) if hours is not None else total_items or 0.0) \
+            / t["items_per_step"]
+        compiled, why = w.compiles(steps)
+        notes.append(f"training step {why}" + ("; the compile counted outside the steps" if compiled else ""))
+        outside += w.compile_s if compiled else 0.0
     if outside:
         timing["outside_steps_s"] = outside
     if hours is not None:
@@ -235,7 +246,7 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
         money["device_hours"] = timing["hours"] * gpus
         money["usd"] = money["device_hours"] * usd_per_gpu_hour if usd_per_gpu_hour is not None else None
     return Plan(w.trainer, device.key, gpus, w.parameters, strategies, chosen, fix, timing, money,
-                {"value": used_mfu, "source": source}, assumptions + w.notes, w.shape)
+                {"value": used_mfu, "source": source}, assumptions + notes, w.shape)
 
 
 def carried_mfu(w: Workload, device: Device) -> tuple[float, str] | None:
