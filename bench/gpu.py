@@ -193,7 +193,8 @@ def build_steps(s: Setup) -> list[Step]:
 
 def trainer_runs(s: Setup) -> list[Step]:
     """A short real run of each trainer in its GPU configuration (what a CUDA deploy turns on by default:
-    compile, bf16, fused AdamW, checkpoints behind the loop, adaptive stop agreement). The dry run
+    compile (the GNN's where a run is long enough: here given), bf16, fused AdamW, checkpoints behind the loop,
+    adaptive stop agreement). The dry run
     rehearses it with --gpu-defaults on the CPU, compile off (see train_compiled). Each run's options
     are its shape (what `trainers plan` is given too) and its loop (how long, how often it logs)."""
     w, n, dry = s.work, s.nproc, s.dry
@@ -212,8 +213,10 @@ def trainer_runs(s: Setup) -> list[Step]:
     g_data = ["--train", "32", "--val", "8", "--max-nodes", "50"] if dry else ["--train", "7000", "--val", "32"]
     g_shape = (["--epochs", "2", "--nodes-per-batch", "150", "--hidden", "16", "--layers", "2"] if dry else
                ["--epochs", "3"])
+    # --compile: a run this short trains eager by default (gnn/size.py's break-even); this measures the compiled
+    # step a long run takes, the rate `trainers plan` counts for every GNN run
     g_loop = (["--search-iters", "200", "--log-every", "2", "--no-compile"] if dry else  # (as the forecaster's)
-              ["--search-iters", "2000", "--search-seconds", "0.2", "--log-every", "10"])
+              ["--search-iters", "2000", "--search-seconds", "0.2", "--log-every", "10", "--compile"])
 
     if dry:
         t_shape = ["--depth", "1", "--head-dim", "16", "--seq-len", "32", "--device-batch-size", "8",

@@ -30,7 +30,7 @@
 #                                         # profile; then the GPU targets measured there again (run it under
 #                                         # `timeout 575`; the last may be cut)
 #   bash bench/gpu_session.sh 35 OUT_DIR  # ~2.5 min, for a session's last 4-5 device-minutes: the GNN's job
-#                                         # compiled (the CUDA default) and eager, same data, same machine (does
+#                                         # compiled (then the CUDA default) and eager, same data, same machine (does
 #                                         # the compile pay on the default job?), and PPO eager at the 2,048
 #                                         # environments part 34's captured rollout ran at
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
