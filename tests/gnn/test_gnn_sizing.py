@@ -112,9 +112,11 @@ def test_the_compile_pays_after_the_steps_the_h200_measured_and_the_default_foll
     assert "--compile to compile anyway" in compiles(None, True, 100)[1]
 
 
+@pytest.mark.slow  # (a compile; nothing in it depends on the SIMD width: out of CI's narrowed pass)
 def test_a_short_gpu_like_run_trains_eager_and_says_why_and_a_long_one_compiles(tmp_path, monkeypatch):
     """Under --gpu-defaults (what a CUDA run decides), a run of a few steps trains eager, and its log and
-    results.json say why; the same run with the break-even lowered below its steps compiles."""
+    results.json say why; the same run with the break-even lowered below its steps compiles (tries to: where
+    this machine's compiler fails, the step trains eager and says so, CompiledOrEager)."""
     import trainers.gnn.size as gnn_size
     from trainers.cli import main
 
@@ -131,7 +133,8 @@ def test_a_short_gpu_like_run_trains_eager_and_says_why_and_a_long_one_compiles(
     monkeypatch.setattr(gnn_size, "COMPILE_PAYS_AFTER_STEPS", steps)
     assert main([*job, "--run-dir", str(tmp_path / "long")]) == 0
     training = json.loads((tmp_path / "long" / "results.json").read_text())["training"]
-    assert training["compiled"] is True and training["compile_decision"].startswith("compiled: ")
+    assert training["compile_decision"].startswith("compiled: ")
+    assert training["compiled"] is True or training["compile_error"]  # tried: an error only a try can have
 
 
 def test_the_plan_counts_the_compile_where_the_run_would_compile(tmp_path):
