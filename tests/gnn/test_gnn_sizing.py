@@ -64,17 +64,24 @@ def test_a_resume_keeps_the_folders_number_on_any_device_or_world_size(tmp_path)
     assert nodes_per_step(fresh, 80 * GIB, 8, per_node=1000.0) == MAX_AUTO_NODES
 
 
+def _tiny_job(tmp_path) -> list[str]:
+    """A 4-step GNN job on 16 tiny graphs written under tmp_path (the CLI's arguments, less its run folder)."""
+    from trainers.cli import main
+
+    data = tmp_path / "graphs"
+    assert main(["gnn", "data", "--out", str(data), "--train", "16", "--val", "4", "--max-nodes", "40",
+                 "--no-progress"]) == 0
+    return ["gnn", "train", "--data-dir", str(data), "--epochs", "1", "--nodes-per-batch", "150", "--hidden", "16",
+            "--layers", "2", "--search-iters", "50"]
+
+
 def test_the_gnn_turns_tf32_on_where_the_device_has_it_and_says_so(tmp_path, monkeypatch):
     """The H200's compiled GNN step ran its fp32 matmuls without TF32 (inductor warned); the forecaster, the
     GPT and PPO turn it on. The GNN asks for it too, on the run's device, and its results and log say which."""
     import trainers.gnn.train as gnn_train
     from trainers.cli import main
 
-    data = tmp_path / "graphs"
-    assert main(["gnn", "data", "--out", str(data), "--train", "16", "--val", "4", "--max-nodes", "40",
-                 "--no-progress"]) == 0
-    job = ["gnn", "train", "--data-dir", str(data), "--epochs", "1", "--nodes-per-batch", "150", "--hidden", "16",
-           "--layers", "2", "--search-iters", "50", "--no-compile"]
+    job = [*_tiny_job(tmp_path), "--no-compile"]
     assert main([*job, "--run-dir", str(tmp_path / "cpu")]) == 0
     assert json.loads((tmp_path / "cpu" / "results.json").read_text())["training"]["tf32"] is False
     asked = []
@@ -120,11 +127,7 @@ def test_a_short_gpu_like_run_trains_eager_and_says_why_and_a_long_one_compiles(
     import trainers.gnn.size as gnn_size
     from trainers.cli import main
 
-    data = tmp_path / "graphs"
-    assert main(["gnn", "data", "--out", str(data), "--train", "16", "--val", "4", "--max-nodes", "40",
-                 "--no-progress"]) == 0
-    job = ["gnn", "train", "--data-dir", str(data), "--epochs", "1", "--nodes-per-batch", "150", "--hidden", "16",
-           "--layers", "2", "--search-iters", "50", "--gpu-defaults"]
+    job = [*_tiny_job(tmp_path), "--gpu-defaults"]
     assert main([*job, "--run-dir", str(tmp_path / "short")]) == 0
     training = json.loads((tmp_path / "short" / "results.json").read_text())["training"]
     assert training["compiled"] is False and training["compile_decision"].startswith("eager: ")
