@@ -29,10 +29,10 @@ DEVICE_BYTES_PER_NODE, DEVICE_BYTES_PER_EDGE = 2 * 4 + 8, 2 * 2 * 4  # degree fe
 # one step size, one pair of runs, and the same compiled job ran 7.14 and 8.26 ms a step on two other H200s
 # (run_gnn_gpu.json of gpu_h200_1adc135 and gpu_h200_eab6a5d, 44 steady steps each): there it would pay only after
 # far more steps. Eager for the default job holds either way; a run near the break-even loses at most the compile.
-COMPILE_S = 16.7345 - 0.8017
-COMPILE_SAVES_A_STEP_S = (0.7133 - 0.5586) / 98
-COMPILE_PAYS_AFTER_STEPS = math.ceil(COMPILE_S / COMPILE_SAVES_A_STEP_S)
-COMPILE_EAGER_STEP_RATIO = 0.7133 / 0.5586
+EAGER_STEP_S, COMPILED_STEP_S = 0.7133 / 98, 0.5586 / 98  # the steady steps' seconds / their count
+COMPILE_S = 16.7345 - 0.8017  # the first windows, compiled less eager
+COMPILE_PAYS_AFTER_STEPS = math.ceil(COMPILE_S / (EAGER_STEP_S - COMPILED_STEP_S))
+COMPILE_EAGER_STEP_RATIO = EAGER_STEP_S / COMPILED_STEP_S
 
 
 def compiles(setting: bool | None, gpu_like: bool, steps: int) -> tuple[bool, str]:
