@@ -47,7 +47,7 @@ CASES = {
     "gnn": Case(["--epochs", "3", "--nodes-per-batch", "150", "--hidden", "16", "--layers", "2", "--search-iters",
                  "200", *QUIET], steps=12, prepare="gnn"),
     "lstm": Case(["--synthetic-tickers", "4", "--synthetic-days", "600", "--window", "8", "--hidden", "8",
-                  "--batch-size", "64", "--epochs", "2", "--eval-every", "1000", *QUIET], steps=10),
+                  "--batch-size", "64", "--epochs", "2", "--eval-every", "1000", "--export-behind", *QUIET], steps=10),
     "ppo": Case(["--synthetic-tickers", "5", "--num-stocks", "4", "--synthetic-days", "600", "--window", "8",
                  "--episode-days", "20", "--num-envs", "8", "--rollout-steps", "16", "--batch-size", "64", "--hidden",
                  "16", "--total-steps", "1536", "--eval-every", "1000", "--random-runs", "2", *QUIET], steps=12),
@@ -105,6 +105,10 @@ def test_trains_on_the_fake_accelerator(trained, trainer):
     assert one_run["training"]["deterministic"] is True
     if trainer == "lstm":  # on an accelerator each worker trains its 2 symbols as one cohort (--cohort auto)
         assert one_run["training"]["cohort"] == 2
+        # and exports them behind its training, in a process of its own (--export-behind: a GPU deploy's default)
+        log = (run.run_dir / "training.log").read_text()
+        assert log.count("exporting behind the training in process") == 2
+        assert all(row["export"]["sha256"] for row in results["symbols"].values())
     assert sorted(r["rank"] for r in workers(run.log_dir)) == [0, 1]  # both ran under the fake, left a record
 
 

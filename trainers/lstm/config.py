@@ -163,6 +163,10 @@ class LstmConfig(RunOptions):
     eval_batch_size: int = option(1024, "windows per evaluation batch", resume_safe=True, min=1)
     export: bool = option(True, "export each finished symbol's ONNX in its worker (parallel; `trainers lstm "
                           "export` does the rest)", resume_safe=True)
+    export_behind: bool | None = option(None, "export in a process of its own while the worker trains its next "
+                                        "symbols (default: on a GPU deploy, --gpu-defaults included; on a CPU in "
+                                        "the worker, where an exporter would take cores from the training)",
+                                        resume_safe=True)
     cohort: int | None = option(None, "symbols a worker trains at once as one stacked model, each still its own run "
                                 "(folder, checkpoints, early stop, results); 1: one at a time with nn.LSTM "
                                 "(default: 1 on CPU, where stacking does not pay; on a GPU as many as the plan "
@@ -178,6 +182,9 @@ class LstmConfig(RunOptions):
         check_source(self.source)
         if self.val_frac + self.test_frac >= 1:
             raise UsageError(f"--val-frac {self.val_frac} and --test-frac {self.test_frac} must sum to less than 1")
+        if self.export_behind and not self.export:
+            raise UsageError("--export-behind exports each symbol in a process of its own; with --no-export there is "
+                             "nothing to export: drop one of them")
         if self.symbols is not None and self.tickers_file is not None:
             raise UsageError("give --symbols or --tickers-file, not both")
         if self.universe == "sp500-pit" and self.source == "synthetic":

@@ -41,7 +41,8 @@ import torch
 from trainers.errors import UsageError, first_line
 from trainers.lstm import queue as jobqueue
 from trainers.lstm.config import LstmConfig
-from trainers.lstm.export import export_symbol, forget_exports
+from trainers.lstm.export import forget_exports
+from trainers.lstm.export_behind import ExportsBehind, export_outcome, exports_behind
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
 from trainers.lstm.size import cohort_size
@@ -121,6 +122,7 @@ class Worker:
         # many symbols its next cohorts take (smaller_cohorts)
         self.rows_per_pass: dict[str, int | None] = {}
         self.max_cohort: int | None = None
+        self.exports: ExportsBehind | None = None  # its exporter process (--export-behind), else exports in line
 
     def smaller_cohorts(self, size: int, error: BaseException) -> None:
         """A cohort of `size` symbols ran out of device memory beyond what smaller passes cure (its data, its
@@ -239,9 +241,10 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
 
 def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, cfg: LstmConfig, worker: Worker,
              cohort: int = 1, note: dict | None = None) -> SymbolOutcome:
-    """A trained symbol's end in the job: stopped (a new run resumes it), or exported and marked done. In a
-    cohort of K its marker's `seconds` is its share of the worker's time (the cohort's span / K; the span
-    itself is `cohort_seconds`): the packing figures keep meaning how busy the workers were."""
+    """A trained symbol's end in the job: stopped (a new run resumes it), or exported and marked done (exporting
+    behind the training: marked once its exporter is done with it). In a cohort of K its marker's `seconds` is its
+    share of the worker's time (the cohort's span / K; the span itself is `cohort_seconds`; an export behind is not
+    in it): the packing figures keep meaning how busy the workers were."""
     folder = symbol_dir(Path(cfg.run_dir), symbol)
     if outcome.reason in (StopReason.SIGNAL, StopReason.TIME_BUDGET, StopReason.MONEY_BUDGET):
         worker.log.info("%s: stopped at step %d (%s); a new run resumes it", symbol, outcome.steps,
@@ -250,24 +253,30 @@ def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, 
     marker = _marker(worker, symbol, "ok", attempt, started, steps=outcome.steps, **(note or {}),
                      stop_reason=outcome.reason.name.lower(), step_seconds=outcome.step_seconds,
                      **({"phase_seconds": outcome.phase_seconds} if outcome.phase_seconds else {}))
-    if cfg.export:
-        try:
-            info = export_symbol(folder)
-            marker["export"] = {"sha256": info["sha256"], "max_abs_error": info["parity"]["max_abs_error"]}
-        except Exception as exc:  # noqa: BLE001 - the model trained; `trainers lstm export` can try again
-            marker["export_error"] = f"{type(exc).__name__}: {exc}"
-            worker.log.warning("%s: export failed (%s)", symbol, marker["export_error"])
-    span = time.perf_counter() - started
-    marker["seconds"] = span / cohort
+    if cfg.export and worker.exports is not None:
+        span = time.perf_counter() - started
+        worker.exports.submit(folder, lambda exported: mark_done(symbol, outcome, marker, exported, span, cohort,
+                                                                 worker))
+    else:
+        exported = export_outcome(folder) if cfg.export else {}
+        mark_done(symbol, outcome, marker, exported, time.perf_counter() - started, cohort, worker)
+    return outcome
+
+
+def mark_done(symbol: str, outcome: SymbolOutcome, marker: dict, exported: dict, span: float, cohort: int,
+              worker: Worker) -> None:
+    """Write a trained symbol's done marker with its export's outcome (`export_outcome`'s, {} without --export)."""
+    marker = {**marker, **exported, "seconds": span / cohort}
+    if "export_error" in marker:
+        worker.log.warning("%s: export failed (%s)", symbol, marker["export_error"])
     if cohort > 1:
         marker.update(cohort=cohort, cohort_seconds=span)
-    jobqueue.write_marker(folder, marker)
+    jobqueue.write_marker(symbol_dir(Path(worker.cfg.run_dir), symbol), marker)
     test = (outcome.results or {}).get("evaluation", {}).get("test", {})
     best = (outcome.results or {}).get("training", {}).get("best_val", {}).get("value")
     worker.log.info("%s: done in %.1f s on %s, %d steps, best val loss %s; test %s", symbol, span,
                     worker.device, outcome.steps, "n/a" if best is None else f"{best:.4f}",
                     test.get("skill", {}).get("verdict", "n/a"))
-    return outcome
 
 
 def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: Worker, train_symbol: TrainSymbol,
@@ -346,6 +355,22 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
             continue
         outcomes[symbol] = work_on(symbol, cfg, plan, worker, train_symbol, first_try, notes.get(symbol))
     return outcomes
+
+
+def settle_exports(worker: Worker) -> None:
+    """The worker's loop is over: wait for its exports behind and mark their symbols done, unless a signal stops the
+    job (before or while it waits): then the exporter is ended, and the symbols it had not exported are left to the
+    next run (which finishes and exports them)."""
+    exports = worker.exports
+    while exports.waiting and worker.signalled is None:
+        exports.collect(wait_s=0.5, stopping=worker.stopping)
+    if exports.waiting:
+        if worker.queue.stop_record(force=True) is None:  # the job's summary says why it stopped
+            worker.publish_stop("signal", None, None, worker.signalled)
+        left = exports.stop()
+        worker.log.warning("%d trained symbol(s) stopped with the job before their export (%s); the next run "
+                           "finishes and exports them", len(left), ", ".join(Path(f).name for f in left))
+    exports.close()
 
 
 def resumes_after_lost(restart_count: int) -> str:
@@ -486,50 +511,60 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         log.info("lstm job: up to %d symbols at a time per worker, stacked into one model (--cohort)", cohort)
     next_summary = time.monotonic() + SUMMARY_EVERY_S
     device_lost = None
-    with faults.as_worker(ctx.rank):
-        while True:
-            if worker.signalled:
-                worker.publish_stop("signal", None, None, worker.signalled)
-            if queue.stop_record(force=True) is not None:
-                break
-            over = worker.budget.exceeded(worker.elapsed_s())
-            if over != StopReason.NONE:  # no new symbol once the job's time or money is spent
-                worker.publish_stop(over.name.lower(), None, None, None)
-                break
-            claims = claim_cohort(queue, min(cohort, worker.max_cohort or cohort), ctx.world_size)
-            if not claims:
-                break
-            for index, symbol in claims:
-                log.info("%s: claimed (%d of %d pending)%s", symbol, index + 1, len(queue.pending),
-                         f" in a cohort of {len(claims)}" if len(claims) > 1 else "")
-            try:
-                if len(claims) == 1:
-                    outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
-                else:
-                    outcome = list(work_on_cohort([s for _, s in claims], cfg, plan, worker, train_symbol,
-                                                  train_cohort).values())[-1]
-            except DeviceLost as lost:
-                device_lost = lost
+    if exports_behind(cfg.export_behind, device_mod.gpu_like(device, cfg.gpu_defaults), cfg.export):
+        worker.exports = ExportsBehind(log)
+    try:
+        with faults.as_worker(ctx.rank):
+            while True:
+                if worker.signalled:
+                    worker.publish_stop("signal", None, None, worker.signalled)
+                if queue.stop_record(force=True) is not None:
+                    break
+                over = worker.budget.exceeded(worker.elapsed_s())
+                if over != StopReason.NONE:  # no new symbol once the job's time or money is spent
+                    worker.publish_stop(over.name.lower(), None, None, None)
+                    break
+                claims = claim_cohort(queue, min(cohort, worker.max_cohort or cohort), ctx.world_size)
+                if not claims:
+                    break
+                for index, symbol in claims:
+                    log.info("%s: claimed (%d of %d pending)%s", symbol, index + 1, len(queue.pending),
+                             f" in a cohort of {len(claims)}" if len(claims) > 1 else "")
                 try:
-                    failed = remember_lost(job_dir, lost, worker)
-                except OSError as exc:  # (a full disk): the counts are lost, not the stop
-                    failed = []
-                    log.warning("the broken context could not be counted in the symbols' folders (%s)",
-                                first_line(exc))
-                left = [s for _, s in claims if jobqueue.read_marker(symbol_dir(job_dir, s)) is None]
-                log.error("this worker's %s failed (%s): CUDA's context is broken and every later call on it fails "
-                          "in this process; %s; the job stops with %s pending, and %s", device, lost,
-                          f"{', '.join(failed)} broke it alone for the second time and is recorded failed" if failed
-                          else "no symbol is recorded failed (each is trained alone next time)",
-                          ", ".join(left) or "none", resumes_after_lost(ctx.restart_count))
-                worker.publish_stop("signal", None, None, "a broken CUDA context")
-                break
-            if worker.signalled is not None and queue.stop_record(force=True) is None:  # as a rule published at
-                worker.publish_stop("signal", claims[-1][1], outcome.steps if outcome else None,  # the step
-                                    worker.signalled)
-            if ctx.is_main and time.monotonic() >= next_summary:  # progress for whoever watches results.md;
-                summary()  # by the clock: rebuilding it reads every symbol's folder
-                next_summary = time.monotonic() + SUMMARY_EVERY_S
+                    if len(claims) == 1:
+                        outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
+                    else:
+                        outcome = list(work_on_cohort([s for _, s in claims], cfg, plan, worker, train_symbol,
+                                                      train_cohort).values())[-1]
+                except DeviceLost as lost:
+                    device_lost = lost
+                    try:
+                        failed = remember_lost(job_dir, lost, worker)
+                    except OSError as exc:  # (a full disk): the counts are lost, not the stop
+                        failed = []
+                        log.warning("the broken context could not be counted in the symbols' folders (%s)",
+                                    first_line(exc))
+                    left = [s for _, s in claims if jobqueue.read_marker(symbol_dir(job_dir, s)) is None]
+                    log.error("this worker's %s failed (%s): CUDA's context is broken and every later call on it fails "
+                              "in this process; %s; the job stops with %s pending, and %s", device, lost,
+                              f"{', '.join(failed)} broke it alone for the second time and is recorded failed" if failed
+                              else "no symbol is recorded failed (each is trained alone next time)",
+                              ", ".join(left) or "none", resumes_after_lost(ctx.restart_count))
+                    worker.publish_stop("signal", None, None, "a broken CUDA context")
+                    break
+                if worker.exports is not None:  # the symbols whose export is over get their done markers
+                    worker.exports.collect()
+                if worker.signalled is not None and queue.stop_record(force=True) is None:  # as a rule published at
+                    worker.publish_stop("signal", claims[-1][1], outcome.steps if outcome else None,  # the step
+                                        worker.signalled)
+                if ctx.is_main and time.monotonic() >= next_summary:  # progress for whoever watches results.md;
+                    summary()  # by the clock: rebuilding it reads every symbol's folder
+                    next_summary = time.monotonic() + SUMMARY_EVERY_S
+        if worker.exports is not None:
+            settle_exports(worker)
+    finally:
+        if worker.exports is not None:  # (an error on the way out: symbols not exported yet are left to the next run)
+            worker.exports.stop()
 
     queue.worker_done()
     if queue.lost:  # torchrun's agent is gone: no one hears this worker any more

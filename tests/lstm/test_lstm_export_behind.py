@@ -1,0 +1,173 @@
+"""Exports behind the training (`--export-behind`, trainers.lstm.export_behind): a worker's exports run in a process
+of its own while it trains its next symbols; the files and done markers are the ones an export in the worker gives;
+an exporter that dies leaves export errors, not failed symbols; a signal while exports wait leaves their symbols to
+the next run, which finishes and exports them."""
+
+import io
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+import trainers.lstm.export_behind as behind
+import trainers.lstm.worker as worker_mod
+from trainers.cli import main
+from trainers.runtime.files import sha256_file
+
+TINY = ["--synthetic-tickers", "3", "--synthetic-days", "700", "--window", "16", "--hidden", "8", "--batch-size", "64",
+        "--epochs", "1", "--dropout", "0", "--device", "cpu"]
+SYMBOLS = ["SYN000", "SYN001", "SYN002"]
+# nothing in the jobs below depends on the SIMD width: CI's narrowed pass skips them
+SLOW = pytest.mark.slow
+
+
+def markers(run_dir) -> dict[str, dict]:
+    return {s: json.loads((run_dir / "symbols" / s / "done.json").read_text()) for s in SYMBOLS
+            if (run_dir / "symbols" / s / "done.json").exists()}
+
+
+def log_lines(run_dir) -> list[str]:
+    return (run_dir / "training.log").read_text().splitlines()
+
+
+def first_line_with(lines: list[str], text: str) -> int:
+    return next(i for i, line in enumerate(lines) if text in line)
+
+
+@pytest.fixture
+def restore_sigterm():
+    previous = signal.getsignal(signal.SIGTERM)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("setting, gpu_like, export, expected", [
+    (None, True, True, True), (None, False, True, False),  # the default: a GPU deploy's (or its rehearsal)
+    (True, False, True, True), (False, True, True, False),  # the flags decide
+    (True, True, False, False), (None, True, False, False),  # nothing to export
+])
+def test_who_exports_behind(setting, gpu_like, export, expected):
+    assert behind.exports_behind(setting, gpu_like, export) is expected
+
+
+def test_export_behind_without_export_is_refused_in_one_line(tmp_path, capsys):
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", *TINY, "--export-behind", "--no-export", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--export-behind" in err[0] and "--no-export" in err[0]
+    assert not run_dir.exists()
+
+
+def test_the_exporter_answers_each_folder_while_its_worker_lives():
+    seen, answers = [], []
+
+    def export(folder):
+        seen.append(folder.name)
+        return {"export": {"sha256": folder.name}}
+
+    lines = io.StringIO("/a/SYN000\n\n/a/SYN001\n")
+    assert behind.serve(lines, answers.append, os.getppid(), export) == 2
+    assert seen == ["SYN000", "SYN001"]  # (the blank line is no folder)
+    assert [json.loads(a) for a in answers] == [{"folder": "/a/SYN000", "outcome": {"export": {"sha256": "SYN000"}}},
+                                                {"folder": "/a/SYN001", "outcome": {"export": {"sha256": "SYN001"}}}]
+    # its worker gone (the exporter's parent is another process now): it exports nothing more
+    assert behind.serve(io.StringIO("/a/SYN002\n"), answers.append, os.getppid() + 1, export) == 0
+    assert seen == ["SYN000", "SYN001"]
+
+
+@SLOW
+def test_exports_behind_give_the_same_files_and_markers_and_the_worker_trains_on_meanwhile(tmp_path, monkeypatch):
+    """The same job exported in the worker and behind it: each symbol's model.onnx has the same bytes (the first
+    symbol's graph exported, the others reusing it, in the exporter as in the worker) and its marker the same export
+    record. Behind, the worker exports nothing itself (its own export is made to fail here) and claims the next
+    symbol before the first one's marker is written."""
+    inline, behind_dir = tmp_path / "inline", tmp_path / "behind"
+    assert main(["lstm", "train", *TINY, "--run-dir", str(inline)]) == 0
+
+    def not_here(folder):
+        raise AssertionError(f"the worker exported {folder} itself")
+
+    monkeypatch.setattr(worker_mod, "export_outcome", not_here)
+    assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(behind_dir)]) == 0
+    one, other = markers(inline), markers(behind_dir)
+    assert sorted(other) == SYMBOLS
+    for s in SYMBOLS:
+        folder = behind_dir / "symbols" / s
+        info = json.loads((folder / "export.json").read_text())
+        assert other[s]["status"] == "ok" and "export_error" not in other[s]
+        assert other[s]["export"] == one[s]["export"]
+        assert other[s]["export"]["sha256"] == sha256_file(folder / "model.onnx")
+        assert info["graph"] == ("exported" if s == "SYN000" else "reused")
+        assert json.loads((folder / "results.json").read_text())["export"]["sha256"] == info["sha256"]
+    rows = json.loads((behind_dir / "results.json").read_text())["symbols"]
+    assert all(rows[s]["export"]["sha256"] == other[s]["export"]["sha256"] for s in SYMBOLS)
+    lines = log_lines(behind_dir)
+    assert any("exporting behind the training in process" in line for line in lines)
+    assert first_line_with(lines, "SYN001: claimed") < first_line_with(lines, "SYN000: done in")
+    inline_lines = log_lines(inline)  # in the worker: done (exported) before the next claim
+    assert first_line_with(inline_lines, "SYN000: done in") < first_line_with(inline_lines, "SYN001: claimed")
+
+
+@SLOW
+def test_an_exporter_that_dies_leaves_export_errors_not_failed_symbols(tmp_path, monkeypatch):
+    """In a cohort too: every member is marked done with the exporter's end as its export error, the job succeeds
+    (the models trained), and `trainers lstm export` then exports them."""
+    monkeypatch.setattr(behind, "exporter_command",
+                        lambda parent: [sys.executable, "-c", "import sys; sys.stdin.readline(); sys.exit(3)"])
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", *TINY, "--cohort", "3", "--export-behind", "--run-dir", str(run_dir)]) == 0
+    done = markers(run_dir)
+    assert sorted(done) == SYMBOLS
+    for s in SYMBOLS:
+        assert done[s]["status"] == "ok" and "export" not in done[s]
+        assert done[s]["export_error"] == "the export process ended (exit code 3) before exporting it"
+    r = json.loads((run_dir / "results.json").read_text())
+    assert r["training"]["symbols"]["ok"] == 3
+    assert r["symbols"]["SYN001"]["export_error"] == done["SYN001"]["export_error"]
+    assert any("the export process ended (exit code 3)" in line for line in log_lines(run_dir))
+    assert main(["lstm", "export", "--run-dir", str(run_dir)]) == 0
+    assert all((run_dir / "symbols" / s / "model.onnx").is_file() for s in SYMBOLS)
+
+
+@SLOW
+def test_a_signal_while_exports_wait_leaves_their_symbols_to_the_next_run(tmp_path, monkeypatch, restore_sigterm):
+    """SIGTERM while the worker waits for its exporter (one that never answers): the exporter is ended, the symbols
+    have no done marker and the job says it stopped on a signal; run again, each is finished where it ended (no step
+    trained again) and exported."""
+    monkeypatch.setattr(behind, "exporter_command",
+                        lambda parent: [sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(600)"])
+    real_collect, exporters = behind.ExportsBehind.collect, []
+
+    def signalled_while_waiting(self, wait_s=0.0, stopping=lambda: False):
+        if wait_s > 0 and not exporters:
+            exporters.append(self.proc)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_collect(self, wait_s, stopping)
+
+    monkeypatch.setattr(behind.ExportsBehind, "collect", signalled_while_waiting)
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(run_dir)]) == 0
+    assert markers(run_dir) == {} and exporters and exporters[0].poll() is not None  # the exporter is gone
+    r = json.loads((run_dir / "results.json").read_text())
+    assert r["training"]["stop_reason"] == "signal" and r["training"]["symbols"]["ok"] == 0
+    assert any("3 trained symbol(s) stopped with the job before their export" in line for line in log_lines(run_dir))
+    steps = {s: json.loads((run_dir / "symbols" / s / "results.json").read_text())["training"]["steps"]
+             for s in SYMBOLS}
+    monkeypatch.setattr(behind.ExportsBehind, "collect", real_collect)
+    assert main(["lstm", "train", *TINY, "--run-dir", str(run_dir)]) == 0  # (in the worker this time)
+    done = markers(run_dir)
+    assert sorted(done) == SYMBOLS and all(done[s]["export"]["sha256"] for s in SYMBOLS)
+    assert {s: done[s]["steps"] for s in SYMBOLS} == steps  # finished where they ended
+
+
+@SLOW
+def test_a_gpu_deploys_defaults_export_behind_the_training(tmp_path):
+    """--gpu-defaults rehearses a GPU deploy on the CPU: its exports go behind the training unless told not to."""
+    for flags, expected in (([], True), (["--no-export-behind"], False)):
+        run_dir = tmp_path / f"job{len(flags)}"
+        assert main(["lstm", "train", *TINY, "--synthetic-tickers", "1", "--gpu-defaults", *flags,
+                     "--run-dir", str(run_dir)]) == 0
+        assert any("exporting behind the training in process" in line for line in log_lines(run_dir)) is expected
+        assert json.loads((run_dir / "symbols" / "SYN000" / "done.json").read_text())["export"]["sha256"]

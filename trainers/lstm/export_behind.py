@@ -1,0 +1,207 @@
+"""Exports behind the training (`--export-behind`, the default of a GPU deploy): a worker hands each finished
+symbol's ONNX export to a process of its own and trains its next symbols while that process exports.
+
+Why: in the worker, the exports of 500 symbols took 33.8 s of a 97.7-s job on the H200, while its GPU idled
+(bench/results/gpu_h200_eab6a5d: 97.7 s with exports, 63.9 s with --no-export). An export is CPU work
+(torch.onnx, onnxruntime's parity check) that needs nothing of the device.
+
+What does not change: a symbol's done marker is written by its worker, once its export is over, with what an export
+in the worker gives it (`export_outcome`: the file's checksum and parity, or the export's error); model.onnx and
+export.json are export_symbol's, in either process. A symbol whose export was not over when the worker stopped (a
+signal, the worker killed) has no marker: the next run finishes it again (its evaluation) and exports it, as it did
+a symbol killed during an export in the worker.
+
+The exporter: `python -m trainers.lstm.export_behind PARENT_PID`, one folder a line on its stdin, one JSON line a
+folder on the pipe it got as stdout (torch.onnx prints progress on stdout: that goes to stderr). It sees no GPU
+(CUDA_VISIBLE_DEVICES empty) and exits at the end of its stdin or once its worker is gone. It keeps the job's
+first graph, as a worker does (trainers.onnx.export_reusing): the later symbols reuse it.
+
+On a CPU the default is the export in the worker: there the exporter would take cores from the training.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Callable
+
+# How long a stopping worker waits for the exporter to end after closing its stdin, before killing it
+STOP_WAIT_S = 10.0
+_GONE = object()  # the reader's last item: the exporter's pipe closed (it exited)
+
+
+def exports_behind(setting: bool | None, gpu_like: bool, export: bool) -> bool:
+    """Whether a worker exports behind its training: `--export-behind`/`--no-export-behind` decide; by default a
+    GPU deploy does (on CUDA or under --gpu-defaults). Never without --export."""
+    return export and (gpu_like if setting is None else setting)
+
+
+def export_outcome(folder: Path) -> dict:
+    """What a symbol's done marker says of its export: {"export": checksum and parity} or {"export_error": why}."""
+    from trainers.lstm.export import export_symbol
+
+    try:
+        info = export_symbol(folder)
+    except Exception as exc:  # noqa: BLE001 - the model trained; `trainers lstm export` can try again
+        return {"export_error": f"{type(exc).__name__}: {exc}"}
+    return {"export": {"sha256": info["sha256"], "max_abs_error": info["parity"]["max_abs_error"]}}
+
+
+class ExportsBehind:
+    """A worker's exporter process and the symbols handed to it. `submit` never waits for an export; `collect`
+    (the worker's main thread, between its claims) calls each finished symbol's `done` with its export outcome."""
+
+    def __init__(self, log):
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+        self.results: queue.Queue = queue.Queue()
+        self.waiting: dict[str, Callable[[dict], None]] = {}  # folder -> what to do with its outcome, in order
+
+    def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
+        if self.proc is None:
+            self._start()
+        self.waiting[str(folder)] = done
+        try:
+            self.proc.stdin.write(str(folder) + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # (a broken pipe) the exporter is gone: `collect` says so for every symbol it had
+            pass
+
+    def collect(self, wait_s: float = 0.0, stopping: Callable[[], bool] = lambda: False) -> int:
+        """Hand each export that is over to its symbol, waiting up to `wait_s` for the first. An exporter that ended
+        before exporting a symbol: an export error for it (a new exporter takes the next ones), unless the job is
+        `stopping` (a signal ended it: the symbol is left to the next run). Returns how many were handed."""
+        handed, wait = 0, wait_s
+        while self.waiting:
+            try:
+                item = self.results.get(timeout=wait) if wait > 0 else self.results.get_nowait()
+            except queue.Empty:
+                break
+            wait = 0.0
+            if item is _GONE:
+                handed += self._exporter_ended(stopping())
+                continue
+            folder, outcome = item
+            done = self.waiting.pop(folder, None)
+            if done is not None:
+                done(outcome)
+                handed += 1
+        return handed
+
+    def stop(self) -> list[str]:
+        """The job stops (a signal): end the exporter now. Returns the folders whose export was not over (no
+        marker: the next run exports them)."""
+        left = list(self.waiting)
+        self.waiting.clear()
+        self._end(kill=True)
+        return left
+
+    def close(self) -> None:
+        """Nothing is waiting any more: the exporter reads the end of its stdin and exits."""
+        self._end(kill=False)
+
+    def _exporter_ended(self, stopping: bool) -> int:
+        code = self.proc.wait() if self.proc is not None else None
+        self.proc = None
+        lost, self.waiting = self.waiting, {}
+        if stopping:
+            self.log.warning("the export process ended (exit code %s) as the job stopped; %d trained symbol(s) not "
+                             "exported yet are left to the next run, which finishes and exports them", code, len(lost))
+            return 0
+        self.log.warning("the export process ended (exit code %s) before exporting %d symbol(s); each is recorded "
+                         "with an export error (`trainers lstm export` exports them)", code, len(lost))
+        for done in lost.values():
+            done({"export_error": f"the export process ended (exit code {code}) before exporting it"})
+        return len(lost)
+
+    def _start(self) -> None:
+        import trainers
+
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+        package_root = str(Path(trainers.__file__).resolve().parents[1])  # importable wherever the worker runs from
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(exporter_command(os.getpid()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env)
+        self.results = queue.Queue()
+        threading.Thread(target=_read_results, args=(self.proc.stdout, self.results), daemon=True,
+                         name="exports-behind").start()
+        self.log.info("exporting behind the training in process %d (--export-behind)", self.proc.pid)
+
+    def _end(self, kill: bool) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if kill:
+            proc.kill()
+        else:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def exporter_command(parent_pid: int) -> list[str]:
+    return [sys.executable, "-m", "trainers.lstm.export_behind", str(parent_pid)]
+
+
+def _read_results(pipe, results: queue.Queue) -> None:
+    for line in pipe:
+        try:
+            record = json.loads(line)
+            results.put((record["folder"], record["outcome"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # (not ours: the exporter writes nothing else on this pipe)
+    results.put(_GONE)
+
+
+def serve(lines, answer: Callable[[str], None], parent_pid: int, export: Callable[[Path], dict] = export_outcome
+          ) -> int:
+    """The exporter's loop: each folder read is exported and answered with its outcome, while the worker that
+    started it lives (a worker killed outright leaves no exporter running on). Returns how many it exported."""
+    exported = 0
+    for line in lines:
+        folder = line.strip()
+        if not folder:
+            continue
+        if os.getppid() != parent_pid:
+            break
+        outcome = export(Path(folder))
+        answer(json.dumps({"folder": folder, "outcome": outcome}) + "\n")
+        exported += 1
+    return exported
+
+
+def main(argv: list[str]) -> int:
+    parent_pid = int(argv[0])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the worker too, which decides
+    answers = os.fdopen(os.dup(1), "w")  # the protocol's own pipe; print() (torch.onnx's progress) goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    from trainers.lstm.export import forget_exports
+
+    forget_exports()
+
+    def answer(text: str) -> None:
+        answers.write(text)
+        answers.flush()
+
+    try:
+        serve(sys.stdin, answer, parent_pid)
+    except BrokenPipeError:  # the worker is gone: no one reads the answers
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
