@@ -33,12 +33,16 @@
 #                                         # compiled (then the CUDA default) and eager, same data, same machine (does
 #                                         # the compile pay on the default job?), and PPO eager at the 2,048
 #                                         # environments part 34's captured rollout ran at
+#   bash bench/gpu_session.sh 36 OUT_DIR  # ~4.5 min: the 500-symbol job with --no-export (63.9 s on the H200 at
+#                                         # eab6a5d), exporting in the worker (--no-export-behind: 97.7 s there) and
+#                                         # behind the training (the GPU default since --export-behind), one command
+#                                         # apart (bench/lstm_export_behind.py)
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
-part="${1:?usage: bash bench/gpu_session.sh 1|2|33|34|35 OUT_DIR}"
-out="${2:?usage: bash bench/gpu_session.sh 1|2|33|34|35 OUT_DIR}"
-[[ "$part" =~ ^(1|2|33|34|35)$ ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2, 33, 34 or 35" >&2; exit 2; }
+part="${1:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36 OUT_DIR}"
+out="${2:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36 OUT_DIR}"
+[[ "$part" =~ ^(1|2|33|34|35|36)$ ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2, 33, 34, 35 or 36" >&2; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 mkdir -p "$out/bench"
@@ -96,7 +100,8 @@ cohort_saves_in_loop() {
     || { echo "lstm cohort job, saves in the loop, failed: exit $?"; status=1; }
   cp "$out/lstm_saves_in_loop/results.json" "$out/bench/cohort_saves_in_loop_results.json" 2>/dev/null || true
 }
-# the 500-symbol cohort job with its ONNX exports on (the default; the lstm_cohort step's jobs are --no-export): its
+# the 500-symbol cohort job with its ONNX exports on (the default, behind the training on a GPU since --export-behind;
+# the lstm_cohort step's jobs are --no-export): its
 # job wall against that step's 500-symbol cohort row is what the exports cost on this host's CPU (the first symbol's
 # torch.onnx.export and the one that works out the reuse, then each symbol's reused graph and parity check;
 # bench/results/lstm_export_default_cpu.json on the dev VM), beside the plan's 162 s for it on an H200
@@ -108,6 +113,14 @@ cohort_export() {
   cp "$out/lstm_exported/results.json" "$out/bench/cohort_export_results.json" 2>/dev/null || true
   cp "$out/lstm_exported/symbols/SYN000/export.json" "$out/bench/cohort_export_SYN000.json" 2>/dev/null || true
   cp "$out/lstm_exported/symbols/SYN001/export.json" "$out/bench/cohort_export_SYN001.json" 2>/dev/null || true
+}
+# the 500-symbol job three ways, one command apart (bench/lstm_export_behind.py: its record after each): --no-export,
+# exporting in the worker (--no-export-behind: what every GPU job did before) and behind the training (the GPU
+# default since --export-behind); the model.onnx files of the two exporting ways compared byte for byte
+export_behind() {
+  step 420 python3 bench/lstm_export_behind.py --out "$out/bench/lstm_export_behind_gpu.json" -- \
+    --synthetic-tickers 500 --epochs 5 --patience 0 --device auto >"$out/bench/lstm_export_behind_gpu.log" 2>&1 \
+    || { echo "lstm_export_behind failed: exit $?"; status=1; }
 }
 # the same 500-symbol job with --no-export, as the CLI runs it (torch on every core; the lstm_cohort step's row
 # runs torch on one thread): cohort_export's wall less this one is what the exports cost, clean
@@ -191,6 +204,8 @@ elif [[ "$part" == 34 ]]; then
 elif [[ "$part" == 35 ]]; then
   gnn_compile_or_not
   ppo_eager_2048
+elif [[ "$part" == 36 ]]; then
+  export_behind
 else
   deploy="$out/deploy"
   step 180 env TRAINERS_PYTHON=python3 bash deploy_8gpu.sh --trainer forecast --foreground --skip-data \

@@ -142,6 +142,30 @@ def test_the_ppo_backtest_benchmark_compares_the_two_loops_on_the_same_curves(tm
         ppo_backtest.main(["--repeats", "0"])
 
 
+@pytest.mark.slow  # three tiny jobs, each in a process of its own
+def test_the_export_behind_benchmark_times_the_three_ways_and_compares_their_files(tmp_path, capsys):
+    """bench/lstm_export_behind.py: one job --no-export, exporting in the worker and behind; every exporting way's
+    symbols exported, the same bytes both ways, each way's export cost against the --no-export job."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import lstm_export_behind
+
+    out = tmp_path / "behind.json"
+    job = ["--synthetic-tickers", "2", "--synthetic-days", "700", "--window", "16", "--hidden", "8", "--batch-size",
+           "64", "--epochs", "1", "--device", "cpu"]
+    assert lstm_export_behind.main(["--out", str(out), "--", *job]) == 0
+    record = json.loads(out.read_text())
+    assert record["complete"] and record["same_onnx_bytes"] and record["job"] == job
+    ways = {row["way"]: row for row in record["ways"]}
+    assert [ways[w]["exported"] for w in ("no_export", "in_worker", "behind")] == [0, 2, 2]
+    assert all(row["symbols_ok"] == 2 and row["export_errors"] == 0 for row in ways.values())
+    for way in ("in_worker", "behind"):
+        assert record["export_cost_s"][way] == ways[way]["job_wall_s"] - ways["no_export"]["job_wall_s"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as usage:
+        lstm_export_behind.main(["--out", str(out)])
+    assert usage.value.code == 2 and "give the job's options after --" in capsys.readouterr().err
+
+
 def test_the_disk_write_benchmark_times_both_writes_in_a_folder_of_its_own(tmp_path, capsys, monkeypatch):
     """bench/disk_write.py (a GPU host's fsync cost, for the LSTM job's per-symbol bookkeeping): both rows
     timed, the folder given left as it was (it writes only into a temp folder of its own, then removes it)."""

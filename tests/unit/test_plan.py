@@ -418,6 +418,10 @@ def test_the_lstm_jobs_time_counts_its_onnx_exports_as_measured():
         assert with_export.outside_steps_s - without.outside_steps_s == pytest.approx(
             EXPORT_WORKER_S + 500 * EXPORT_SYMBOL_S)
         assert "ONNX export" in " ".join(with_export.notes) and "ONNX export" not in " ".join(without.notes)
+        # exported behind the training (a GPU deploy's default): counted the same, and said to be an upper bound
+        in_worker = load_workload("lstm", [*job, "--no-export-behind"])
+        assert in_worker.outside_steps_s == with_export.outside_steps_s
+        assert "an upper bound" in " ".join(with_export.notes) and "an upper bound" not in " ".join(in_worker.notes)
         on_eight = plan(with_export, h200, 8).time["outside_steps_s"] - plan(without, h200, 8).time["outside_steps_s"]
         assert on_eight == pytest.approx(EXPORT_WORKER_S + 500 * EXPORT_SYMBOL_S / 8)  # each worker its own first
 
