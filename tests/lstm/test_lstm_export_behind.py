@@ -100,6 +100,8 @@ def test_exports_behind_give_the_same_files_and_markers_and_the_worker_trains_on
         assert other[s]["export"] == one[s]["export"]
         assert other[s]["export"]["sha256"] == sha256_file(folder / "model.onnx")
         assert info["graph"] == ("exported" if s == "SYN000" else "reused")
+        # the exporter keeps to one thread beside the training: torch's (the latency's record) and onnxruntime's
+        assert info["latency_cpu"]["threads"] == 1 and info["parity"]["onnxruntime_threads"] == 1
         assert json.loads((folder / "results.json").read_text())["export"]["sha256"] == info["sha256"]
     rows = json.loads((behind_dir / "results.json").read_text())["symbols"]
     assert all(rows[s]["export"]["sha256"] == other[s]["export"]["sha256"] for s in SYMBOLS)

@@ -64,9 +64,11 @@ def forget_exports() -> None:
     _LATENCY.clear()
 
 
-def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-4, latency_iters: int = 20) -> dict:
+def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-4, latency_iters: int = 20,
+                  parity_threads: int | None = None) -> dict:
     """Export one symbol's run folder; writes model.onnx and export.json, merges `export` into its
-    results.json. Raises ExportMismatch (and deletes the file) when onnxruntime disagrees."""
+    results.json. Raises ExportMismatch (and deletes the file) when onnxruntime disagrees. `parity_threads`:
+    onnxruntime's threads in the parity check (None: one where torch has several, else its default)."""
     from trainers.lstm.build import build_model
 
     folder = Path(folder)
@@ -95,7 +97,7 @@ def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-
     # (bench/results/onnx_parity_threads_cpu.json, gpu_h200_eab6a5d/onnx_parity_threads_gpu.json); with torch on one
     # thread its pool was the faster on both. There a reused symbol's export went from 0.18 s to 0.041 s.
     parity = check_parity(module, path, cases(cfg.window, model_info["n_features"], CHECK_BATCHES), ["features"],
-                          tolerance, threads=1 if torch.get_num_threads() > 1 else None)
+                          tolerance, threads=parity_threads or (1 if torch.get_num_threads() > 1 else None))
     parity["batch_sizes"] = list(CHECK_BATCHES)
     timed = (architecture, latency_iters, torch.get_num_threads())
     if not (reused and timed in _LATENCY):  # a reused graph runs as fast as the one it was measured on

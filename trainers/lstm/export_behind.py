@@ -13,7 +13,9 @@ a symbol killed during an export in the worker.
 
 The exporter: `python -m trainers.lstm.export_behind PARENT_PID`, one folder a line on its stdin, one JSON line a
 folder on the pipe it got as stdout (torch.onnx prints progress on stdout: that goes to stderr). It sees no GPU
-(CUDA_VISIBLE_DEVICES empty) and exits at the end of its stdin or once its worker is gone. It keeps the job's
+(CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside a 2-core
+training on the dev VM, 32 symbols' exports cost the job 26.2 s on every core and 15.9 s on one:
+bench/results/lstm_export_behind_cpu.json), and exits at the end of its stdin or once its worker is gone. It keeps the job's
 first graph, as a worker does (trainers.onnx.export_reusing): the later symbols reuse it.
 
 On a CPU the default is the export in the worker: there the exporter would take cores from the training.
@@ -42,12 +44,12 @@ def exports_behind(setting: bool | None, gpu_like: bool, export: bool) -> bool:
     return export and (gpu_like if setting is None else setting)
 
 
-def export_outcome(folder: Path) -> dict:
+def export_outcome(folder: Path, parity_threads: int | None = None) -> dict:
     """What a symbol's done marker says of its export: {"export": checksum and parity} or {"export_error": why}."""
     from trainers.lstm.export import export_symbol
 
     try:
-        info = export_symbol(folder)
+        info = export_symbol(folder, parity_threads=parity_threads)
     except Exception as exc:  # noqa: BLE001 - the model trained; `trainers lstm export` can try again
         return {"export_error": f"{type(exc).__name__}: {exc}"}
     return {"export": {"sha256": info["sha256"], "max_abs_error": info["parity"]["max_abs_error"]}}
@@ -188,8 +190,13 @@ def main(argv: list[str]) -> int:
     answers = os.fdopen(os.dup(1), "w")  # the protocol's own pipe; print() (torch.onnx's progress) goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    import torch
+
     from trainers.lstm.export import forget_exports
 
+    # One thread for torch and for onnxruntime's parity sessions: the exporter works beside the training, whose
+    # host thread a pool of every core (onnxruntime's spins between runs) would compete with
+    torch.set_num_threads(1)
     forget_exports()
 
     def answer(text: str) -> None:
@@ -197,7 +204,7 @@ def main(argv: list[str]) -> int:
         answers.flush()
 
     try:
-        serve(sys.stdin, answer, parent_pid)
+        serve(sys.stdin, answer, parent_pid, lambda folder: export_outcome(folder, parity_threads=1))
     except BrokenPipeError:  # the worker is gone: no one reads the answers
         pass
     return 0
