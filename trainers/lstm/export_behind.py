@@ -14,8 +14,9 @@ a symbol killed during an export in the worker.
 The exporter: `python -m trainers.lstm.export_behind PARENT_PID`, one folder a line on its stdin, one JSON line a
 folder on the pipe it got as stdout (torch.onnx prints progress on stdout: that goes to stderr). It sees no GPU
 (CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside a 2-core
-training on the dev VM, 32 symbols' exports cost the job 26.2 s on every core and 15.9 s on one:
-bench/results/lstm_export_behind_cpu.json), and exits at the end of its stdin or once its worker is gone. It keeps the job's
+training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 16.4 s on one:
+bench/results/lstm_export_behind_cpu_7843f41.json and lstm_export_behind_cpu.json), and exits at the end of its
+stdin or once its worker is gone. It keeps the job's
 first graph, as a worker does (trainers.onnx.export_reusing): the later symbols reuse it.
 
 On a CPU the default is the export in the worker: there the exporter would take cores from the training.
