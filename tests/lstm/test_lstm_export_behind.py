@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -30,6 +31,17 @@ def markers(run_dir) -> dict[str, dict]:
 
 def log_lines(run_dir) -> list[str]:
     return (run_dir / "training.log").read_text().splitlines()
+
+
+def onnx_output(path) -> list[float]:
+    """What the file computes for one fixed batch (onnxruntime on the CPU)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    shape = [5, *session.get_inputs()[0].shape[1:]]
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    return session.run(None, {session.get_inputs()[0].name: x})[0].tolist()
 
 
 def first_line_with(lines: list[str], text: str) -> int:
@@ -67,22 +79,84 @@ def test_the_exporter_answers_each_folder_while_its_worker_lives():
         seen.append(folder.name)
         return {"export": {"sha256": folder.name}}
 
-    lines = io.StringIO("/a/SYN000\n\n/a/SYN001\n")
+    odd = "/a/SYN 001\nx"  # any character a path may hold travels in the JSON request
+    lines = io.StringIO("".join(json.dumps({"folder": f}) + "\n" for f in ("/a/SYN000", odd)))
     assert behind.serve(lines, answers.append, os.getppid(), export) == 2
-    assert seen == ["SYN000", "SYN001"]  # (the blank line is no folder)
+    assert seen == ["SYN000", "SYN 001\nx"]
     assert [json.loads(a) for a in answers] == [{"folder": "/a/SYN000", "outcome": {"export": {"sha256": "SYN000"}}},
-                                                {"folder": "/a/SYN001", "outcome": {"export": {"sha256": "SYN001"}}}]
+                                                {"folder": odd, "outcome": {"export": {"sha256": "SYN 001\nx"}}}]
     # its worker gone (the exporter's parent is another process now): it exports nothing more
-    assert behind.serve(io.StringIO("/a/SYN002\n"), answers.append, os.getppid() + 1, export) == 0
-    assert seen == ["SYN000", "SYN001"]
+    assert behind.serve(io.StringIO(json.dumps({"folder": "/a/SYN002"}) + "\n"), answers.append, os.getppid() + 1,
+                        export) == 0
+    assert len(seen) == 2
+
+
+def fake_exporter(monkeypatch, script: str) -> None:
+    """The exporter replaced by a Python script (its stdin and stdout the protocol's)."""
+    monkeypatch.setattr(behind, "exporter_command", lambda parent: [sys.executable, "-c", script])
+
+
+class Log:
+    def __init__(self):
+        self.lines = []
+
+    def info(self, msg, *args):
+        self.lines.append(msg % args)
+
+    warning = debug = info
+
+
+def handed(exports: behind.ExportsBehind, folders: list[str]) -> dict[str, dict]:
+    outcomes = {}
+    for folder in folders:
+        exports.submit(folder, lambda outcome, folder=folder: outcomes.__setitem__(folder, outcome))
+    deadline = time.monotonic() + 60
+    while exports.waiting and time.monotonic() < deadline:
+        exports.collect(wait_s=0.5)
+    return outcomes
+
+
+def test_the_exporter_runs_without_a_gpu_in_a_session_of_its_own_and_its_answers_reach_each_symbol(monkeypatch):
+    """A signal to the worker's process group (torchrun's SIGTERM, a terminal's Ctrl-C) does not reach the exporter:
+    the worker decides what becomes of the exports it waits for."""
+    fake_exporter(monkeypatch, "import json, os, sys\n"
+                               "for line in sys.stdin:\n"
+                               "    folder = json.loads(line)['folder']\n"
+                               "    seen = {'cuda': os.environ['CUDA_VISIBLE_DEVICES'], 'group': os.getpgid(0)}\n"
+                               "    print(json.dumps({'folder': folder, 'outcome': seen}), flush=True)\n")
+    exports = behind.ExportsBehind(Log())
+    folders = ["/job/symbols/SYN000", "/job/symbols/SYN 001\nodd"]
+    outcomes = handed(exports, folders)
+    exports.close()
+    assert sorted(outcomes) == sorted(folders) and not exports.waiting
+    assert all(o["cuda"] == "" and o["group"] != os.getpgid(0) for o in outcomes.values())
+
+
+@pytest.mark.parametrize("script, why", [
+    ("import sys; sys.stdin.readline(); print('not an answer', flush=True); sys.stdin.read()", "broke its protocol"),
+    ("import json, sys; sys.stdin.readline(); print(json.dumps({'folder': '/elsewhere', 'outcome': {}}), flush=True);"
+     " sys.stdin.read()", "broke its protocol"),
+    ("import sys; sys.stdin.readline(); sys.exit(3)", "ended (exit code 3)"),
+])
+def test_an_exporter_that_breaks_its_protocol_or_ends_leaves_export_errors_and_no_wait(monkeypatch, script, why):
+    """Once a symbol's answer could never come, every symbol waiting gets an export error at once (a wait for it
+    would never end); a new exporter takes the symbols after."""
+    fake_exporter(monkeypatch, script)
+    exports = behind.ExportsBehind(Log())
+    outcomes = handed(exports, ["/job/symbols/SYN000", "/job/symbols/SYN001"])
+    assert not exports.waiting and len(outcomes) == 2
+    assert all(why in o["export_error"] for o in outcomes.values()), outcomes
+    assert exports.proc is None
+    exports.stop()
 
 
 @SLOW
 def test_exports_behind_give_the_same_files_and_markers_and_the_worker_trains_on_meanwhile(tmp_path, monkeypatch):
-    """The same job exported in the worker and behind it: each symbol's model.onnx has the same bytes (the first
-    symbol's graph exported, the others reusing it, in the exporter as in the worker) and its marker the same export
-    record. Behind, the worker exports nothing itself (its own export is made to fail here) and claims the next
-    symbol before the first one's marker is written."""
+    """The same job exported in the worker and behind it: each symbol's model.onnx computes the same (the first
+    symbol's graph exported, the others reusing it, in the exporter as in the worker; the bytes can differ in names
+    where this process exported other graphs before) and its marker records its file. Behind, the worker exports
+    nothing itself (its own export is made to fail here) and claims the next symbol before the first one's marker
+    is written."""
     inline, behind_dir = tmp_path / "inline", tmp_path / "behind"
     assert main(["lstm", "train", *TINY, "--run-dir", str(inline)]) == 0
 
@@ -91,14 +165,15 @@ def test_exports_behind_give_the_same_files_and_markers_and_the_worker_trains_on
 
     monkeypatch.setattr(worker_mod, "export_outcome", not_here)
     assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(behind_dir)]) == 0
-    one, other = markers(inline), markers(behind_dir)
+    other = markers(behind_dir)
     assert sorted(other) == SYMBOLS
     for s in SYMBOLS:
         folder = behind_dir / "symbols" / s
         info = json.loads((folder / "export.json").read_text())
         assert other[s]["status"] == "ok" and "export_error" not in other[s]
-        assert other[s]["export"] == one[s]["export"]
         assert other[s]["export"]["sha256"] == sha256_file(folder / "model.onnx")
+        assert other[s]["export"]["max_abs_error"] < 1e-4
+        assert onnx_output(folder / "model.onnx") == onnx_output(inline / "symbols" / s / "model.onnx")
         assert info["graph"] == ("exported" if s == "SYN000" else "reused")
         # the exporter keeps to one thread beside the training: torch's (the latency's record) and onnxruntime's
         assert info["latency_cpu"]["threads"] == 1 and info["parity"]["onnxruntime_threads"] == 1
@@ -173,3 +248,97 @@ def test_a_gpu_deploys_defaults_export_behind_the_training(tmp_path):
                      "--run-dir", str(run_dir)]) == 0
         assert any("exporting behind the training in process" in line for line in log_lines(run_dir)) is expected
         assert json.loads((run_dir / "symbols" / "SYN000" / "done.json").read_text())["export"]["sha256"]
+
+
+@SLOW
+def test_an_exporter_silent_while_its_worker_waits_is_ended_and_its_symbols_get_export_errors(tmp_path, monkeypatch):
+    """A stuck export (an exporter that answers nothing) does not hold the job for ever: after STALL_S of silence at
+    the end the worker ends it, and the models, trained, are marked done with the reason."""
+    fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
+    monkeypatch.setattr(worker_mod, "STALL_S", 1.0)
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(run_dir)]) == 0
+    done = markers(run_dir)
+    assert sorted(done) == SYMBOLS
+    assert all(done[s]["export_error"].startswith("the export process answered nothing for ") for s in SYMBOLS)
+
+
+@SLOW
+def test_a_symbols_marker_is_written_as_its_export_comes_back_not_at_the_jobs_end(tmp_path, monkeypatch):
+    """Between its claims the worker marks what its exporter has finished: a worker killed later keeps those symbols
+    done. (The last claim waits here until the exporter has answered for the first symbol.)"""
+    exporters, first_done_before_the_end = [], []
+    real_init, real_claim = behind.ExportsBehind.__init__, worker_mod.claim_cohort
+
+    def init(self, log):
+        real_init(self, log)
+        exporters.append(self)
+
+    def claim(queue, size, world_size):
+        claims = real_claim(queue, size, world_size)
+        if claims and claims[0][1] == "SYN002":
+            deadline = time.monotonic() + 120
+            while exporters[0].results.qsize() == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if not claims:  # the loop's end: what the claims' collects marked
+            first_done_before_the_end.append((run_dir / "symbols" / "SYN000" / "done.json").exists())
+        return claims
+
+    monkeypatch.setattr(behind.ExportsBehind, "__init__", init)
+    monkeypatch.setattr(worker_mod, "claim_cohort", claim)
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(run_dir)]) == 0
+    assert first_done_before_the_end == [True] and sorted(markers(run_dir)) == SYMBOLS
+
+
+@SLOW
+def test_an_exporter_that_ends_as_the_job_stops_leaves_its_symbols_to_the_next_run(tmp_path, monkeypatch,
+                                                                                  restore_sigterm):
+    """The exporter gone and the job stopping on a signal (as when a whole process group is killed): not export
+    errors (the symbol would be done without its ONNX file, and the next run would skip it) but no marker."""
+    fake_exporter(monkeypatch, "import sys; sys.stdin.readline(); sys.exit(1)")
+    real_submit = behind.ExportsBehind.submit
+
+    def submit_then_signal(self, folder, done):
+        real_submit(self, folder, done)
+        if len(self.waiting) == 1 and self.proc is not None:  # the first: its exporter's end is read, then SIGTERM
+            self.proc.wait(timeout=60)
+            deadline = time.monotonic() + 60
+            while self.results.qsize() == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(behind.ExportsBehind, "submit", submit_then_signal)
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(run_dir)]) == 0
+    assert markers(run_dir) == {}
+    assert json.loads((run_dir / "results.json").read_text())["training"]["stop_reason"] == "signal"
+    assert any("as the job stopped" in line for line in log_lines(run_dir))
+    monkeypatch.setattr(behind.ExportsBehind, "submit", real_submit)
+    assert main(["lstm", "train", *TINY, "--run-dir", str(run_dir)]) == 0
+    assert sorted(markers(run_dir)) == SYMBOLS and all(m["export"] for m in markers(run_dir).values())
+
+
+@SLOW
+def test_an_error_out_of_the_workers_loop_ends_its_exporter(tmp_path, monkeypatch):
+    exporters, calls = [], []
+    real_init, real_claim = behind.ExportsBehind.__init__, worker_mod.claim_cohort
+
+    def init(self, log):
+        real_init(self, log)
+        exporters.append(self)
+
+    def claim(queue, size, world_size):
+        calls.append(1)
+        if len(calls) == 2:
+            exporters[0].pid = exporters[0].proc.pid
+            raise RuntimeError("the queue broke")
+        return real_claim(queue, size, world_size)
+
+    monkeypatch.setattr(behind.ExportsBehind, "__init__", init)
+    monkeypatch.setattr(worker_mod, "claim_cohort", claim)
+    with pytest.raises(RuntimeError, match="the queue broke"):
+        main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(tmp_path / "job")])
+    assert exporters[0].proc is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(exporters[0].pid, 0)

@@ -11,19 +11,22 @@ export.json are export_symbol's, in either process. A symbol whose export was no
 signal, the worker killed) has no marker: the next run finishes it again (its evaluation) and exports it, as it did
 a symbol killed during an export in the worker.
 
-The exporter: `python -m trainers.lstm.export_behind PARENT_PID`, one folder a line on its stdin, one JSON line a
-folder on the pipe it got as stdout (torch.onnx prints progress on stdout: that goes to stderr). It sees no GPU
-(CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside a 2-core
-training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 16.4 s on one:
-bench/results/lstm_export_behind_cpu_7843f41.json and lstm_export_behind_cpu.json), and exits at the end of its
-stdin or once its worker is gone. It keeps the job's
-first graph, as a worker does (trainers.onnx.export_reusing): the later symbols reuse it.
+The exporter: `python -m trainers.lstm.export_behind PARENT_PID`, in a session of its own. One JSON request a line on
+its stdin ({"folder": ...}), one JSON answer a line on the pipe it got as stdout ({"folder", "outcome"}; torch.onnx's
+progress prints go to stderr). A line that is no answer, or an answer for a folder it was not given, ends it: its
+symbols get an export error. So does an exporter that ends, or answers nothing for STALL_S while its worker waits.
+It sees no GPU (CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside
+a 2-core training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 16.4 s
+on one: bench/results/lstm_export_behind_cpu_7843f41.json and lstm_export_behind_cpu.json), and dies with its worker
+(the kernel's parent-death signal on Linux; elsewhere it stops before its next export). It keeps the job's first
+graph, as a worker does (trainers.onnx.export_reusing): the later symbols reuse it.
 
 On a CPU the default is the export in the worker: there the exporter would take cores from the training.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -31,11 +34,16 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
-# How long a stopping worker waits for the exporter to end after closing its stdin, before killing it
+# How long a worker waits for the exporter to end after closing its stdin, before killing it
 STOP_WAIT_S = 10.0
+# An exporter that answers nothing for this long while its worker waits for it at the end is stuck: ended, its
+# symbols recorded with an export error. (An export takes seconds; the first of a process, with torch.onnx's
+# warm-up, up to about 15 s on the development VM.)
+STALL_S = 600.0
 _GONE = object()  # the reader's last item: the exporter's pipe closed (it exited)
 
 
@@ -65,21 +73,22 @@ class ExportsBehind:
         self.proc: subprocess.Popen | None = None
         self.results: queue.Queue = queue.Queue()
         self.waiting: dict[str, Callable[[dict], None]] = {}  # folder -> what to do with its outcome, in order
+        self.last_answer = time.monotonic()  # (or the exporter's start): how long it has been silent
 
     def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
         if self.proc is None:
             self._start()
         self.waiting[str(folder)] = done
         try:
-            self.proc.stdin.write(str(folder) + "\n")
+            self.proc.stdin.write(json.dumps({"folder": str(folder)}) + "\n")  # (any character a path may hold)
             self.proc.stdin.flush()
-        except OSError:  # (a broken pipe) the exporter is gone: `collect` says so for every symbol it had
-            pass
+        except OSError as exc:  # a broken pipe: the exporter is gone, and `collect` meets its end
+            self.log.debug("the export process took no more work (%s)", exc)
 
     def collect(self, wait_s: float = 0.0, stopping: Callable[[], bool] = lambda: False) -> int:
         """Hand each export that is over to its symbol, waiting up to `wait_s` for the first. An exporter that ended
-        before exporting a symbol: an export error for it (a new exporter takes the next ones), unless the job is
-        `stopping` (a signal ended it: the symbol is left to the next run). Returns how many were handed."""
+        or broke its protocol: every symbol still waiting gets an export error (a new exporter takes later ones),
+        unless the job is `stopping` (a signal: they are left to the next run). Returns how many were handed."""
         handed, wait = 0, wait_s
         while self.waiting:
             try:
@@ -88,14 +97,30 @@ class ExportsBehind:
                 break
             wait = 0.0
             if item is _GONE:
-                handed += self._exporter_ended(stopping())
+                code = self.proc.wait() if self.proc is not None else None
+                self.proc = None
+                handed += self._give_up(f"the export process ended (exit code {code}) before exporting it", stopping())
                 continue
             folder, outcome = item
-            done = self.waiting.pop(folder, None)
-            if done is not None:
-                done(outcome)
-                handed += 1
+            done = self.waiting.pop(folder, None) if isinstance(outcome, dict) else None
+            if done is None:  # an answer for no symbol it was given, or a line that is no answer
+                self._end(kill=True)
+                handed += self._give_up(f"the export process broke its protocol ({folder!r}: {outcome!r})"[:300],
+                                        stopping())
+                continue
+            self.last_answer = time.monotonic()
+            done(outcome)
+            handed += 1
         return handed
+
+    def silent_s(self) -> float:
+        return time.monotonic() - self.last_answer
+
+    def give_up_stalled(self) -> int:
+        """The exporter answered nothing for STALL_S while its worker waited: end it; each symbol it had gets an
+        export error (`trainers lstm export` exports them later)."""
+        self._end(kill=True)
+        return self._give_up(f"the export process answered nothing for {self.silent_s():.0f} s", stopping=False)
 
     def stop(self) -> list[str]:
         """The job stops (a signal): end the exporter now. Returns the folders whose export was not over (no
@@ -109,29 +134,35 @@ class ExportsBehind:
         """Nothing is waiting any more: the exporter reads the end of its stdin and exits."""
         self._end(kill=False)
 
-    def _exporter_ended(self, stopping: bool) -> int:
-        code = self.proc.wait() if self.proc is not None else None
-        self.proc = None
+    def _give_up(self, why: str, stopping: bool) -> int:
         lost, self.waiting = self.waiting, {}
-        if stopping:
-            self.log.warning("the export process ended (exit code %s) as the job stopped; %d trained symbol(s) not "
-                             "exported yet are left to the next run, which finishes and exports them", code, len(lost))
+        if not lost:
             return 0
-        self.log.warning("the export process ended (exit code %s) before exporting %d symbol(s); each is recorded "
-                         "with an export error (`trainers lstm export` exports them)", code, len(lost))
+        if stopping:
+            self.log.warning("%s as the job stopped; %d trained symbol(s) not exported yet are left to the next run, "
+                             "which finishes and exports them", why.replace(" before exporting it", ""), len(lost))
+            return 0
+        self.log.warning("%s: %d symbol(s) recorded with an export error (`trainers lstm export` exports them)", why,
+                         len(lost))
         for done in lost.values():
-            done({"export_error": f"the export process ended (exit code {code}) before exporting it"})
+            done({"export_error": why})
         return len(lost)
 
     def _start(self) -> None:
         import trainers
 
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-        package_root = str(Path(trainers.__file__).resolve().parents[1])  # importable wherever the worker runs from
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        package_root = Path(trainers.__file__).resolve().parents[1]
+        # a source checkout the worker imports from, wherever it runs from; not an installed package's site-packages
+        # (a PYTHONPATH entry goes before the standard library: site-packages there could shadow it)
+        if package_root.name not in ("site-packages", "dist-packages"):
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root), env.get("PYTHONPATH")) if p)
+        # a session of its own: signals to the worker's process group (a terminal's Ctrl-C, torchrun's SIGTERM to each
+        # worker's group, slurm's) are the worker's to act on, which ends this process itself (and die_with_parent)
         self.proc = subprocess.Popen(exporter_command(os.getpid()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env)
+                                     text=True, env=env, start_new_session=True)
         self.results = queue.Queue()
+        self.last_answer = time.monotonic()
         threading.Thread(target=_read_results, args=(self.proc.stdout, self.results), daemon=True,
                          name="exports-behind").start()
         self.log.info("exporting behind the training in process %d (--export-behind)", self.proc.pid)
@@ -143,10 +174,8 @@ class ExportsBehind:
         if kill:
             proc.kill()
         else:
-            try:
+            with contextlib.suppress(OSError):  # (a broken pipe: it has exited already, and is waited for below)
                 proc.stdin.close()
-            except OSError:
-                pass
         try:
             proc.wait(timeout=STOP_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -159,35 +188,35 @@ def exporter_command(parent_pid: int) -> list[str]:
 
 
 def _read_results(pipe, results: queue.Queue) -> None:
+    """(A thread of the worker's.) Each answer as (folder, outcome); a line that is not one as (line, None)."""
     for line in pipe:
         try:
             record = json.loads(line)
             results.put((record["folder"], record["outcome"]))
         except (ValueError, KeyError, TypeError):
-            continue  # (not ours: the exporter writes nothing else on this pipe)
+            results.put((line.rstrip("\n"), None))
     results.put(_GONE)
 
 
 def serve(lines, answer: Callable[[str], None], parent_pid: int, export: Callable[[Path], dict] = export_outcome
           ) -> int:
-    """The exporter's loop: each folder read is exported and answered with its outcome, while the worker that
-    started it lives (a worker killed outright leaves no exporter running on). Returns how many it exported."""
+    """The exporter's loop: each folder asked for is exported and answered with its outcome, while the worker that
+    started it lives (a worker killed outright leaves no exporter exporting on). Returns how many it exported."""
     exported = 0
     for line in lines:
-        folder = line.strip()
-        if not folder:
-            continue
         if os.getppid() != parent_pid:
             break
-        outcome = export(Path(folder))
-        answer(json.dumps({"folder": folder, "outcome": outcome}) + "\n")
+        folder = json.loads(line)["folder"]
+        answer(json.dumps({"folder": folder, "outcome": export(Path(folder))}) + "\n")
         exported += 1
     return exported
 
 
 def main(argv: list[str]) -> int:
     parent_pid = int(argv[0])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the worker too, which decides
+    die_with_parent()
+    if os.getppid() != parent_pid:  # (gone before that took hold)
+        return 0
     answers = os.fdopen(os.dup(1), "w")  # the protocol's own pipe; print() (torch.onnx's progress) goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -204,11 +233,21 @@ def main(argv: list[str]) -> int:
         answers.write(text)
         answers.flush()
 
-    try:
+    with contextlib.suppress(BrokenPipeError):  # the worker is gone: no one reads the answers
         serve(sys.stdin, answer, parent_pid, lambda folder: export_outcome(folder, parity_threads=1))
-    except BrokenPipeError:  # the worker is gone: no one reads the answers
-        pass
     return 0
+
+
+def die_with_parent() -> None:
+    """On Linux, the kernel kills this process when the worker that started it dies (prctl PR_SET_PDEATHSIG), even
+    mid-export: a worker SIGKILLed (a torchrun restart resuming its symbols) leaves no exporter writing into their
+    folders. Elsewhere the parent check between exports is what stops it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
     export_s = (max(1, workers) * EXPORT_WORKER_S + symbols * EXPORT_SYMBOL_S) if cfg.export else 0.0
     exported = (f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker (the development VM's CPU) and {EXPORT_SYMBOL_S:.3f} s "
                 f"a symbol (the H200 host's)" if cfg.export else "")
-    if cfg.export and cfg.export_behind is not False:  # a GPU deploy's default (trainers.lstm.export_behind)
+    if cfg.export and cfg.export_behind is not False:  # a GPU deploy's default, and a plan is a GPU's
         exported += (", counted as if in the worker: a GPU deploy exports behind the training, which no GPU has "
                      "timed yet (an upper bound)")
     days = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * 365)

@@ -42,7 +42,7 @@ from trainers.errors import UsageError, first_line
 from trainers.lstm import queue as jobqueue
 from trainers.lstm.config import LstmConfig
 from trainers.lstm.export import forget_exports
-from trainers.lstm.export_behind import ExportsBehind, export_outcome, exports_behind
+from trainers.lstm.export_behind import STALL_S, ExportsBehind, export_outcome, exports_behind
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
 from trainers.lstm.size import cohort_size
@@ -253,7 +253,7 @@ def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, 
     marker = _marker(worker, symbol, "ok", attempt, started, steps=outcome.steps, **(note or {}),
                      stop_reason=outcome.reason.name.lower(), step_seconds=outcome.step_seconds,
                      **({"phase_seconds": outcome.phase_seconds} if outcome.phase_seconds else {}))
-    if cfg.export and worker.exports is not None:
+    if worker.exports is not None:  # (only with --export)
         span = time.perf_counter() - started
         worker.exports.submit(folder, lambda exported: mark_done(symbol, outcome, marker, exported, span, cohort,
                                                                  worker))
@@ -360,13 +360,16 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
 def settle_exports(worker: Worker) -> None:
     """The worker's loop is over: wait for its exports behind and mark their symbols done, unless a signal stops the
     job (before or while it waits): then the exporter is ended, and the symbols it had not exported are left to the
-    next run (which finishes and exports them)."""
+    next run (which finishes and exports them). An exporter silent for STALL_S is ended, its symbols recorded with an
+    export error."""
     exports = worker.exports
     while exports.waiting and worker.signalled is None:
         exports.collect(wait_s=0.5, stopping=worker.stopping)
+        if exports.waiting and exports.silent_s() > STALL_S:
+            exports.give_up_stalled()
+    if worker.signalled is not None and worker.queue.stop_record(force=True) is None:  # the summary says why
+        worker.publish_stop("signal", None, None, worker.signalled)
     if exports.waiting:
-        if worker.queue.stop_record(force=True) is None:  # the job's summary says why it stopped
-            worker.publish_stop("signal", None, None, worker.signalled)
         left = exports.stop()
         worker.log.warning("%d trained symbol(s) stopped with the job before their export (%s); the next run "
                            "finishes and exports them", len(left), ", ".join(Path(f).name for f in left))
@@ -470,6 +473,62 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
             lock.release()
 
 
+def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: Worker, cohort: int,
+                      train_symbol: TrainSymbol, train_cohort: TrainCohort | None,
+                      summary: Callable[[], dict]) -> DeviceLost | None:
+    """The worker's claims, each trained and finished, until the queue is empty or the job stops; the broken CUDA
+    context that stopped it, if one did."""
+    job_dir, queue, log = Path(cfg.run_dir), worker.queue, worker.log
+    next_summary = time.monotonic() + SUMMARY_EVERY_S
+    with faults.as_worker(ctx.rank):
+        while True:
+            if worker.signalled:
+                worker.publish_stop("signal", None, None, worker.signalled)
+            if queue.stop_record(force=True) is not None:
+                return None
+            over = worker.budget.exceeded(worker.elapsed_s())
+            if over != StopReason.NONE:  # no new symbol once the job's time or money is spent
+                worker.publish_stop(over.name.lower(), None, None, None)
+                return None
+            claims = claim_cohort(queue, min(cohort, worker.max_cohort or cohort), ctx.world_size)
+            if not claims:
+                return None
+            for index, symbol in claims:
+                log.info("%s: claimed (%d of %d pending)%s", symbol, index + 1, len(queue.pending),
+                         f" in a cohort of {len(claims)}" if len(claims) > 1 else "")
+            try:
+                if len(claims) == 1:
+                    outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
+                else:
+                    outcome = list(work_on_cohort([s for _, s in claims], cfg, plan, worker, train_symbol,
+                                                  train_cohort).values())[-1]
+            except DeviceLost as lost:
+                try:
+                    failed = remember_lost(job_dir, lost, worker)
+                except OSError as exc:  # (a full disk): the counts are lost, not the stop
+                    failed = []
+                    log.warning("the broken context could not be counted in the symbols' folders (%s)",
+                                first_line(exc))
+                exporting = set(worker.exports.waiting) if worker.exports is not None else set()  # (marked later)
+                left = [s for _, s in claims if jobqueue.read_marker(symbol_dir(job_dir, s)) is None
+                        and str(symbol_dir(job_dir, s)) not in exporting]
+                log.error("this worker's %s failed (%s): CUDA's context is broken and every later call on it fails "
+                          "in this process; %s; the job stops with %s pending, and %s", worker.device, lost,
+                          f"{', '.join(failed)} broke it alone for the second time and is recorded failed" if failed
+                          else "no symbol is recorded failed (each is trained alone next time)",
+                          ", ".join(left) or "none", resumes_after_lost(ctx.restart_count))
+                worker.publish_stop("signal", None, None, "a broken CUDA context")
+                return lost
+            if worker.exports is not None:  # the symbols whose export is over get their done markers
+                worker.exports.collect(stopping=worker.stopping)
+            if worker.signalled is not None and queue.stop_record(force=True) is None:  # as a rule published at
+                worker.publish_stop("signal", claims[-1][1], outcome.steps if outcome else None,  # the step
+                                    worker.signalled)
+            if ctx.is_main and time.monotonic() >= next_summary:  # progress for whoever watches results.md;
+                summary()  # by the clock: rebuilding it reads every symbol's folder
+                next_summary = time.monotonic() + SUMMARY_EVERY_S
+
+
 def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol,
              train_cohort: TrainCohort | None, plan: JobPlan, device: torch.device, mirror) -> int:
     """One torchrun attempt of the job, its folder locked: the pending list, the claims, the summary."""
@@ -509,57 +568,10 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
     cohort = 1 if train_cohort is None else cohort_size(cfg, plan.timeframes, device)
     if ctx.is_main and cohort > 1:
         log.info("lstm job: up to %d symbols at a time per worker, stacked into one model (--cohort)", cohort)
-    next_summary = time.monotonic() + SUMMARY_EVERY_S
-    device_lost = None
     if exports_behind(cfg.export_behind, device_mod.gpu_like(device, cfg.gpu_defaults), cfg.export):
         worker.exports = ExportsBehind(log)
     try:
-        with faults.as_worker(ctx.rank):
-            while True:
-                if worker.signalled:
-                    worker.publish_stop("signal", None, None, worker.signalled)
-                if queue.stop_record(force=True) is not None:
-                    break
-                over = worker.budget.exceeded(worker.elapsed_s())
-                if over != StopReason.NONE:  # no new symbol once the job's time or money is spent
-                    worker.publish_stop(over.name.lower(), None, None, None)
-                    break
-                claims = claim_cohort(queue, min(cohort, worker.max_cohort or cohort), ctx.world_size)
-                if not claims:
-                    break
-                for index, symbol in claims:
-                    log.info("%s: claimed (%d of %d pending)%s", symbol, index + 1, len(queue.pending),
-                             f" in a cohort of {len(claims)}" if len(claims) > 1 else "")
-                try:
-                    if len(claims) == 1:
-                        outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
-                    else:
-                        outcome = list(work_on_cohort([s for _, s in claims], cfg, plan, worker, train_symbol,
-                                                      train_cohort).values())[-1]
-                except DeviceLost as lost:
-                    device_lost = lost
-                    try:
-                        failed = remember_lost(job_dir, lost, worker)
-                    except OSError as exc:  # (a full disk): the counts are lost, not the stop
-                        failed = []
-                        log.warning("the broken context could not be counted in the symbols' folders (%s)",
-                                    first_line(exc))
-                    left = [s for _, s in claims if jobqueue.read_marker(symbol_dir(job_dir, s)) is None]
-                    log.error("this worker's %s failed (%s): CUDA's context is broken and every later call on it fails "
-                              "in this process; %s; the job stops with %s pending, and %s", device, lost,
-                              f"{', '.join(failed)} broke it alone for the second time and is recorded failed" if failed
-                              else "no symbol is recorded failed (each is trained alone next time)",
-                              ", ".join(left) or "none", resumes_after_lost(ctx.restart_count))
-                    worker.publish_stop("signal", None, None, "a broken CUDA context")
-                    break
-                if worker.exports is not None:  # the symbols whose export is over get their done markers
-                    worker.exports.collect()
-                if worker.signalled is not None and queue.stop_record(force=True) is None:  # as a rule published at
-                    worker.publish_stop("signal", claims[-1][1], outcome.steps if outcome else None,  # the step
-                                        worker.signalled)
-                if ctx.is_main and time.monotonic() >= next_summary:  # progress for whoever watches results.md;
-                    summary()  # by the clock: rebuilding it reads every symbol's folder
-                    next_summary = time.monotonic() + SUMMARY_EVERY_S
+        device_lost = _claim_until_done(cfg, ctx, plan, worker, cohort, train_symbol, train_cohort, summary)
         if worker.exports is not None:
             settle_exports(worker)
     finally:
