@@ -8,7 +8,7 @@ CLI runs it (torch on its default threads), in one run.
         --synthetic-tickers 500 --epochs 5 --patience 0 --device auto          (a GPU session's)
 
 Per way: the command's wall time (process start to exit), the job's own (results.json), the symbols finished and
-exported. Then what the exports cost each way (its job wall less the --no-export job's), and whether both ways wrote
+exported, and the exporter processes' peak resident memory (sampled every 0.2 s; Linux). Then what the exports cost each way (its job wall less the --no-export job's), and whether both ways wrote
 every symbol's model.onnx with the same bytes (they should: the same export, in another process).
 """
 
@@ -29,14 +29,51 @@ from record import write_record  # noqa: E402
 WAYS = {"no_export": ["--no-export"], "in_worker": ["--no-export-behind"], "behind": ["--export-behind"]}
 
 
+def exporters_peak_rss_mb(job_pid: int) -> float | None:
+    """The largest peak resident memory (VmHWM) of the job's exporter processes alive now: those whose parent, or
+    its parent (a torchrun worker's), is the job's process (Linux's /proc; None elsewhere or when none is)."""
+    peaks = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            if b"trainers.lstm.export_behind" not in (status.parent / "cmdline").read_bytes():
+                continue
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            parent = int(fields["PPid"])
+            if job_pid not in (parent, parent_of(parent)):
+                continue
+            peaks.append(int(fields["VmHWM"].split()[0]) / 1024)
+        except (OSError, KeyError, ValueError):  # (it ended meanwhile)
+            continue
+    return max(peaks, default=None)
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        return int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if line.startswith("PPid:")))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def run_way(root: Path, way: str, job: list[str]) -> dict:
     run_dir = root / way
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "trainers", "lstm", "train", *job, *WAYS[way], "--run-dir",
-                           str(run_dir)], capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"lstm_export_behind: the {way} job failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    with open(root / f"{way}.stderr", "w+") as stderr:  # (a file: a pipe left unread while polling would fill)
+        proc = subprocess.Popen([sys.executable, "-m", "trainers", "lstm", "train", *job, *WAYS[way], "--run-dir",
+                                 str(run_dir)], stdout=subprocess.DEVNULL, stderr=stderr)
+        peak_rss_mb = None
+        while True:
+            try:
+                proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                seen = exporters_peak_rss_mb(proc.pid)
+                peak_rss_mb = max(peak_rss_mb or 0.0, seen) if seen is not None else peak_rss_mb
+        wall = time.perf_counter() - t0
+        stderr.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"lstm_export_behind: the {way} job failed (exit {proc.returncode}):\n"
+                             f"{stderr.read()[-3000:]}")
     results = json.loads((run_dir / "results.json").read_text())
     rows = results["symbols"]
     return {"way": way, "flags": WAYS[way], "command_wall_s": wall,
@@ -44,6 +81,7 @@ def run_way(root: Path, way: str, job: list[str]) -> dict:
             "symbols_ok": results["training"]["symbols"]["ok"],
             "exported": sum(1 for row in rows.values() if row.get("export")),
             "export_errors": sum(1 for row in rows.values() if row.get("export_error")),
+            "exporter_peak_rss_mb": peak_rss_mb,
             "onnx_sha256": {s: row["export"]["sha256"] for s, row in rows.items() if row.get("export")}}
 
 

@@ -157,6 +157,7 @@ def test_the_export_behind_benchmark_times_the_three_ways_and_compares_their_fil
     assert record["complete"] and record["same_onnx_bytes"] and record["job"] == job
     ways = {row["way"]: row for row in record["ways"]}
     assert [ways[w]["exported"] for w in ("no_export", "in_worker", "behind")] == [0, 2, 2]
+    assert ways["behind"]["exporter_peak_rss_mb"] > 50 and ways["in_worker"]["exporter_peak_rss_mb"] is None
     assert all(row["symbols_ok"] == 2 and row["export_errors"] == 0 for row in ways.values())
     for way in ("in_worker", "behind"):
         assert record["export_cost_s"][way] == ways[way]["job_wall_s"] - ways["no_export"]["job_wall_s"]
