@@ -16,7 +16,7 @@ its stdin ({"folder": ...}), one JSON answer a line on the pipe it got as stdout
 progress prints go to stderr). A line that is no answer, or an answer for a folder it was not given, ends it: its
 symbols get an export error. So does an exporter that ends, or answers nothing for STALL_S while its worker waits.
 It sees no GPU (CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside
-a 2-core training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 16.4 s
+a 2-core training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 18.0 s
 on one: bench/results/lstm_export_behind_cpu_7843f41.json and lstm_export_behind_cpu.json), and dies with its worker
 (the kernel's parent-death signal on Linux; elsewhere it stops before its next export). It keeps the job's first
 graph, as a worker does (trainers.onnx.export_reusing): the later symbols reuse it.
