@@ -127,15 +127,19 @@ def test_the_exporter_runs_without_a_gpu_in_a_session_of_its_own_and_its_answers
     exports = behind.ExportsBehind(Log())
     folders = ["/job/symbols/SYN000", "/job/symbols/SYN 001\nodd"]
     outcomes = handed(exports, folders)
-    exports.close()
+    assert exports.settle(stop=lambda: False) == [] and exports.proc is None
     assert sorted(outcomes) == sorted(folders) and not exports.waiting
     assert all(o["cuda"] == "" and o["group"] != os.getpgid(0) for o in outcomes.values())
 
 
+ANSWER = ("import json, sys\n"
+          "for line in sys.stdin:\n"
+          "    print(json.dumps({'folder': json.loads(line)['folder'], 'outcome': {'export': 'ok'}}), flush=True)\n")
+
+
 @pytest.mark.parametrize("script, why", [
-    ("import sys; sys.stdin.readline(); print('not an answer', flush=True); sys.stdin.read()", "broke its protocol"),
     ("import json, sys; sys.stdin.readline(); print(json.dumps({'folder': '/elsewhere', 'outcome': {}}), flush=True);"
-     " sys.stdin.read()", "broke its protocol"),
+     " sys.stdin.read()", "answered for a folder it was not given"),
     ("import sys; sys.stdin.readline(); sys.exit(3)", "ended (exit code 3)"),
 ])
 def test_an_exporter_that_breaks_its_protocol_or_ends_leaves_export_errors_and_no_wait(monkeypatch, script, why):
@@ -147,7 +151,62 @@ def test_an_exporter_that_breaks_its_protocol_or_ends_leaves_export_errors_and_n
     assert not exports.waiting and len(outcomes) == 2
     assert all(why in o["export_error"] for o in outcomes.values()), outcomes
     assert exports.proc is None
-    exports.stop()
+    fake_exporter(monkeypatch, ANSWER)
+    assert handed(exports, ["/job/symbols/SYN002"]) == {"/job/symbols/SYN002": {"export": "ok"}}  # a new exporter
+    assert exports.settle(stop=lambda: False) == []
+
+
+def test_a_stray_line_on_the_exporters_pipe_is_skipped(monkeypatch):
+    """(A sitecustomize's banner, say.) Logged, not taken for a broken exporter: every symbol still gets its answer."""
+    fake_exporter(monkeypatch, "print('a banner', flush=True)\n" + ANSWER)
+    log = Log()
+    exports = behind.ExportsBehind(log)
+    assert handed(exports, ["/job/symbols/SYN000"]) == {"/job/symbols/SYN000": {"export": "ok"}}
+    assert any("a line that is no answer (skipped): 'a banner'" in line for line in log.lines)
+    exports.settle(stop=lambda: False)
+
+
+def test_a_stall_counts_from_the_exporters_last_answer_or_the_work_given_to_it_idle(monkeypatch):
+    """An exporter idle longer than the stall limit (the worker trained a long cohort meanwhile), then given work it
+    answers in time, is not taken for stuck; one that answers nothing for the limit is."""
+    fake_exporter(monkeypatch, "import json, sys, time\n"
+                               "for line in sys.stdin:\n"
+                               "    time.sleep(0.8)\n"  # (longer than one of the wait's collects)
+                               "    answer = {'folder': json.loads(line)['folder'], 'outcome': {}}\n"
+                               "    print(json.dumps(answer), flush=True)\n")
+    exports = behind.ExportsBehind(Log())
+    assert handed(exports, ["/job/symbols/SYN000"]) == {"/job/symbols/SYN000": {}}
+    time.sleep(1.2)  # idle, past the limit below
+    outcomes = {}
+    exports.submit("/job/symbols/SYN001", lambda outcome: outcomes.__setitem__("SYN001", outcome))
+    assert exports.settle(stop=lambda: False, stall_s=1.0) == [] and outcomes == {"SYN001": {}}
+    fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
+    exports.submit("/job/symbols/SYN002", lambda outcome: outcomes.__setitem__("SYN002", outcome))
+    assert exports.settle(stop=lambda: False, stall_s=1.0) == []
+    assert outcomes["SYN002"]["export_error"].startswith("the export process answered nothing for ")
+
+
+def test_a_stopped_wait_still_marks_the_answers_that_came_back(monkeypatch):
+    fake_exporter(monkeypatch, ANSWER)
+    exports, outcomes = behind.ExportsBehind(Log()), {}
+    exports.submit("/job/symbols/SYN000", lambda outcome: outcomes.__setitem__("SYN000", outcome))
+    deadline = time.monotonic() + 60
+    while exports.results.qsize() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert exports.settle(stop=lambda: True) == [] and outcomes == {"SYN000": {"export": "ok"}}
+
+
+@SLOW
+def test_the_real_exporter_ignores_a_sigterm_of_its_own_and_ends_with_its_stdin(tmp_path):
+    """slurm and systemd signal every process: the worker, not the signal, ends its exporter."""
+    exports = behind.ExportsBehind(Log())
+    missing = tmp_path / "not-a-run"
+    assert "export_error" in handed(exports, [str(missing)])[str(missing)]  # (answered: it is past its set-up)
+    proc = exports.proc
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert proc.poll() is None
+    assert exports.settle(stop=lambda: False) == [] and proc.returncode == 0
 
 
 @SLOW
@@ -209,18 +268,25 @@ def test_an_exporter_that_dies_leaves_export_errors_not_failed_symbols(tmp_path,
 
 
 @SLOW
-def test_a_signal_while_exports_wait_leaves_their_symbols_to_the_next_run(tmp_path, monkeypatch, restore_sigterm):
-    """SIGTERM while the worker waits for its exporter (one that never answers): the exporter is ended, the symbols
-    have no done marker and the job says it stopped on a signal; run again, each is finished where it ended (no step
-    trained again) and exported."""
-    monkeypatch.setattr(behind, "exporter_command",
-                        lambda parent: [sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(600)"])
+@pytest.mark.parametrize("exporter_dies", [False, True])
+def test_a_signal_while_exports_wait_leaves_their_symbols_to_the_next_run(tmp_path, monkeypatch, restore_sigterm,
+                                                                         exporter_dies):
+    """SIGTERM while the worker waits for its exporter (one that never answers; or one that dies with the signal, its
+    end read first): the exporter is ended, the symbols have no done marker and the job says it stopped on a signal;
+    run again, each is finished where it ended (no step trained again) and exported."""
+    fake_exporter(monkeypatch, "import sys, time; sys.stdin.read(); time.sleep(600)")
     real_collect, exporters = behind.ExportsBehind.collect, []
 
     def signalled_while_waiting(self, wait_s=0.0, stopping=lambda: False):
         if wait_s > 0 and not exporters:
             exporters.append(self.proc)
             os.kill(os.getpid(), signal.SIGTERM)
+            if exporter_dies:
+                self.proc.kill()
+                self.proc.wait()
+                deadline = time.monotonic() + 60
+                while self.results.qsize() == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
         return real_collect(self, wait_s, stopping)
 
     monkeypatch.setattr(behind.ExportsBehind, "collect", signalled_while_waiting)
@@ -229,7 +295,8 @@ def test_a_signal_while_exports_wait_leaves_their_symbols_to_the_next_run(tmp_pa
     assert markers(run_dir) == {} and exporters and exporters[0].poll() is not None  # the exporter is gone
     r = json.loads((run_dir / "results.json").read_text())
     assert r["training"]["stop_reason"] == "signal" and r["training"]["symbols"]["ok"] == 0
-    assert any("3 trained symbol(s) stopped with the job before their export" in line for line in log_lines(run_dir))
+    left = "as the job stopped; 3 trained symbol(s)" if exporter_dies else "3 trained symbol(s) stopped with the job"
+    assert any(left in line for line in log_lines(run_dir))
     steps = {s: json.loads((run_dir / "symbols" / s / "results.json").read_text())["training"]["steps"]
              for s in SYMBOLS}
     monkeypatch.setattr(behind.ExportsBehind, "collect", real_collect)

@@ -13,8 +13,10 @@ a symbol killed during an export in the worker.
 
 The exporter: `python -m trainers.lstm.export_behind PARENT_PID`, in a session of its own. One JSON request a line on
 its stdin ({"folder": ...}), one JSON answer a line on the pipe it got as stdout ({"folder", "outcome"}; torch.onnx's
-progress prints go to stderr). A line that is no answer, or an answer for a folder it was not given, ends it: its
-symbols get an export error. So does an exporter that ends, or answers nothing for STALL_S while its worker waits.
+progress prints go to stderr; a stray line is skipped). An answer for a folder it was not given ends it, and its
+symbols get an export error; so do an exporter's end and STALL_S without an answer while its worker waits; but when
+the job is stopping on a signal they are left unmarked to the next run. It ignores SIGINT, SIGTERM and SIGHUP sent
+to it (slurm's and systemd's reach every process): its worker ends it.
 It sees no GPU (CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside
 a 2-core training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 18.0 s
 on one: bench/results/lstm_export_behind_cpu_7843f41.json and lstm_export_behind_cpu.json), and dies with its worker
@@ -38,10 +40,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-# How long a worker waits for the exporter to end after closing its stdin, before killing it
+# How long a worker waits for the exporter to end after closing its stdin (or its stdout closed), before killing it
 STOP_WAIT_S = 10.0
-# An exporter that answers nothing for this long while its worker waits for it at the end is stuck: ended, its
-# symbols recorded with an export error. (An export takes seconds; the first of a process, with torch.onnx's
+# An exporter with work that answers nothing for this long, while its worker waits for it at the end, is stuck: ended,
+# its symbols recorded with an export error. (An export takes seconds; the first of a process, with torch.onnx's
 # warm-up, up to about 15 s on the development VM.)
 STALL_S = 600.0
 _GONE = object()  # the reader's last item: the exporter's pipe closed (it exited)
@@ -65,30 +67,31 @@ def export_outcome(folder: Path, parity_threads: int | None = None) -> dict:
 
 
 class ExportsBehind:
-    """A worker's exporter process and the symbols handed to it. `submit` never waits for an export; `collect`
-    (the worker's main thread, between its claims) calls each finished symbol's `done` with its export outcome."""
+    """A worker's exporter process and the symbols handed to it. `submit` never waits (a thread of its own writes
+    the requests: an exporter that stops reading cannot block the training); `collect` and `settle` (the worker's
+    main thread) call each finished symbol's `done` with its export outcome."""
 
     def __init__(self, log):
         self.log = log
         self.proc: subprocess.Popen | None = None
+        self.requests: queue.Queue = queue.Queue()  # lines for the writer thread; None closes the exporter's stdin
         self.results: queue.Queue = queue.Queue()
         self.waiting: dict[str, Callable[[dict], None]] = {}  # folder -> what to do with its outcome, in order
-        self.last_answer = time.monotonic()  # (or the exporter's start): how long it has been silent
+        self.busy_since = time.monotonic()  # its last answer, or when it was given work while it had none
 
     def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
         if self.proc is None:
             self._start()
+        if not self.waiting:
+            self.busy_since = time.monotonic()
         self.waiting[str(folder)] = done
-        try:
-            self.proc.stdin.write(json.dumps({"folder": str(folder)}) + "\n")  # (any character a path may hold)
-            self.proc.stdin.flush()
-        except OSError as exc:  # a broken pipe: the exporter is gone, and `collect` meets its end
-            self.log.debug("the export process took no more work (%s)", exc)
+        self.requests.put(json.dumps({"folder": str(folder)}) + "\n")  # JSON: any character a path may hold
 
     def collect(self, wait_s: float = 0.0, stopping: Callable[[], bool] = lambda: False) -> int:
-        """Hand each export that is over to its symbol, waiting up to `wait_s` for the first. An exporter that ended
-        or broke its protocol: every symbol still waiting gets an export error (a new exporter takes later ones),
-        unless the job is `stopping` (a signal: they are left to the next run). Returns how many were handed."""
+        """Hand each export that is over to its symbol, waiting up to `wait_s` for the first. An exporter that ended,
+        or answered for a folder it was not given: every symbol still waiting gets an export error (a new exporter
+        takes later ones), unless the job is `stopping` (a signal: they are left to the next run, unmarked). A line
+        that is no answer (a stray print) is logged and skipped. Returns how many symbols were handed."""
         handed, wait = 0, wait_s
         while self.waiting:
             try:
@@ -97,42 +100,49 @@ class ExportsBehind:
                 break
             wait = 0.0
             if item is _GONE:
-                code = self.proc.wait() if self.proc is not None else None
-                self.proc = None
+                code = self._end(kill=False)
                 handed += self._give_up(f"the export process ended (exit code {code}) before exporting it", stopping())
                 continue
             folder, outcome = item
-            done = self.waiting.pop(folder, None) if isinstance(outcome, dict) else None
-            if done is None:  # an answer for no symbol it was given, or a line that is no answer
-                self._end(kill=True)
-                handed += self._give_up(f"the export process broke its protocol ({folder!r}: {outcome!r})"[:300],
-                                        stopping())
+            if outcome is None:
+                self.log.warning("the export process wrote a line that is no answer (skipped): %r", folder[:200])
                 continue
-            self.last_answer = time.monotonic()
+            done = self.waiting.pop(folder, None)
+            if done is None:  # (its requests are JSON: an answer for no symbol it was given is a broken exporter)
+                self._end(kill=True)
+                handed += self._give_up(f"the export process answered for a folder it was not given ({folder!r})"
+                                        [:300], stopping())
+                continue
+            self.busy_since = time.monotonic()
             done(outcome)
             handed += 1
         return handed
 
-    def silent_s(self) -> float:
-        return time.monotonic() - self.last_answer
-
-    def give_up_stalled(self) -> int:
-        """The exporter answered nothing for STALL_S while its worker waited: end it; each symbol it had gets an
-        export error (`trainers lstm export` exports them later)."""
-        self._end(kill=True)
-        return self._give_up(f"the export process answered nothing for {self.silent_s():.0f} s", stopping=False)
+    def settle(self, stop: Callable[[], bool], stopping: Callable[[], bool] = lambda: False,
+               stall_s: float = STALL_S) -> list[str]:
+        """Wait until every symbol handed over is marked (`collect`), unless `stop()` (this worker's signal): then
+        what has arrived is marked, the exporter is ended, and the folders it had not exported are returned (no
+        marker: the next run exports them). An exporter with work silent for `stall_s` is ended, its symbols
+        recorded with an export error. The exporter is gone at the end."""
+        while self.waiting and not stop():
+            self.collect(wait_s=0.5, stopping=stopping)
+            if self.waiting and time.monotonic() - self.busy_since > stall_s:
+                self._end(kill=True)
+                self._give_up(f"the export process answered nothing for {time.monotonic() - self.busy_since:.0f} s",
+                              stopping=False)
+        self.collect(stopping=stopping)  # (stopped: what came back is kept)
+        left = list(self.waiting)
+        self.waiting.clear()
+        self._end(kill=bool(left))
+        return left
 
     def stop(self) -> list[str]:
-        """The job stops (a signal): end the exporter now. Returns the folders whose export was not over (no
-        marker: the next run exports them)."""
+        """End the exporter now (an error on the worker's way out). Returns the folders whose export was not over
+        (no marker: the next run exports them)."""
         left = list(self.waiting)
         self.waiting.clear()
         self._end(kill=True)
         return left
-
-    def close(self) -> None:
-        """Nothing is waiting any more: the exporter reads the end of its stdin and exits."""
-        self._end(kill=False)
 
     def _give_up(self, why: str, stopping: bool) -> int:
         lost, self.waiting = self.waiting, {}
@@ -157,45 +167,60 @@ class ExportsBehind:
         # (a PYTHONPATH entry goes before the standard library: site-packages there could shadow it)
         if package_root.name not in ("site-packages", "dist-packages"):
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package_root), env.get("PYTHONPATH")) if p)
-        # a session of its own: signals to the worker's process group (a terminal's Ctrl-C, torchrun's SIGTERM to each
-        # worker's group, slurm's) are the worker's to act on, which ends this process itself (and die_with_parent)
+        # A session of its own: a signal to the worker's process group (a terminal's Ctrl-C, torchrun's SIGTERM to
+        # each worker's group) is the worker's to act on; the exporter ignores the ones sent to it alone (main) and
+        # ends when its worker ends it, closes its stdin or dies.
         self.proc = subprocess.Popen(exporter_command(os.getpid()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env, start_new_session=True)
-        self.results = queue.Queue()
-        self.last_answer = time.monotonic()
-        threading.Thread(target=_read_results, args=(self.proc.stdout, self.results), daemon=True,
-                         name="exports-behind").start()
+                                     text=True, encoding="utf-8", errors="replace", env=env, start_new_session=True)
+        self.requests, self.results = queue.Queue(), queue.Queue()
+        self.busy_since = time.monotonic()
+        for target, args in ((_write_requests, (self.requests, self.proc.stdin, self.log)),
+                             (_read_results, (self.proc.stdout, self.results))):
+            threading.Thread(target=target, args=args, daemon=True, name="exports-behind").start()
         self.log.info("exporting behind the training in process %d (--export-behind)", self.proc.pid)
 
-    def _end(self, kill: bool) -> None:
+    def _end(self, kill: bool) -> int | None:
+        """End the exporter (killed, or its stdin closed and waited for, then killed after STOP_WAIT_S); its exit
+        code."""
         proc, self.proc = self.proc, None
         if proc is None:
-            return
+            return None
+        self.requests.put(None)  # the writer closes its stdin once every request before is written, and ends
         if kill:
             proc.kill()
-        else:
-            with contextlib.suppress(OSError):  # (a broken pipe: it has exited already, and is waited for below)
-                proc.stdin.close()
         try:
-            proc.wait(timeout=STOP_WAIT_S)
+            return proc.wait(timeout=STOP_WAIT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
+            return proc.wait()
 
 
 def exporter_command(parent_pid: int) -> list[str]:
     return [sys.executable, "-m", "trainers.lstm.export_behind", str(parent_pid)]
 
 
+def _write_requests(requests: queue.Queue, pipe, log) -> None:
+    """(A thread of the worker's.) Each request onto the exporter's stdin, in order, until None (then closes it)."""
+    try:
+        for line in iter(requests.get, None):
+            pipe.write(line)
+            pipe.flush()
+        pipe.close()
+    except OSError as exc:  # a broken pipe: the exporter is gone, and the reader meets its end
+        log.debug("the export process took no more work (%s)", exc)
+
+
 def _read_results(pipe, results: queue.Queue) -> None:
     """(A thread of the worker's.) Each answer as (folder, outcome); a line that is not one as (line, None)."""
-    for line in pipe:
-        try:
-            record = json.loads(line)
-            results.put((record["folder"], record["outcome"]))
-        except (ValueError, KeyError, TypeError):
-            results.put((line.rstrip("\n"), None))
-    results.put(_GONE)
+    try:
+        for line in pipe:
+            try:
+                record = json.loads(line)
+                results.put((record["folder"], record["outcome"]))
+            except (ValueError, KeyError, TypeError):
+                results.put((line.rstrip("\n"), None))
+    finally:
+        results.put(_GONE)
 
 
 def serve(lines, answer: Callable[[str], None], parent_pid: int, export: Callable[[Path], dict] = export_outcome
@@ -214,6 +239,10 @@ def serve(lines, answer: Callable[[str], None], parent_pid: int, export: Callabl
 
 def main(argv: list[str]) -> int:
     parent_pid = int(argv[0])
+    # Its worker decides when it ends (end of stdin, a kill, its own death): slurm's or systemd's SIGTERM to every
+    # process would otherwise end it first, and its symbols would be recorded with export errors
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     die_with_parent()
     if os.getppid() != parent_pid:  # (gone before that took hold)
         return 0
@@ -247,7 +276,9 @@ def die_with_parent() -> None:
     import ctypes
 
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL) != 0:
+        print(f"export_behind: prctl(PR_SET_PDEATHSIG) failed ({os.strerror(ctypes.get_errno())}); this exporter "
+              f"stops only between exports once its worker is gone", file=sys.stderr)
 
 
 if __name__ == "__main__":

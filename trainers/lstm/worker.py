@@ -358,22 +358,17 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
 
 
 def settle_exports(worker: Worker) -> None:
-    """The worker's loop is over: wait for its exports behind and mark their symbols done, unless a signal stops the
-    job (before or while it waits): then the exporter is ended, and the symbols it had not exported are left to the
-    next run (which finishes and exports them). An exporter silent for STALL_S is ended, its symbols recorded with an
-    export error."""
-    exports = worker.exports
-    while exports.waiting and worker.signalled is None:
-        exports.collect(wait_s=0.5, stopping=worker.stopping)
-        if exports.waiting and exports.silent_s() > STALL_S:
-            exports.give_up_stalled()
+    """The worker's loop is over: wait for its exports behind and mark their symbols done (an exporter with work
+    silent for STALL_S is ended, its symbols recorded with an export error), unless this worker gets a signal (before
+    or while it waits): then the exporter is ended, and the symbols it had not exported are left to the next run
+    (which finishes and exports them). After a budget stop, or another worker's, the exports are waited for."""
+    left = worker.exports.settle(stop=lambda: worker.signalled is not None, stopping=worker.stopping,
+                                 stall_s=STALL_S)
     if worker.signalled is not None and worker.queue.stop_record(force=True) is None:  # the summary says why
         worker.publish_stop("signal", None, None, worker.signalled)
-    if exports.waiting:
-        left = exports.stop()
+    if left:
         worker.log.warning("%d trained symbol(s) stopped with the job before their export (%s); the next run "
                            "finishes and exports them", len(left), ", ".join(Path(f).name for f in left))
-    exports.close()
 
 
 def resumes_after_lost(restart_count: int) -> str:
