@@ -167,6 +167,55 @@ def test_the_export_behind_benchmark_times_the_three_ways_and_compares_their_fil
     assert usage.value.code == 2 and "give the job's options after --" in capsys.readouterr().err
 
 
+@pytest.fixture
+def torch_threads_kept():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_parity_threads_benchmark_times_every_pairing_of_threads(tmp_path, capsys, torch_threads_kept):
+    """bench/onnx_parity_threads.py: torch on one thread and on every core, onnxruntime on its default pool and on
+    one, each timed --rounds x --iters checks; the ratios are those rows' medians."""
+    import os
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import onnx_parity_threads
+
+    out = tmp_path / "threads.json"
+    assert onnx_parity_threads.main(["--iters", "2", "--rounds", "2", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    cores = os.cpu_count() or 1
+    rows = {(r["torch_threads"], r["onnxruntime_threads"]): r for r in record["rows"]}
+    assert set(rows) == {(t, o) for t in {1, cores} for o in ("default", 1)}
+    assert all(r["checks"] == 4 and 0 < r["median_ms"] <= r["p90_ms"] for r in rows.values())
+    assert record["all_cores_default_over_one"] == rows[(cores, "default")]["median_ms"] / rows[(cores, 1)]["median_ms"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as usage:
+        onnx_parity_threads.main(["--iters", "0"])
+    assert usage.value.code == 2 and "--iters 0: give 1 to 10000" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # two small jobs, each in a process of its own, and their exports twice
+def test_the_lstm_export_benchmark_reuses_the_first_graph_and_times_both_jobs(tmp_path, torch_threads_kept):
+    """bench/lstm_export.py: the job with and without its exports (each symbol exported), then every symbol exported
+    in this process with the graph reused and with an export each (what the committed JSONs compare)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import lstm_export
+
+    out = tmp_path / "export.json"
+    assert lstm_export.main(["--symbols", "2", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    trained, exported = record["jobs"]
+    assert (trained["export"], trained["exports"]) == (False, 0)
+    assert (exported["export"], exported["exports"], exported["graphs"]) == (True, 2, {"exported": 1, "reused": 1})
+    reused, each = record["export_symbol"]
+    assert (reused["reuse"], reused["graphs"]) == (True, {"exported": 1, "reused": 1})
+    assert (each["reuse"], each["graphs"]) == (False, {"exported": 2, "reused": 0})
+    assert record["exports_total_ratio_reused_over_each"] == reused["total_s"] / each["total_s"]
+    assert record["job_wall_export_minus_no_export_s"] == exported["job_wall_s"] - trained["job_wall_s"]
+
+
 def test_the_disk_write_benchmark_times_both_writes_in_a_folder_of_its_own(tmp_path, capsys, monkeypatch):
     """bench/disk_write.py (a GPU host's fsync cost, for the LSTM job's per-symbol bookkeeping): both rows
     timed, the folder given left as it was (it writes only into a temp folder of its own, then removes it)."""
