@@ -297,6 +297,8 @@ def test_a_signal_while_exports_wait_leaves_their_symbols_to_the_next_run(tmp_pa
     assert r["training"]["stop_reason"] == "signal" and r["training"]["symbols"]["ok"] == 0
     left = "as the job stopped; 3 trained symbol(s)" if exporter_dies else "3 trained symbol(s) stopped with the job"
     assert any(left in line for line in log_lines(run_dir))
+    if exporter_dies:  # (the next run's part is the other case's)
+        return
     steps = {s: json.loads((run_dir / "symbols" / s / "results.json").read_text())["training"]["steps"]
              for s in SYMBOLS}
     monkeypatch.setattr(behind.ExportsBehind, "collect", real_collect)

@@ -18,7 +18,7 @@ symbols get an export error; so do an exporter's end and STALL_S without an answ
 the job is stopping on a signal they are left unmarked to the next run. It ignores SIGINT, SIGTERM and SIGHUP sent
 to it (slurm's and systemd's reach every process): its worker ends it.
 It sees no GPU (CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside
-a 2-core training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 18.0 s
+a 2-core training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 14.9 s
 on one: bench/results/lstm_export_behind_cpu_7843f41.json and lstm_export_behind_cpu.json), and dies with its worker
 (the kernel's parent-death signal on Linux; elsewhere it stops before its next export). It keeps the job's first
 graph, as a worker does (trainers.onnx.export_reusing): the later symbols reuse it.
