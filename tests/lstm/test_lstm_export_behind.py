@@ -106,6 +106,26 @@ class Log:
     warning = debug = info
 
 
+def wait_for_an_item(exports: behind.ExportsBehind, timeout: float = 120) -> None:
+    """Until the exporter's reader has queued something (an answer, or the exporter's end), uncollected."""
+    deadline = time.monotonic() + timeout
+    while exports.results.qsize() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def exporters(monkeypatch) -> list[behind.ExportsBehind]:
+    """Every ExportsBehind the jobs of a test make, in order."""
+    made, real_init = [], behind.ExportsBehind.__init__
+
+    def init(self, log):
+        real_init(self, log)
+        made.append(self)
+
+    monkeypatch.setattr(behind.ExportsBehind, "__init__", init)
+    return made
+
+
 def handed(exports: behind.ExportsBehind, folders: list[str]) -> dict[str, dict]:
     outcomes = {}
     for folder in folders:
@@ -190,9 +210,7 @@ def test_a_stopped_wait_still_marks_the_answers_that_came_back(monkeypatch):
     fake_exporter(monkeypatch, ANSWER)
     exports, outcomes = behind.ExportsBehind(Log()), {}
     exports.submit("/job/symbols/SYN000", lambda outcome: outcomes.__setitem__("SYN000", outcome))
-    deadline = time.monotonic() + 60
-    while exports.results.qsize() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_an_item(exports)
     assert exports.settle(stop=lambda: True) == [] and outcomes == {"SYN000": {"export": "ok"}}
 
 
@@ -275,24 +293,22 @@ def test_a_signal_while_exports_wait_leaves_their_symbols_to_the_next_run(tmp_pa
     end read first): the exporter is ended, the symbols have no done marker and the job says it stopped on a signal;
     run again, each is finished where it ended (no step trained again) and exported."""
     fake_exporter(monkeypatch, "import sys, time; sys.stdin.read(); time.sleep(600)")
-    real_collect, exporters = behind.ExportsBehind.collect, []
+    real_collect, procs = behind.ExportsBehind.collect, []
 
     def signalled_while_waiting(self, wait_s=0.0, stopping=lambda: False):
-        if wait_s > 0 and not exporters:
-            exporters.append(self.proc)
+        if wait_s > 0 and not procs:
+            procs.append(self.proc)
             os.kill(os.getpid(), signal.SIGTERM)
             if exporter_dies:
                 self.proc.kill()
                 self.proc.wait()
-                deadline = time.monotonic() + 60
-                while self.results.qsize() == 0 and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                wait_for_an_item(self)
         return real_collect(self, wait_s, stopping)
 
     monkeypatch.setattr(behind.ExportsBehind, "collect", signalled_while_waiting)
     run_dir = tmp_path / "job"
     assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(run_dir)]) == 0
-    assert markers(run_dir) == {} and exporters and exporters[0].poll() is not None  # the exporter is gone
+    assert markers(run_dir) == {} and procs and procs[0].poll() is not None  # the exporter is gone
     r = json.loads((run_dir / "results.json").read_text())
     assert r["training"]["stop_reason"] == "signal" and r["training"]["symbols"]["ok"] == 0
     left = "as the job stopped; 3 trained symbol(s)" if exporter_dies else "3 trained symbol(s) stopped with the job"
@@ -333,27 +349,19 @@ def test_an_exporter_silent_while_its_worker_waits_is_ended_and_its_symbols_get_
 
 
 @SLOW
-def test_a_symbols_marker_is_written_as_its_export_comes_back_not_at_the_jobs_end(tmp_path, monkeypatch):
+def test_a_symbols_marker_is_written_as_its_export_comes_back_not_at_the_jobs_end(tmp_path, monkeypatch, exporters):
     """Between its claims the worker marks what its exporter has finished: a worker killed later keeps those symbols
     done. (The last claim waits here until the exporter has answered for the first symbol.)"""
-    exporters, first_done_before_the_end = [], []
-    real_init, real_claim = behind.ExportsBehind.__init__, worker_mod.claim_cohort
-
-    def init(self, log):
-        real_init(self, log)
-        exporters.append(self)
+    first_done_before_the_end, real_claim = [], worker_mod.claim_cohort
 
     def claim(queue, size, world_size):
         claims = real_claim(queue, size, world_size)
         if claims and claims[0][1] == "SYN002":
-            deadline = time.monotonic() + 120
-            while exporters[0].results.qsize() == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for_an_item(exporters[0])
         if not claims:  # the loop's end: what the claims' collects marked
             first_done_before_the_end.append((run_dir / "symbols" / "SYN000" / "done.json").exists())
         return claims
 
-    monkeypatch.setattr(behind.ExportsBehind, "__init__", init)
     monkeypatch.setattr(worker_mod, "claim_cohort", claim)
     run_dir = tmp_path / "job"
     assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(run_dir)]) == 0
@@ -372,9 +380,7 @@ def test_an_exporter_that_ends_as_the_job_stops_leaves_its_symbols_to_the_next_r
         real_submit(self, folder, done)
         if len(self.waiting) == 1 and self.proc is not None:  # the first: its exporter's end is read, then SIGTERM
             self.proc.wait(timeout=60)
-            deadline = time.monotonic() + 60
-            while self.results.qsize() == 0 and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for_an_item(self)
             os.kill(os.getpid(), signal.SIGTERM)
 
     monkeypatch.setattr(behind.ExportsBehind, "submit", submit_then_signal)
@@ -389,13 +395,8 @@ def test_an_exporter_that_ends_as_the_job_stops_leaves_its_symbols_to_the_next_r
 
 
 @SLOW
-def test_an_error_out_of_the_workers_loop_ends_its_exporter(tmp_path, monkeypatch):
-    exporters, calls = [], []
-    real_init, real_claim = behind.ExportsBehind.__init__, worker_mod.claim_cohort
-
-    def init(self, log):
-        real_init(self, log)
-        exporters.append(self)
+def test_an_error_out_of_the_workers_loop_ends_its_exporter(tmp_path, monkeypatch, exporters):
+    calls, real_claim = [], worker_mod.claim_cohort
 
     def claim(queue, size, world_size):
         calls.append(1)
@@ -404,7 +405,6 @@ def test_an_error_out_of_the_workers_loop_ends_its_exporter(tmp_path, monkeypatc
             raise RuntimeError("the queue broke")
         return real_claim(queue, size, world_size)
 
-    monkeypatch.setattr(behind.ExportsBehind, "__init__", init)
     monkeypatch.setattr(worker_mod, "claim_cohort", claim)
     with pytest.raises(RuntimeError, match="the queue broke"):
         main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(tmp_path / "job")])
