@@ -176,14 +176,43 @@ def test_an_exporter_that_breaks_its_protocol_or_ends_leaves_export_errors_and_n
     assert exports.settle(stop=lambda: False) == []
 
 
-def test_a_stray_line_on_the_exporters_pipe_is_skipped(monkeypatch):
-    """(A sitecustomize's banner, say.) Logged, not taken for a broken exporter: every symbol still gets its answer."""
-    fake_exporter(monkeypatch, "print('a banner', flush=True)\n" + ANSWER)
+@pytest.mark.parametrize("stray", ["a banner", json.dumps({"folder": ["/job"], "outcome": {}}),
+                                   json.dumps({"folder": "/job/symbols/SYN000", "outcome": None})])
+def test_a_stray_line_on_the_exporters_pipe_is_skipped(monkeypatch, stray):
+    """(A sitecustomize's banner, say, or JSON that is no answer.) Logged, not taken for a broken exporter: every
+    symbol still gets its answer."""
+    fake_exporter(monkeypatch, f"print({stray!r}, flush=True)\n" + ANSWER)
     log = Log()
     exports = behind.ExportsBehind(log)
     assert handed(exports, ["/job/symbols/SYN000"]) == {"/job/symbols/SYN000": {"export": "ok"}}
-    assert any("a line that is no answer (skipped): 'a banner'" in line for line in log.lines)
+    assert any(f"a line that is no answer (skipped): {stray!r}" in line for line in log.lines)
     exports.settle(stop=lambda: False)
+
+
+def test_what_an_ended_exporter_had_not_answered_goes_once_to_a_new_one(monkeypatch):
+    """An exporter that died (on a symbol, or before reading what it was handed since): its unanswered symbols go to
+    a new exporter once; after GIVE_UP_AFTER exporters in a row end unanswered, and when none can be started, the
+    worker exports in line."""
+    scripts = iter(["import sys; sys.stdin.readline(); sys.exit(3)", ANSWER])
+    monkeypatch.setattr(behind, "exporter_command", lambda parent: [sys.executable, "-c", next(scripts)])
+    log = Log()
+    exports = behind.ExportsBehind(log)
+    folders = ["/job/symbols/SYN000", "/job/symbols/SYN001"]
+    assert handed(exports, folders) == {f: {"export": "ok"} for f in folders}  # the second exporter's answers
+    assert any("2 symbol(s) it had not exported go to a new one" in line for line in log.lines)
+    exports.settle(stop=lambda: False)
+    monkeypatch.setattr(behind, "export_outcome", lambda folder: {"export": "in line"})
+    fake_exporter(monkeypatch, "import sys; sys.exit(3)")
+    exports = behind.ExportsBehind(log)
+    first = handed(exports, folders)  # two exporters end unanswered: export errors
+    assert all("ended (exit code 3)" in o["export_error"] for o in first.values())
+    assert handed(exports, ["/job/symbols/SYN002"]) == {"/job/symbols/SYN002": {"export": "in line"}}  # the third
+    assert exports.proc is None and any("export processes in a row ended without an answer" in line
+                                        for line in log.lines)
+    monkeypatch.setattr(behind, "exporter_command", lambda parent: ["/nonexistent/python"])
+    exports = behind.ExportsBehind(log)
+    assert handed(exports, ["/job/symbols/SYN003"]) == {"/job/symbols/SYN003": {"export": "in line"}}
+    assert any("could not start an export process" in line for line in log.lines)
 
 
 def test_a_stall_counts_from_the_exporters_last_answer_or_the_work_given_to_it_idle(monkeypatch):
@@ -215,7 +244,7 @@ def test_a_stopped_wait_still_marks_the_answers_that_came_back(monkeypatch):
 
 
 @SLOW
-def test_the_real_exporter_ignores_a_sigterm_of_its_own_and_ends_with_its_stdin(tmp_path):
+def test_the_real_exporter_ignores_a_sigterm_of_its_own_and_is_ended_by_its_worker(tmp_path):
     """slurm and systemd signal every process: the worker, not the signal, ends its exporter."""
     exports = behind.ExportsBehind(Log())
     missing = tmp_path / "not-a-run"
@@ -224,7 +253,7 @@ def test_the_real_exporter_ignores_a_sigterm_of_its_own_and_ends_with_its_stdin(
     os.kill(proc.pid, signal.SIGTERM)
     time.sleep(0.5)
     assert proc.poll() is None
-    assert exports.settle(stop=lambda: False) == [] and proc.returncode == 0
+    assert exports.settle(stop=lambda: False) == [] and proc.poll() is not None
 
 
 @SLOW

@@ -13,10 +13,12 @@ a symbol killed during an export in the worker.
 
 The exporter: `python -m trainers.lstm.export_behind PARENT_PID`, in a session of its own. One JSON request a line on
 its stdin ({"folder": ...}), one JSON answer a line on the pipe it got as stdout ({"folder", "outcome"}; torch.onnx's
-progress prints go to stderr; a stray line is skipped). An answer for a folder it was not given ends it, and its
-symbols get an export error; so do an exporter's end and STALL_S without an answer while its worker waits; but when
-the job is stopping on a signal they are left unmarked to the next run. It ignores SIGINT, SIGTERM and SIGHUP sent
-to it (slurm's and systemd's reach every process): its worker ends it.
+progress prints go to stderr; a stray line is skipped). An exporter that ends: the symbols it had not answered go
+once more to a new one, then get an export error (after GIVE_UP_AFTER exporters in a row end unanswered, the worker
+exports in line). An answer for a folder it was not given ends it, its symbols with an export error; so does STALL_S
+without an answer while its worker waits. But an exporter that ends, or breaks its protocol, while the job is
+stopping (any published stop: a signal, the budget, a broken context) leaves its symbols unmarked to the next run.
+It ignores SIGINT, SIGTERM and SIGHUP sent to it (slurm's and systemd's reach every process): its worker ends it.
 It sees no GPU (CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside
 a 2-core training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 14.9 s
 on one: bench/results/lstm_export_behind_cpu_7843f41.json and lstm_export_behind_cpu.json), and dies with its worker
@@ -46,7 +48,9 @@ STOP_WAIT_S = 10.0
 # its symbols recorded with an export error. (An export takes seconds; the first of a process, with torch.onnx's
 # warm-up, up to about 15 s on the development VM.)
 STALL_S = 600.0
+GIVE_UP_AFTER = 3  # exporters in a row ended without an answer: then the worker exports in line (as on a CPU)
 _GONE = object()  # the reader's last item: the exporter's pipe closed (it exited)
+_STRAY = object()  # (the reader's (_STRAY, line)): a line on the answers' pipe that is no answer
 
 
 def exports_behind(setting: bool | None, gpu_like: bool, export: bool) -> bool:
@@ -77,20 +81,32 @@ class ExportsBehind:
         self.requests: queue.Queue = queue.Queue()  # lines for the writer thread; None closes the exporter's stdin
         self.results: queue.Queue = queue.Queue()
         self.waiting: dict[str, Callable[[dict], None]] = {}  # folder -> what to do with its outcome, in order
+        self.retried: set[str] = set()  # folders handed again after their exporter ended (once each)
+        self.ended_unanswered = 0  # exporters in a row that ended without an answer; at GIVE_UP_AFTER, no more
         self.busy_since = time.monotonic()  # its last answer, or when it was given work while it had none
 
     def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
+        if self.proc is None and self.ended_unanswered >= GIVE_UP_AFTER:  # (said once, when it came to that)
+            done(export_outcome(Path(folder)))
+            return
         if self.proc is None:
-            self._start()
+            try:
+                self._start()
+            except OSError as exc:  # (no process to be had: file descriptors, memory) the worker exports it itself
+                self.log.warning("could not start an export process (%s); exporting %s in the worker", exc,
+                                 Path(folder).name)
+                done(export_outcome(Path(folder)))
+                return
         if not self.waiting:
             self.busy_since = time.monotonic()
         self.waiting[str(folder)] = done
         self.requests.put(json.dumps({"folder": str(folder)}) + "\n")  # JSON: any character a path may hold
 
     def collect(self, wait_s: float = 0.0, stopping: Callable[[], bool] = lambda: False) -> int:
-        """Hand each export that is over to its symbol, waiting up to `wait_s` for the first. An exporter that ended,
-        or answered for a folder it was not given: every symbol still waiting gets an export error (a new exporter
-        takes later ones), unless the job is `stopping` (a signal: they are left to the next run, unmarked). A line
+        """Hand each export that is over to its symbol, waiting up to `wait_s` for the first. An exporter that ended:
+        the symbols it had not answered go once more to a new exporter, then get an export error; one that answered
+        for a folder it was not given: an export error for every symbol waiting. Unless the job is `stopping` (any
+        published stop: a signal, the budget, a broken context): then they are left unmarked to the next run. A line
         that is no answer (a stray print) is logged and skipped. Returns how many symbols were handed."""
         handed, wait = 0, wait_s
         while self.waiting:
@@ -100,12 +116,11 @@ class ExportsBehind:
                 break
             wait = 0.0
             if item is _GONE:
-                code = self._end(kill=False)
-                handed += self._give_up(f"the export process ended (exit code {code}) before exporting it", stopping())
+                handed += self._exporter_ended(self._end(kill=False), stopping())
                 continue
             folder, outcome = item
-            if outcome is None:
-                self.log.warning("the export process wrote a line that is no answer (skipped): %r", folder[:200])
+            if folder is _STRAY:
+                self.log.warning("the export process wrote a line that is no answer (skipped): %r", outcome[:200])
                 continue
             done = self.waiting.pop(folder, None)
             if done is None:  # (its requests are JSON: an answer for no symbol it was given is a broken exporter)
@@ -113,7 +128,7 @@ class ExportsBehind:
                 handed += self._give_up(f"the export process answered for a folder it was not given ({folder!r})"
                                         [:300], stopping())
                 continue
-            self.busy_since = time.monotonic()
+            self.busy_since, self.ended_unanswered = time.monotonic(), 0
             done(outcome)
             handed += 1
         return handed
@@ -123,7 +138,8 @@ class ExportsBehind:
         """Wait until every symbol handed over is marked (`collect`), unless `stop()` (this worker's signal): then
         what has arrived is marked, the exporter is ended, and the folders it had not exported are returned (no
         marker: the next run exports them). An exporter with work silent for `stall_s` is ended, its symbols
-        recorded with an export error. The exporter is gone at the end."""
+        recorded with an export error (a stall is the exporter's fault, stopping or not). The exporter is gone at
+        the end (killed: with every answer in, nothing is lost, and its teardown took 1.3 s on the dev VM)."""
         while self.waiting and not stop():
             self.collect(wait_s=0.5, stopping=stopping)
             if self.waiting and time.monotonic() - self.busy_since > stall_s:
@@ -131,18 +147,36 @@ class ExportsBehind:
                 self._give_up(f"the export process answered nothing for {time.monotonic() - self.busy_since:.0f} s",
                               stopping=False)
         self.collect(stopping=stopping)  # (stopped: what came back is kept)
-        left = list(self.waiting)
-        self.waiting.clear()
-        self._end(kill=bool(left))
-        return left
+        return self.stop()
 
     def stop(self) -> list[str]:
-        """End the exporter now (an error on the worker's way out). Returns the folders whose export was not over
-        (no marker: the next run exports them)."""
+        """End the exporter now. Returns the folders whose export was not over (no marker: the next run exports
+        them)."""
         left = list(self.waiting)
         self.waiting.clear()
         self._end(kill=True)
         return left
+
+    def _exporter_ended(self, code: int | None, stopping: bool) -> int:
+        """Its exporter gone: the folders it had not answered, given once more to a new exporter (one that died on
+        a symbol, or before it read those handed to it since), else recorded (`_give_up`)."""
+        why = f"the export process ended (exit code {code}) before exporting it"
+        self.ended_unanswered += 1
+        if self.ended_unanswered == GIVE_UP_AFTER:
+            self.log.warning("%d export processes in a row ended without an answer; this worker exports in line from "
+                             "now on", GIVE_UP_AFTER)
+        if stopping:
+            return self._give_up(why, stopping=True)
+        again = {f: done for f, done in self.waiting.items() if f not in self.retried}
+        self.waiting = {f: done for f, done in self.waiting.items() if f in self.retried}
+        handed = self._give_up(why, stopping=False)
+        if again:
+            self.log.warning("the export process ended (exit code %s); %d symbol(s) it had not exported go to a new "
+                             "one", code, len(again))
+            self.retried.update(again)
+            for folder, done in again.items():
+                self.submit(Path(folder), done)
+        return handed
 
     def _give_up(self, why: str, stopping: bool) -> int:
         lost, self.waiting = self.waiting, {}
@@ -211,14 +245,16 @@ def _write_requests(requests: queue.Queue, pipe, log) -> None:
 
 
 def _read_results(pipe, results: queue.Queue) -> None:
-    """(A thread of the worker's.) Each answer as (folder, outcome); a line that is not one as (line, None)."""
+    """(A thread of the worker's.) Each answer as (folder, outcome); a line that is none as (_STRAY, line)."""
     try:
         for line in pipe:
             try:
                 record = json.loads(line)
-                results.put((record["folder"], record["outcome"]))
+                answer = (record["folder"], record["outcome"])
             except (ValueError, KeyError, TypeError):
-                results.put((line.rstrip("\n"), None))
+                answer = None
+            ok = answer is not None and isinstance(answer[0], str) and isinstance(answer[1], dict)
+            results.put(answer if ok else (_STRAY, line.rstrip("\n")))
     finally:
         results.put(_GONE)
 

@@ -361,7 +361,8 @@ def settle_exports(worker: Worker) -> None:
     """The worker's loop is over: wait for its exports behind and mark their symbols done (an exporter with work
     silent for STALL_S is ended, its symbols recorded with an export error), unless this worker gets a signal (before
     or while it waits): then the exporter is ended, and the symbols it had not exported are left to the next run
-    (which finishes and exports them). After a budget stop, or another worker's, the exports are waited for."""
+    (which finishes and exports them). After a budget stop, another worker's, or a broken context, the exports are
+    waited for."""
     left = worker.exports.settle(stop=lambda: worker.signalled is not None, stopping=worker.stopping,
                                  stall_s=STALL_S)
     if worker.signalled is not None and worker.queue.stop_record(force=True) is None:  # the summary says why
@@ -570,8 +571,10 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         if worker.exports is not None:
             settle_exports(worker)
     finally:
-        if worker.exports is not None:  # (an error on the way out: symbols not exported yet are left to the next run)
-            worker.exports.stop()
+        left = worker.exports.stop() if worker.exports is not None else []  # (the way out of an error)
+        if left:
+            log.warning("%d trained symbol(s) not exported when the worker stopped (%s); the next run finishes and "
+                        "exports them", len(left), ", ".join(Path(f).name for f in left))
 
     queue.worker_done()
     if queue.lost:  # torchrun's agent is gone: no one hears this worker any more
