@@ -33,26 +33,30 @@ def exporters_peak_rss_mb(job_pid: int) -> float | None:
     """The largest peak resident memory (VmHWM) of the job's exporter processes alive now: those whose parent, or
     its parent (a torchrun worker's), is the job's process (Linux's /proc; None elsewhere or when none is)."""
     peaks = []
-    for status in Path("/proc").glob("[0-9]*/status"):
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if b"trainers.lstm.export_behind" not in (status.parent / "cmdline").read_bytes():
+            if b"trainers.lstm.export_behind" not in cmdline.read_bytes():
                 continue
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
-            parent = int(fields["PPid"])
-            if job_pid not in (parent, parent_of(parent)):
-                continue
-            peaks.append(int(fields["VmHWM"].split()[0]) / 1024)
-        except (OSError, KeyError, ValueError):  # (it ended meanwhile)
+        except OSError:  # (it ended meanwhile)
             continue
+        fields = proc_status(int(cmdline.parent.name))
+        if fields is None or "VmHWM" not in fields:  # (ended, or a zombie: no memory left)
+            continue
+        parent = int(fields["PPid"])
+        grandparent = int((proc_status(parent) or {"PPid": "-1"})["PPid"])
+        if job_pid in (parent, grandparent):
+            peaks.append(int(fields["VmHWM"].split()[0]) / 1024)
     return max(peaks, default=None)
 
 
-def parent_of(pid: int) -> int | None:
+def proc_status(pid: int) -> dict[str, str] | None:
+    """/proc/PID/status as {field: value}; None once the process has ended."""
     try:
-        return int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                        if line.startswith("PPid:")))
-    except (OSError, StopIteration, ValueError):
+        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if ":" in line)
+    except OSError:
         return None
+    return fields if "PPid" in fields else None
 
 
 def run_way(root: Path, way: str, job: list[str]) -> dict:

@@ -161,8 +161,8 @@ class LstmConfig(RunOptions):
                                "redoes the symbol's steps since then, seconds of work, where saving every epoch "
                                "costs every symbol a write) or always", resume_safe=True, choices=CKPT_AT_EVAL)
     eval_batch_size: int = option(1024, "windows per evaluation batch", resume_safe=True, min=1)
-    export: bool = option(True, "export each finished symbol's ONNX in its worker (parallel; `trainers lstm "
-                          "export` does the rest)", resume_safe=True)
+    export: bool = option(True, "export each finished symbol's ONNX as it finishes (in its worker, or behind it: "
+                          "--export-behind; `trainers lstm export` does the rest)", resume_safe=True)
     export_behind: bool | None = option(None, "export in a process of its own while the worker trains its next "
                                         "symbols (default: on a GPU deploy, --gpu-defaults included; on a CPU in "
                                         "the worker, where an exporter would take cores from the training)",
