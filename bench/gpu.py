@@ -321,7 +321,7 @@ def predict(setup_path: Path, out: Path) -> int:
     sys.path.insert(0, str(REPO))
     from trainers.ops.commands import load_workload
     from trainers.ops.devices import DEVICES
-    from trainers.ops.plan import plan
+    from trainers.ops.plan import percent, plan
 
     meta = json.loads(setup_path.read_text())
     s = Setup(dry=meta["dry"], nproc=meta["nproc"], device=meta["device"], gpu_key=meta["gpu_key"],
@@ -350,7 +350,7 @@ def predict(setup_path: Path, out: Path) -> int:
                                    "launch_bound": p.time.get("launch_bound"), "strategy": p.chosen, "fix": p.fix,
                                    "mfu": p.mfu, "gpus": gpus, "device": p.device, "parameters": p.parameters,
                                    "shape": w.shape, "notes": w.notes}
-            print(f"{figure}: {p.time['items_per_s']:,.0f} {w.unit}/s at MFU {p.mfu['value']:.0%} ({p.mfu['source']})",
+            print(f"{figure}: {p.time['items_per_s']:,.0f} {w.unit}/s at MFU {percent(p.mfu['value'])} ({p.mfu['source']})",
                   flush=True)
     out.write_text(json.dumps({"benchmark": "gpu_plan", "gpu": s.gpu_key, "predictions": predictions}, indent=2)
                    + "\n")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -98,17 +99,32 @@ def memory(w: Workload, strategy: str, gpus: int, compute_bytes: int, items_per_
 
 def measured_mfu(trainer: str, device: Device, root: Path | None = None, parameters: int | None = None,
                  items_per_step: int | None = None) -> float | None:
-    """The MFU a committed GPU benchmark of ours measured for this trainer on this device, if any.
+    """The MFU the committed GPU benchmarks of ours measured for this trainer on this device, if any: the median
+    of the runs that measured it (`measured_runs`)."""
+    runs = measured_runs(trainer, device, root=root, parameters=parameters, items_per_step=items_per_step)
+    return statistics.median(runs) if runs else None
+
+
+def measured_runs(trainer: str, device: Device, root: Path | None = None, parameters: int | None = None,
+                  items_per_step: int | None = None) -> list[float]:
+    """The MFU each committed GPU benchmark run of ours measured for this trainer on this device, one value a
+    run (a file), sorted; empty when none did.
 
     A benchmark holds rows of several sizes (presets, GPT depths), and MFU grows with size: given the
     planned model's `parameters`, the rows nearest to it in size (by ratio) decide, not the best row of
     any size, which would promise a small model the MFU of a large one. Among those, given the planned
     step's `items_per_step`, the rows nearest to it in step size decide where rows record theirs (a small
     model is bound by launches: 64 environments a step use the card far less than 1,024, and a plan
-    for either must not take the other's MFU). Among rows left the highest counts (the compiled
-    configuration a GPU deploy runs). Rows without a size decide only when no row has one."""
+    for either must not take the other's MFU). Rows without a size decide only when no row has one.
+    A configuration is a size, a step and whether the run compiled (where its record says). Each run (a file)
+    of a configuration counts once, with its best row; the configuration's MFU is the median of its runs, and
+    the best configuration's runs are returned (the compiled one a GPU deploy runs, where it is the faster).
+    The median, not the best run: the same configuration measured on two H200s gave the GNN 8.7 M and 7.6 M
+    nodes/s (bench/results/gpu_h200_1adc135, gpu_h200_eab6a5d), and the best of them promised every user the
+    luckier machine."""
     root = root or Path(__file__).resolve().parents[2] / "bench" / "results"
-    rows: list[tuple[float, int | None, int | None]] = []  # (mfu, parameters, items a step it was measured at)
+    rows: list[tuple[float, int | None, int | None, Path]] = []  # (mfu, parameters, items a step, the run's file)
+    compiled: dict[Path, bool | None] = {}
     # in any folder below (a GPU run's files are kept together with their README: bench/results/gpu_h200)
     for path in sorted(root.rglob(f"*{trainer}*gpu*.json")) + sorted(root.rglob("train_gpu*.json")):
         try:
@@ -120,6 +136,7 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None, paramet
         name = str(record.get("device", ""))
         if record.get("trainer", trainer) != trainer or device.name.split(" (")[0].upper() not in name.upper():
             continue
+        compiled[path] = _compiled(record)
         table = record.get("results") or record.get("rows")  # train_throughput's presets; gpt_throughput's runs
         for row in table if isinstance(table, list) else []:
             if not isinstance(row, dict):
@@ -127,15 +144,30 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None, paramet
             measured = row.get("kit") if isinstance(row.get("kit"), dict) else row
             value, size = measured.get("mfu"), measured.get("parameters") or row.get("parameters")
             if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
-                rows.append((float(value), _positive_int(size), _positive_int(row.get("items_per_step"))))
-    if not rows:
-        return None
+                rows.append((float(value), _positive_int(size), _positive_int(row.get("items_per_step")), path))
     for given, at in ((parameters, 1), (items_per_step, 2)):
         sized = [r for r in rows if r[at] is not None]
         if given and sized:
             nearest = min(abs(math.log(r[at] / given)) for r in sized)
             rows = [r for r in sized if abs(math.log(r[at] / given)) == nearest]
-    return max(r[0] for r in rows)
+    # a configuration: a size, a step and whether it compiled; each run of it counts once (its best row)
+    runs: dict[tuple, dict[Path, float]] = {}
+    for value, size, step, path in rows:
+        per_run = runs.setdefault((size, step, compiled[path]), {})
+        per_run[path] = max(value, per_run.get(path, 0.0))
+    medians = {key: statistics.median(values.values()) for key, values in runs.items()}
+    best = max(medians, key=medians.get, default=None)
+    return sorted(runs[best].values()) if best is not None else []
+
+
+def _compiled(record: dict) -> bool | None:
+    """Whether a benchmark run compiled its step, where its record says: train_throughput's `compile`, a
+    trainer run's `training.compiled`; None when it does not."""
+    for value in (record.get("compile"), (record.get("training") or {}).get("compiled")
+                  if isinstance(record.get("training"), dict) else None):
+        if isinstance(value, bool):
+            return value
+    return None
 
 
 def _positive_int(value) -> int | None:
@@ -207,10 +239,11 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
     else:
         chosen = parallel if strategies[parallel]["fits"] else None
     fix = None if chosen else suggest_fix(w, device, gpus, compute_bytes, parallel)
-    measured = measured_mfu(w.trainer, device, parameters=w.parameters, items_per_step=w.items_per_micro)
+    runs = measured_runs(w.trainer, device, parameters=w.parameters, items_per_step=w.items_per_micro)
+    measured = statistics.median(runs) if runs else None
     carried = None if mfu or measured or w.kind != "small" else carried_mfu(w, device)
     used_mfu = mfu or measured or (carried[0] if carried else DEFAULT_MFU.get(w.kind, 0.3))
-    source = ("given" if mfu else "measured by this repository's GPU benchmark" if measured else
+    source = ("given" if mfu else "measured by this repository's GPU benchmark" + _spread(runs) if measured else
               f"ASSUMED: {w.unit}/s as measured on {carried[1]} (a small model is bound by launches, not by the "
               f"card's FLOPs)" if carried else
               f"ASSUMED (no GPU benchmark of ours for {w.trainer} on {device.key}; default for {w.kind} models)")
@@ -247,6 +280,16 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
         money["usd"] = money["device_hours"] * usd_per_gpu_hour if usd_per_gpu_hour is not None else None
     return Plan(w.trainer, device.key, gpus, w.parameters, strategies, chosen, fix, timing, money,
                 {"value": used_mfu, "source": source}, assumptions + notes, w.shape)
+
+
+def _spread(runs: list[float]) -> str:
+    """How far apart the runs behind a measured MFU were (nothing for one run)."""
+    return f" (the median of {len(runs)} runs: {percent(runs[0])} to {percent(runs[-1])})" if len(runs) > 1 else ""
+
+
+def percent(mfu: float) -> str:
+    """An MFU in words: whole percents, and two decimals below 1 % (a small model's 0.17 % is not "0%")."""
+    return f"{mfu:.0%}" if mfu >= 0.01 else f"{mfu:.2%}"
 
 
 def carried_mfu(w: Workload, device: Device) -> tuple[float, str] | None:
@@ -323,7 +366,7 @@ def format_plan(p: Plan, w: Workload) -> str:
     lines.append(f"plan: {p.chosen}" if p.chosen else f"does NOT fit: {p.fix}")
     t = p.time
     lines.append(f"step: {t['items_per_step']:,} {w.unit}, compute {t['compute_s'] * 1e3:,.1f} ms + gradient traffic "
-                 f"{t['communication_s'] * 1e3:,.1f} ms at MFU {p.mfu['value']:.0%} ({p.mfu['source']})"
+                 f"{t['communication_s'] * 1e3:,.1f} ms at MFU {percent(p.mfu['value'])} ({p.mfu['source']})"
                  + (f", but at least {t['step_s'] * 1e3:.0f} ms a step ({t.get('step_floor_why', w.min_step_why)})"
                     if t.get("launch_bound") else "")
                  + f"; {t['items_per_s']:,.0f} {w.unit}/s")

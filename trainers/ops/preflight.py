@@ -213,7 +213,7 @@ def check_fit(workload, gpus: list[GpuInfo], usd_per_gpu_hour: float | None, pla
     from dataclasses import replace
 
     from trainers.ops.devices import Device, device_for_name
-    from trainers.ops.plan import plan
+    from trainers.ops.plan import percent, plan
     from trainers.runtime.files import atomic_write_json
 
     memory_gib = min(g.memory_mib for g in gpus) / 1024
@@ -232,7 +232,7 @@ def check_fit(workload, gpus: list[GpuInfo], usd_per_gpu_hour: float | None, pla
     if "hours" in p.time:
         usd = p.money.get("usd")
         estimate = f"; plan: about {p.time['hours']:.2f} h" + (f", ${usd:,.2f}" if usd is not None else "") + \
-            f" at an MFU of {p.mfu['value']:.0%} ({'measured' if 'measured' in p.mfu['source'] else 'assumed'})"
+            f" at an MFU of {percent(p.mfu['value'])} ({'measured' if 'measured' in p.mfu['source'] else 'assumed'})"
     return Check("fit", PASS, f"{p.chosen}: about {m / 2**30:.1f} of {memory_gib:.1f} GiB per GPU{estimate}",
                  data=p.to_json())
 
