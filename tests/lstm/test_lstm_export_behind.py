@@ -235,6 +235,19 @@ def test_a_stall_counts_from_the_exporters_last_answer_or_the_work_given_to_it_i
     assert outcomes["SYN002"]["export_error"].startswith("the export process answered nothing for ")
 
 
+def test_a_stuck_exporter_is_waited_for_less_while_the_job_stops_and_leaves_its_symbols_to_the_next_run(monkeypatch):
+    """A job whose budget is spent (or that another worker stopped) does not wait STALL_S for an exporter that answers
+    nothing: STOPPING_STALL_S of silence, then the exporter is ended and its symbols keep no marker."""
+    fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
+    log, outcomes = Log(), {}
+    exports = behind.ExportsBehind(log)
+    exports.submit("/job/symbols/SYN000", lambda outcome: outcomes.__setitem__("SYN000", outcome))
+    proc, started = exports.proc, time.monotonic()
+    assert exports.settle(stop=lambda: False, stopping=lambda: True, stall_s=600.0, stopping_stall_s=1.0) == []
+    assert time.monotonic() - started < 60 and outcomes == {} and proc.poll() is not None
+    assert any("answered nothing for" in line and "left to the next run" in line for line in log.lines), log.lines
+
+
 def test_a_stopped_wait_still_marks_the_answers_that_came_back(monkeypatch):
     fake_exporter(monkeypatch, ANSWER)
     exports, outcomes = behind.ExportsBehind(Log()), {}
@@ -375,6 +388,30 @@ def test_an_exporter_silent_while_its_worker_waits_is_ended_and_its_symbols_get_
     done = markers(run_dir)
     assert sorted(done) == SYMBOLS
     assert all(done[s]["export_error"].startswith("the export process answered nothing for ") for s in SYMBOLS)
+
+
+@SLOW
+def test_a_budget_stop_with_a_stuck_exporter_ends_it_after_the_stopping_stall_and_marks_nothing(tmp_path, monkeypatch):
+    """The job's time spent after its first symbol, its exporter stuck on that symbol's export: the job ends after
+    STOPPING_STALL_S (not STALL_S, which would give the symbol an export error and a marker) with no marker, so the
+    next run finishes and exports it."""
+    fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
+    monkeypatch.setattr(worker_mod, "STALL_S", 60.0)
+    monkeypatch.setattr(worker_mod, "STOPPING_STALL_S", 1.0)
+    real_submit, spent = behind.ExportsBehind.submit, []
+
+    def submit_then_spend_the_budget(self, folder, done):
+        real_submit(self, folder, done)
+        spent.append(folder)
+
+    monkeypatch.setattr(behind.ExportsBehind, "submit", submit_then_spend_the_budget)
+    monkeypatch.setattr(worker_mod.Worker, "elapsed_s", lambda self: 1e9 if spent else 0.0)
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", *TINY, "--cohort", "1", "--max-hours", "1", "--export-behind",
+                 "--run-dir", str(run_dir)]) == 0
+    assert len(spent) == 1 and markers(run_dir) == {}
+    assert json.loads((run_dir / "results.json").read_text())["training"]["stop_reason"] == "time_budget"
+    assert any("answered nothing for" in line and "left to the next run" in line for line in log_lines(run_dir))
 
 
 @SLOW

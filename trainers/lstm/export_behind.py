@@ -17,7 +17,8 @@ progress prints go to stderr; a stray line is skipped). An exporter that ends: t
 once more to a new one, then get an export error (after GIVE_UP_AFTER exporters in a row end unanswered, the worker
 exports in line). An answer for a folder it was not given ends it, its symbols with an export error; so does STALL_S
 without an answer while its worker waits. But an exporter that ends, or breaks its protocol, while the job is
-stopping (any published stop: a signal, the budget, a broken context) leaves its symbols unmarked to the next run.
+stopping (any published stop: a signal, the budget, a broken context) leaves its symbols unmarked to the next run,
+and so does STOPPING_STALL_S without an answer then.
 It ignores SIGINT, SIGTERM and SIGHUP sent to it (slurm's and systemd's reach every process): its worker ends it.
 It sees no GPU (CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside
 a 2-core training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 14.9 s
@@ -48,6 +49,9 @@ STOP_WAIT_S = 10.0
 # its symbols recorded with an export error. (An export takes seconds; the first of a process, with torch.onnx's
 # warm-up, up to about 15 s on the development VM.)
 STALL_S = 600.0
+# The same while the job stops (its budget spent, another worker's stop, a broken context): a job whose time or money
+# is spent does not wait ten more minutes for a stuck exporter; its symbols are left unmarked to the next run.
+STOPPING_STALL_S = 60.0
 GIVE_UP_AFTER = 3  # exporters in a row ended without an answer: then the worker exports in line (as on a CPU)
 _GONE = object()  # the reader's last item: the exporter's pipe closed (it exited)
 _STRAY = object()  # (the reader's (_STRAY, line)): a line on the answers' pipe that is no answer
@@ -134,18 +138,22 @@ class ExportsBehind:
         return handed
 
     def settle(self, stop: Callable[[], bool], stopping: Callable[[], bool] = lambda: False,
-               stall_s: float = STALL_S) -> list[str]:
+               stall_s: float = STALL_S, stopping_stall_s: float = STOPPING_STALL_S) -> list[str]:
         """Wait until every symbol handed over is marked (`collect`), unless `stop()` (this worker's signal): then
         what has arrived is marked, the exporter is ended, and the folders it had not exported are returned (no
         marker: the next run exports them). An exporter with work silent for `stall_s` is ended, its symbols
-        recorded with an export error (a stall is the exporter's fault, stopping or not). The exporter is gone at
+        recorded with an export error (a stall is the exporter's fault); while the job is `stopping`, silent for
+        `stopping_stall_s`, it is ended and its symbols are left unmarked to the next run. The exporter is gone at
         the end (killed: with every answer in, nothing is lost, and its teardown took 1.3 s on the dev VM)."""
         while self.waiting and not stop():
             self.collect(wait_s=0.5, stopping=stopping)
-            if self.waiting and time.monotonic() - self.busy_since > stall_s:
+            silent_s = time.monotonic() - self.busy_since
+            if self.waiting and silent_s > stall_s:
                 self._end(kill=True)
-                self._give_up(f"the export process answered nothing for {time.monotonic() - self.busy_since:.0f} s",
-                              stopping=False)
+                self._give_up(f"the export process answered nothing for {silent_s:.0f} s", stopping=False)
+            elif self.waiting and silent_s > stopping_stall_s and stopping():
+                self._end(kill=True)
+                self._give_up(f"the export process answered nothing for {silent_s:.0f} s", stopping=True)
         self.collect(stopping=stopping)  # (stopped: what came back is kept)
         return self.stop()
 

@@ -42,7 +42,7 @@ from trainers.errors import UsageError, first_line
 from trainers.lstm import queue as jobqueue
 from trainers.lstm.config import LstmConfig
 from trainers.lstm.export import forget_exports
-from trainers.lstm.export_behind import STALL_S, ExportsBehind, export_outcome, exports_behind
+from trainers.lstm.export_behind import STALL_S, STOPPING_STALL_S, ExportsBehind, export_outcome, exports_behind
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
 from trainers.lstm.size import cohort_size
@@ -362,9 +362,10 @@ def settle_exports(worker: Worker) -> None:
     silent for STALL_S is ended, its symbols recorded with an export error), unless this worker gets a signal (before
     or while it waits): then the exporter is ended, and the symbols it had not exported are left to the next run
     (which finishes and exports them). After a budget stop, another worker's, or a broken context, the exports are
-    waited for."""
+    waited for while the exporter answers; silent for STOPPING_STALL_S then, it is ended and its symbols are left to
+    the next run (a job whose time or money is spent does not wait STALL_S for it)."""
     left = worker.exports.settle(stop=lambda: worker.signalled is not None, stopping=worker.stopping,
-                                 stall_s=STALL_S)
+                                 stall_s=STALL_S, stopping_stall_s=STOPPING_STALL_S)
     if worker.signalled is not None and worker.queue.stop_record(force=True) is None:  # the summary says why
         worker.publish_stop("signal", None, None, worker.signalled)
     if left:
