@@ -415,6 +415,22 @@ def test_a_budget_stop_with_a_stuck_exporter_ends_it_after_the_stopping_stall_an
 
 
 @SLOW
+def test_a_broken_context_names_the_symbols_whose_export_is_still_running(tmp_path, monkeypatch):
+    """SYN001 breaks the worker's context while SYN000's export runs behind: the error line names SYN001 pending and
+    SYN000 trained with its export still running (the line said nothing of it), and, the exporter stuck as the job
+    stops, SYN000 is left unmarked to the next run."""
+    fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
+    monkeypatch.setattr(worker_mod, "STOPPING_STALL_S", 1.0)
+    monkeypatch.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:lost")
+    run_dir = tmp_path / "job"
+    main(["lstm", "train", *TINY, "--cohort", "1", "--export-behind", "--run-dir", str(run_dir)])
+    line = next(line for line in log_lines(run_dir) if "CUDA's context is broken" in line)
+    assert "the job stops with SYN001 pending (SYN000: trained, marked done if its export ends, else left to the " \
+           "next run)" in line, line
+    assert markers(run_dir) == {}
+
+
+@SLOW
 def test_a_symbols_marker_is_written_as_its_export_comes_back_not_at_the_jobs_end(tmp_path, monkeypatch, exporters):
     """Between its claims the worker marks what its exporter has finished: a worker killed later keeps those symbols
     done. (The last claim waits here until the exporter has answered for the first symbol.)"""

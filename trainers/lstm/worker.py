@@ -506,14 +506,17 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
                     failed = []
                     log.warning("the broken context could not be counted in the symbols' folders (%s)",
                                 first_line(exc))
-                exporting = set(worker.exports.waiting) if worker.exports is not None else set()  # (marked later)
+                exporting = list(worker.exports.waiting) if worker.exports is not None else []  # (any claim's)
                 left = [s for _, s in claims if jobqueue.read_marker(symbol_dir(job_dir, s)) is None
                         and str(symbol_dir(job_dir, s)) not in exporting]
+                behind = [Path(folder).name for folder in exporting]
                 log.error("this worker's %s failed (%s): CUDA's context is broken and every later call on it fails "
-                          "in this process; %s; the job stops with %s pending, and %s", worker.device, lost,
+                          "in this process; %s; the job stops with %s pending%s, and %s", worker.device, lost,
                           f"{', '.join(failed)} broke it alone for the second time and is recorded failed" if failed
                           else "no symbol is recorded failed (each is trained alone next time)",
-                          ", ".join(left) or "none", resumes_after_lost(ctx.restart_count))
+                          ", ".join(left) or "none",
+                          f" ({', '.join(behind)}: trained, marked done if its export ends, else left to the next "
+                          f"run)" if behind else "", resumes_after_lost(ctx.restart_count))
                 worker.publish_stop("signal", None, None, "a broken CUDA context")
                 return lost
             if worker.exports is not None:  # the symbols whose export is over get their done markers
