@@ -102,7 +102,7 @@ class Page:
         assumed = "assumed" if str(mfu.get("source", "")).startswith("ASSUMED") else "measured before"
         floor = ", launch-bound floor" if p.get("launch_bound") else ""
         unit = p["unit"].replace("_", " ")
-        return f"{num(p['items_per_s'])} {unit}/s at MFU {mfu['value']:.{0 if mfu['value'] >= 0.01 else 2}%} ({assumed}{floor})", p["items_per_s"], unit
+        return f"{num(p['items_per_s'])} {unit}/s at MFU {num(100 * mfu['value'])}% ({assumed}{floor})", p["items_per_s"], unit
 
     # -- sections --
 

@@ -154,12 +154,34 @@ def test_runs_of_one_configuration_on_several_machines_give_their_median_not_the
     w = load_workload("gnn", ["--nodes-per-batch", "65536"])
     p = plan(w, h200, 1)
     assert p.mfu["value"] == pytest.approx(0.0017)
-    assert p.mfu["source"] == "measured by this repository's GPU benchmark (the median of 3 runs: 0.16% to 0.18%)"
+    assert p.mfu["source"] == "measured by this repository's GPU benchmark (the median of 3 runs: 0.160% to 0.180%)"
     (tmp_path / "e").mkdir()  # an eager run of the same size and step: another configuration
     (tmp_path / "e" / "run_gnn_gpu.json").write_text(json.dumps(
         {"device": "NVIDIA H200", "trainer": "gnn", "training": {"compiled": False},
          "results": [{"mfu": 0.0030, "parameters": 35280, "items_per_step": 65536}]}))
     assert plan_mod.measured_runs("gnn", h200, root=tmp_path, parameters=35280, items_per_step=65536) == [0.0030]
+    (tmp_path / "e" / "run_gnn_gpu.json").unlink()
+    run("f", 0.0025, compiled=None)  # a run that does not say: one more compiled run of its size and step
+    assert plan_mod.measured_runs("gnn", h200, root=tmp_path, parameters=35280,
+                                  items_per_step=65536) == [0.0016, 0.0017, 0.0018, 0.0025]
+
+
+def test_a_throughput_benchmarks_rows_say_whether_they_compiled(tmp_path):
+    """gpt_throughput's rows say "compile": "on" or "off": its compiled row and a compiled trainer run of the same
+    size are two runs of one configuration (their median), its eager row another configuration (here a little
+    faster than the compiled row beside it: not that run's figure for the compiled configuration)."""
+    import trainers.ops.plan as plan_mod
+
+    (tmp_path / "gpt_throughput_gpu.json").write_text(json.dumps(
+        {"device": "NVIDIA H200", "trainer": "gpt", "rows": [
+            {"parameters": 85_000_000, "compile": "on", "mfu": 0.48},
+            {"parameters": 85_000_000, "compile": "off", "mfu": 0.485}]}))
+    (tmp_path / "run_gpt_gpu.json").write_text(json.dumps(
+        {"device": "NVIDIA H200", "trainer": "gpt", "training": {"compiled": True},
+         "results": [{"parameters": 85_000_000, "mfu": 0.52}]}))
+    assert plan_mod.measured_runs("gpt", DEVICES["h200"], root=tmp_path, parameters=85_000_000) == [0.48, 0.52]
+    assert plan_mod.percent(0.0017) == "0.17%" and plan_mod.percent(0.4821) == "48%"
+    assert plan_mod.percent(0.01075, 3) == "1.07%" and plan_mod.percent(4e-05) == "0.0040%"
 
 
 def test_a_small_models_rate_measured_on_one_card_is_what_the_plan_says_for_another(tmp_path, monkeypatch):

@@ -119,3 +119,16 @@ def test_all_reduce_check_runs_under_torchrun_and_judges_bandwidth():
     assert all(r["busbw_gbps"] > 0 for r in c.data["sizes"])
     slow = check_nccl(2, "gloo", [1], expected_gbps=1e6)
     assert slow.status == WARN and "expected about 1000000" in slow.detail
+
+
+def test_the_fit_line_says_assumed_for_an_mfu_carried_from_another_card():
+    """The planner's source for a card with no measurement of its own reads "ASSUMED: ... as measured on h200": the
+    fit line called it measured (it looked for the word anywhere). An H200's own measured MFU stays measured."""
+    from trainers.ops.commands import load_workload
+    from trainers.ops.preflight import GpuInfo, check_fit
+
+    w = load_workload("ppo", ["--num-stocks", "4", "--window", "6", "--hidden", "16", "--num-envs", "4096"])
+    on_a100 = check_fit(w, [GpuInfo(0, "NVIDIA A100-SXM4-80GB", 81920, "580")], 2.0, None)
+    assert on_a100.data["mfu"]["source"].startswith("ASSUMED") and "(assumed)" in on_a100.detail, on_a100.detail
+    on_h200 = check_fit(w, [GpuInfo(0, "NVIDIA H200", 143771, "580")], 2.0, None)
+    assert on_h200.data["mfu"]["source"].startswith("measured") and "(measured)" in on_h200.detail, on_h200.detail

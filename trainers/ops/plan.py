@@ -123,8 +123,8 @@ def measured_runs(trainer: str, device: Device, root: Path | None = None, parame
     nodes/s (bench/results/gpu_h200_1adc135, gpu_h200_eab6a5d), and the best of them promised every user the
     luckier machine."""
     root = root or Path(__file__).resolve().parents[2] / "bench" / "results"
-    rows: list[tuple[float, int | None, int | None, Path]] = []  # (mfu, parameters, items a step, the run's file)
-    compiled: dict[Path, bool | None] = {}
+    rows: list[tuple[float, int | None, int | None, bool | None, Path]] = []  # (mfu, parameters, items a step,
+    # compiled or not, the run's file)
     # in any folder below (a GPU run's files are kept together with their README: bench/results/gpu_h200)
     for path in sorted(root.rglob(f"*{trainer}*gpu*.json")) + sorted(root.rglob("train_gpu*.json")):
         try:
@@ -136,37 +136,45 @@ def measured_runs(trainer: str, device: Device, root: Path | None = None, parame
         name = str(record.get("device", ""))
         if record.get("trainer", trainer) != trainer or device.name.split(" (")[0].upper() not in name.upper():
             continue
-        compiled[path] = _compiled(record)
+        training = record.get("training") if isinstance(record.get("training"), dict) else {}
         table = record.get("results") or record.get("rows")  # train_throughput's presets; gpt_throughput's runs
         for row in table if isinstance(table, list) else []:
             if not isinstance(row, dict):
                 continue
             measured = row.get("kit") if isinstance(row.get("kit"), dict) else row
             value, size = measured.get("mfu"), measured.get("parameters") or row.get("parameters")
-            if isinstance(value, (int, float)) and math.isfinite(value) and value > 0:
-                rows.append((float(value), _positive_int(size), _positive_int(row.get("items_per_step")), path))
+            compiled = _compiled(row.get("compile"), record.get("compile"), training.get("compiled"))
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+                rows.append((float(value), _positive_int(size), _positive_int(row.get("items_per_step")), compiled,
+                             path))
     for given, at in ((parameters, 1), (items_per_step, 2)):
         sized = [r for r in rows if r[at] is not None]
         if given and sized:
             nearest = min(abs(math.log(r[at] / given)) for r in sized)
             rows = [r for r in sized if abs(math.log(r[at] / given)) == nearest]
-    # a configuration: a size, a step and whether it compiled; each run of it counts once (its best row)
+    # a configuration: a size, a step and whether it compiled (a run that does not say joins the compiled runs of its
+    # size and step, else the eager ones); each run of it counts once (its best row)
+    flagged = {(size, step, compiled) for _value, size, step, compiled, _path in rows if compiled is not None}
     runs: dict[tuple, dict[Path, float]] = {}
-    for value, size, step, path in rows:
-        per_run = runs.setdefault((size, step, compiled[path]), {})
+    for value, size, step, compiled, path in rows:
+        if compiled is None:
+            compiled = True if (size, step, True) in flagged else False if (size, step, False) in flagged else None
+        per_run = runs.setdefault((size, step, compiled), {})
         per_run[path] = max(value, per_run.get(path, 0.0))
     medians = {key: statistics.median(values.values()) for key, values in runs.items()}
     best = max(medians, key=medians.get, default=None)
     return sorted(runs[best].values()) if best is not None else []
 
 
-def _compiled(record: dict) -> bool | None:
-    """Whether a benchmark run compiled its step, where its record says: train_throughput's `compile`, a
-    trainer run's `training.compiled`; None when it does not."""
-    for value in (record.get("compile"), (record.get("training") or {}).get("compiled")
-                  if isinstance(record.get("training"), dict) else None):
+def _compiled(*said) -> bool | None:
+    """Whether a benchmark run compiled its step, by the first of its record's words that says: a row's `compile`
+    (gpt_throughput's "on"/"off"), train_throughput's `compile`, a trainer run's `training.compiled`; None when none
+    does."""
+    for value in said:
         if isinstance(value, bool):
             return value
+        if value in ("on", "off"):
+            return value == "on"
     return None
 
 
@@ -284,12 +292,17 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
 
 def _spread(runs: list[float]) -> str:
     """How far apart the runs behind a measured MFU were (nothing for one run)."""
-    return f" (the median of {len(runs)} runs: {percent(runs[0])} to {percent(runs[-1])})" if len(runs) > 1 else ""
+    if len(runs) < 2:
+        return ""
+    return f" (the median of {len(runs)} runs: {percent(runs[0], 3)} to {percent(runs[-1], 3)})"
 
 
-def percent(mfu: float) -> str:
-    """An MFU in words: whole percents, and two decimals below 1 % (a small model's 0.17 % is not "0%")."""
-    return f"{mfu:.0%}" if mfu >= 0.01 else f"{mfu:.2%}"
+def percent(mfu: float, figures: int = 2) -> str:
+    """An MFU in words, to `figures` significant figures (a small model's 0.17 % is not "0%"; 42 % is not 42.00)."""
+    value = 100 * mfu
+    if not value > 0 or not math.isfinite(value):
+        return f"{value:g}%"
+    return f"{value:.{max(0, figures - 1 - math.floor(math.log10(value)))}f}%"
 
 
 def carried_mfu(w: Workload, device: Device) -> tuple[float, str] | None:
