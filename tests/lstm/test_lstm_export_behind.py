@@ -243,9 +243,23 @@ def test_a_stuck_exporter_is_waited_for_less_while_the_job_stops_and_leaves_its_
     exports = behind.ExportsBehind(log)
     exports.submit("/job/symbols/SYN000", lambda outcome: outcomes.__setitem__("SYN000", outcome))
     proc, started = exports.proc, time.monotonic()
-    assert exports.settle(stop=lambda: False, stopping=lambda: True, stall_s=600.0, stopping_stall_s=1.0) == []
+    left = exports.settle(stop=lambda: False, stopping=lambda: True, stall_s=600.0, stopping_stall_s=1.0)
+    assert left == ["/job/symbols/SYN000"]  # named by the worker's log, as after a signal
     assert time.monotonic() - started < 60 and outcomes == {} and proc.poll() is not None
     assert any("answered nothing for" in line and "left to the next run" in line for line in log.lines), log.lines
+
+
+def test_a_job_that_is_not_stopping_waits_for_a_slow_export_past_the_stopping_stall(monkeypatch):
+    """The shorter wait is for a job that stops only: otherwise an export slower than STOPPING_STALL_S (the first of
+    a process, on a loaded host) is waited for, up to STALL_S."""
+    fake_exporter(monkeypatch, "import json, sys, time\n"
+                               "line = sys.stdin.readline(); time.sleep(2)\n"
+                               "print(json.dumps({'folder': json.loads(line)['folder'], 'outcome': {'export': 'ok'}}),"
+                               " flush=True)\n")
+    exports, outcomes = behind.ExportsBehind(Log()), {}
+    exports.submit("/job/symbols/SYN000", lambda outcome: outcomes.__setitem__("SYN000", outcome))
+    assert exports.settle(stop=lambda: False, stopping=lambda: False, stall_s=60.0, stopping_stall_s=0.5) == []
+    assert outcomes == {"SYN000": {"export": "ok"}}
 
 
 def test_a_stopped_wait_still_marks_the_answers_that_came_back(monkeypatch):

@@ -139,12 +139,12 @@ class ExportsBehind:
 
     def settle(self, stop: Callable[[], bool], stopping: Callable[[], bool] = lambda: False,
                stall_s: float = STALL_S, stopping_stall_s: float = STOPPING_STALL_S) -> list[str]:
-        """Wait until every symbol handed over is marked (`collect`), unless `stop()` (this worker's signal): then
-        what has arrived is marked, the exporter is ended, and the folders it had not exported are returned (no
-        marker: the next run exports them). An exporter with work silent for `stall_s` is ended, its symbols
-        recorded with an export error (a stall is the exporter's fault); while the job is `stopping`, silent for
-        `stopping_stall_s`, it is ended and its symbols are left unmarked to the next run. The exporter is gone at
-        the end (killed: with every answer in, nothing is lost, and its teardown took 1.3 s on the dev VM)."""
+        """Wait until every symbol handed over is marked (`collect`), unless `stop()` (this worker's signal), or
+        the job is `stopping` and the exporter has been silent for `stopping_stall_s`: then what has arrived is
+        marked, the exporter is ended, and the folders it had not exported are returned (no marker: the next run
+        exports them). An exporter with work silent for `stall_s` is ended, its symbols recorded with an export
+        error (a stall is the exporter's fault). The exporter is gone at the end (killed: with every answer in,
+        nothing is lost, and its teardown took 1.3 s on the dev VM)."""
         while self.waiting and not stop():
             self.collect(wait_s=0.5, stopping=stopping)
             silent_s = time.monotonic() - self.busy_since
@@ -152,8 +152,9 @@ class ExportsBehind:
                 self._end(kill=True)
                 self._give_up(f"the export process answered nothing for {silent_s:.0f} s", stopping=False)
             elif self.waiting and silent_s > stopping_stall_s and stopping():
-                self._end(kill=True)
-                self._give_up(f"the export process answered nothing for {silent_s:.0f} s", stopping=True)
+                self.log.warning("the export process answered nothing for %.0f s as the job stopped: it is ended, and "
+                                 "the symbols it had not exported are left to the next run", silent_s)
+                break
         self.collect(stopping=stopping)  # (stopped: what came back is kept)
         return self.stop()
 
