@@ -262,6 +262,9 @@ def test_a_run_folder_of_another_config_is_refused_in_one_line_untouched(name, w
 # contract above stays the exactness test and this one the "it runs and resumes" test of the GPU config.
 REHEARSAL = {name: ["--gpu-defaults"] for name in CONTRACTS}
 REHEARSAL["gpt-fsdp"] = ["--gpu-defaults", "--parallel", "fsdp", "--activation-checkpointing", "on"]
+# An LSTM symbol holds its new bests in host memory (--ckpt-at-eval held) and writes them with its next checkpoint:
+# a step cadence gives it writes behind the loop to make (each after the best it held)
+REHEARSAL["lstm"] = ["--gpu-defaults", "--ckpt-every", str(CONTRACTS["lstm"].ckpt_every)]
 # A write behind the loop completes at the next agreement, which adaptive agreement makes rare (about a
 # second of steps): a kill soon after the first save finds no complete checkpoint and rightly starts over.
 # The kill comes late, after evaluations (always agreements) have completed earlier saves.

@@ -150,8 +150,9 @@ def test_killing_torchruns_agent_still_leaves_the_summary_of_what_finished(tmp_p
     gone; they once died on it and no job results.json was written. Now each checkpoints its symbol
     and rank 0 summarises what is on disk."""
     run_dir = tmp_path / "job"
+    # (--ckpt-at-eval always: a checkpoint at each epoch's end shows how far a symbol is, which times the kill)
     agent = subprocess.Popen(torchrun_cmd(["lstm", "train", *TINY, "--synthetic-tickers", "6", "--epochs", "15",
-                                           "--patience", "0", "--run-dir", str(run_dir)]),
+                                           "--patience", "0", "--ckpt-at-eval", "always", "--run-dir", str(run_dir)]),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=quiet_env())
     def last_step(folder) -> int:
         return max((int(m.stem.split("_")[1]) for m in folder.glob("checkpoints/meta_*.json")), default=0)

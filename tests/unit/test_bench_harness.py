@@ -167,6 +167,27 @@ def test_the_export_behind_benchmark_times_the_three_ways_and_compares_their_fil
     assert usage.value.code == 2 and "give the job's options after --" in capsys.readouterr().err
 
 
+def test_the_ckpt_at_eval_benchmark_counts_each_ways_writes_and_compares_the_evaluations(tmp_path, capsys):
+    """bench/lstm_ckpt_at_eval.py: the same job with each --ckpt-at-eval, its checkpoints written and bests held
+    counted, every symbol's final evaluation compared across the ways."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import lstm_ckpt_at_eval
+
+    out = tmp_path / "ckpt.json"
+    job = ["--synthetic-tickers", "2", "--synthetic-days", "700", "--window", "16", "--hidden", "8", "--batch-size",
+           "64", "--epochs", "3", "--no-export", "--patience", "0", "--device", "cpu", "--cohort", "2"]
+    assert lstm_ckpt_at_eval.main(["--out", str(out), "--ways", "improved,held", "--", *job]) == 0
+    record = json.loads(out.read_text())
+    improved, held = record["ways"]
+    assert record["same_evaluations"] and record["symbols"] == 2 and record["job"] == job
+    assert (improved["held"], held["held"] > 0) == (0, True) and 2 <= held["written"] < improved["written"]
+    assert all(row["symbols_ok"] == 2 and row["step_done_s"] > 0 for row in record["ways"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as usage:
+        lstm_ckpt_at_eval.main(["--out", str(out), "--ways", "held,never", "--", *job])
+    assert usage.value.code == 2 and "--ways held,never" in capsys.readouterr().err
+
+
 @pytest.fixture
 def torch_threads_kept():
     threads = torch.get_num_threads()

@@ -5,6 +5,7 @@ signal, results merged and written before the evaluation, throughput accounting.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import signal
 
@@ -15,6 +16,7 @@ import torch
 from toy_trainer import cfg_for, toy_loop
 from trainers.runtime import rng
 from trainers.runtime.checkpoint import CheckpointManager
+from trainers.runtime.rundir import single_process_context
 
 
 def test_a_stop_on_a_checkpoint_step_saves_once(tmp_path, monkeypatch):
@@ -29,7 +31,8 @@ def VALIDATION(step: int) -> float:  # evaluations at the epochs' ends 3, 6, 9, 
     return {3: 1.0, 6: 2.0, 9: 0.5, 12: 3.0}.get(step, 5.0)
 
 
-@pytest.mark.parametrize("at_eval,expected", [("always", [3, 6, 9, 12]), ("improved", [3, 9, 12])])
+@pytest.mark.parametrize("at_eval,expected", [("always", [3, 6, 9, 12]), ("improved", [3, 9, 12]),
+                                              ("held", [9, 12])])  # held: 3's best replaced by 9's before a write
 def test_ckpt_at_eval_improved_saves_only_new_bests(tmp_path, monkeypatch, at_eval, expected):
     saved = []
     real = CheckpointManager.commit
@@ -41,6 +44,37 @@ def test_ckpt_at_eval_improved_saves_only_new_bests(tmp_path, monkeypatch, at_ev
              for m in (tmp_path / "run" / "checkpoints").glob("meta_*.json")}
     assert metas[9] == 0.5 and min(metas, key=lambda s: metas[s] if metas[s] is not None else 9e9) == 9
     assert results["training"]["best_val"]["step"] == 9
+
+
+@pytest.mark.parametrize("ckpt_async", [False, True])
+@pytest.mark.parametrize("ckpt_every, signal_at, expected", [
+    (6, None, [3, 6, 9, 12]),  # each step-cadence save writes the best held before it, first
+    (1000, 10, [9, 10]),  # a stop (SIGTERM) writes the held best, then the stop's own checkpoint
+])
+def test_ckpt_at_eval_held_writes_the_held_best_before_the_next_checkpoint(tmp_path, monkeypatch, ckpt_every,
+                                                                           signal_at, expected, ckpt_async):
+    """--ckpt-at-eval held: a new best is copied to host memory at its evaluation and written, as its own step's
+    checkpoint with its metric, before the next one (in the loop or behind it); the best the run restores is that
+    step's, and what a held checkpoint holds is what the run had at its step (a resume from it ends as the run)."""
+    saved = []
+    real = CheckpointManager.commit
+    monkeypatch.setattr(CheckpointManager, "commit", lambda self, step, *a: (saved.append(step), real(self, step, *a)))
+    cfg = cfg_for(tmp_path / "held", ckpt_every=ckpt_every, patience=0, ckpt_at_eval="held", ckpt_async=ckpt_async)
+    results, _ = toy_loop(cfg, total_steps=12, signal_at=signal_at, val_metric=VALIDATION)
+    assert saved == expected
+    ckpts = tmp_path / "held" / "run" / "checkpoints"
+    metas = {int(m.stem[5:]): json.loads(m.read_text())["metric"] for m in ckpts.glob("meta_*.json")}
+    assert metas[9] == 0.5 and CheckpointManager(ckpts, single_process_context(), 3, logging.getLogger()).best_step() == 9
+    assert results["training"]["best_val"]["step"] == 9
+    # the held step's checkpoint is that step's: resumed from it alone, the run ends as the uninterrupted one
+    whole, whole_model = toy_loop(cfg_for(tmp_path / "whole", ckpt_every=1000, patience=0, ckpt_at_eval="always"),
+                                  total_steps=12, val_metric=VALIDATION)
+    for meta in ckpts.glob("meta_*.json"):
+        if meta.name != "meta_00000009.json":
+            meta.unlink()
+    resumed, model = toy_loop(cfg, total_steps=12, val_metric=VALIDATION)
+    torch.testing.assert_close(model.weight, whole_model.weight)
+    assert resumed["training"]["steps"] == 12 and resumed["training"]["best_val"] == whole["training"]["best_val"]
 
 
 def test_ckpt_at_eval_improved_restores_the_runs_best_whatever_the_cadence_saved(tmp_path, monkeypatch):
@@ -66,9 +100,9 @@ def test_ckpt_at_eval_improved_saves_when_any_rank_has_a_new_best(tmp_path, monk
 
     def another_rank_has_a_best(ctx, values, on_device=None):
         step = next(steps)
-        sent.append((step, values[1]))  # [stop, save now, ...]: what this rank tells the others
+        sent.append((step, values[2]))  # [stop, save by time, save an evaluation, ...]: what this rank tells the others
         agreed = real_reduce(ctx, values, on_device=on_device)
-        return [agreed[0], 1.0, *agreed[2:]] if step == 6 else agreed
+        return [*agreed[:2], 1.0, *agreed[3:]] if step == 6 else agreed
     monkeypatch.setattr(stops, "all_reduce_max", another_rank_has_a_best)
     toy_loop(cfg_for(tmp_path, ckpt_every=1000, patience=0, ckpt_at_eval="improved", agree_every=1), total_steps=12,
              val_metric=VALIDATION)

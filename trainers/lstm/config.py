@@ -157,9 +157,11 @@ class LstmConfig(RunOptions):
     calibration_bins: int = option(10, "equal-count bins of the calibration table", resume_safe=True, min=2)
     eval_every: int = option(0, "evaluate validation loss every N steps (0: at each epoch end)", resume_safe=True,
                              min=0)
-    ckpt_at_eval: str = option("improved", "which evaluations also checkpoint: improved (only a new best: a kill "
-                               "redoes the symbol's steps since then, seconds of work, where saving every epoch "
-                               "costs every symbol a write) or always", resume_safe=True, choices=CKPT_AT_EVAL)
+    ckpt_at_eval: str = option("held", "which evaluations also checkpoint: held (a new best held in host memory and "
+                               "written with the symbol's next checkpoint, at its end, a stop or --ckpt-every: a kill "
+                               "redoes its steps since the last one written, seconds of work, where writing every new "
+                               "best cost each symbol about four writes), improved (each new best written) or always",
+                               resume_safe=True, choices=CKPT_AT_EVAL)
     eval_batch_size: int = option(1024, "windows per evaluation batch", resume_safe=True, min=1)
     export: bool = option(True, "export each finished symbol's ONNX as it finishes (in its worker, or behind it: "
                           "--export-behind; `trainers lstm export` does the rest)", resume_safe=True)

@@ -20,6 +20,13 @@ the same as a synchronous save:
 - a write that fails (disk full) stops every rank at the next agreement, in one line.
 
 FSDP2's sharded states (torch.distributed.checkpoint) are written synchronously.
+
+`hold` (`--ckpt-at-eval held`): an evaluation's new best is copied into host memory (the states, this rank's data
+position and RNG streams at that step) and written as that step's checkpoint with the next write: before the next
+save (the cadence's, a stop's), at `settle` (the loop's end), before the best is read back. A newer best replaces it
+unwritten. Why: an LSTM cohort member's saves were most of its bookkeeping (`step_done`, 24.4 s of the 500-symbol
+job's 59.6 s of members' time on the H200, bench/results/gpu_h200_eab6a5d), and most new bests are replaced before the
+member ends. What it costs: a kill loses what was held (the run resumes from the last checkpoint written).
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ class Checkpointer:
         self._last_save_time = time.monotonic()
         self._pending: BackgroundWrite | None = None
         self._snapshot = HostSnapshot()
+        self._held: tuple[int, dict, dict] | None = None  # (step, its host copy, its meta): `hold`
+        self._held_snapshot = HostSnapshot()  # (its own buffers: a write behind may be reading the other's)
 
     @classmethod
     def for_run(cls, run_dir: Path, ctx: DistContext, cfg: RunOptions, log, gpu_like: bool) -> "Checkpointer":
@@ -161,6 +170,18 @@ class Checkpointer:
         self.slowest_s = max(self.slowest_s, stalled)
         return stalled
 
+    def hold(self, step: int, shared: dict[str, Any], position: dict | None, meta: dict[str, Any]) -> float:
+        """Collective (every rank at the same step): `save`'s arguments copied into host memory, written as step
+        `step`'s checkpoint with the next write (`settle`), unless a newer `hold` replaces it first. Returns the
+        seconds the loop stood still (the copy)."""
+        device_mod.synchronize(self.ctx.device)
+        t0 = time.perf_counter()
+        rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
+        copy = self._held_snapshot.take({"shared": shared if self.ctx.is_main else None, "rank": rank_state})
+        self._held = (step, copy, meta)
+        self.last_saved_step = step
+        return time.perf_counter() - t0
+
     def write_status(self) -> tuple[float, float]:
         """This rank's (writing, failure), for the stop agreement to carry: failure 2 for a full
         disk, 1 for any other error (the max over ranks wins)."""
@@ -181,16 +202,25 @@ class Checkpointer:
     def settle(self) -> float:
         """Collective: wait for the write in flight, then complete it (or stop every rank with the
         failure). Returns the seconds waited (the loop stands still)."""
-        pending = self._pending
-        if pending is None:
+        if self._pending is None and self._held is None:
             return 0.0
         t0 = time.perf_counter()
+        if self._pending is not None:
+            self._complete(self._pending)
+        if self._held is not None:  # (a later step than the write in flight: written after it)
+            step, copy, meta = self._held
+            self._held = None
+            self._pending = BackgroundWrite(step, meta, lambda: self.manager.write_local(step, copy["shared"],
+                                                                                         copy["rank"]), in_thread=False)
+            self._complete(self._pending)
+        return time.perf_counter() - t0
+
+    def _complete(self, pending: BackgroundWrite) -> None:
         pending.wait()
         failure = all_reduce_max(self.ctx, [self._failure_code(pending)])[0]
         if failure > 0:
             self._write_failed(pending, failure)
         self._commit()
-        return time.perf_counter() - t0
 
     def _failure_code(self, pending: BackgroundWrite | None) -> float:
         if pending is None or pending.error is None:

@@ -9,7 +9,7 @@ from trainers.runtime.config import check_values, option
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-CKPT_AT_EVAL = ("always", "improved")  # --ckpt-at-eval
+CKPT_AT_EVAL = ("always", "improved", "held")  # --ckpt-at-eval
 
 
 @dataclass
@@ -30,9 +30,11 @@ class RunOptions:
     ckpt_every: int = option(200, "checkpoint every N optimizer steps (and at evaluations: --ckpt-at-eval)", resume_safe=True,
                              min=1)
     ckpt_at_eval: str = option("always", "which evaluations also checkpoint: always (a lost machine costs at most the "
-                               "steps since the last evaluation) or improved (only a new best, which the final "
+                               "steps since the last evaluation), improved (only a new best, which the final "
                                "evaluation needs on disk: fewer writes, and a resume redoes the steps since the last "
-                               "save)", resume_safe=True, choices=CKPT_AT_EVAL)
+                               "save) or held (a new best held in host memory and written with the next checkpoint: "
+                               "the step or time cadence, a stop, the end; fewer writes still, and a kill redoes the "
+                               "steps since the last checkpoint written)", resume_safe=True, choices=CKPT_AT_EVAL)
     ckpt_every_min: float | None = option(None, "also checkpoint every N minutes of wall clock (rank 0's clock, "
                                           "agreed)", resume_safe=True, gt=0)
     ckpt_async: bool | None = option(None, "write checkpoints in a background thread after a copy to host memory "

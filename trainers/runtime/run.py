@@ -13,7 +13,8 @@
 
 For every trainer alike: one job per folder, nothing written before every check passed; resume restores every
 state, the counters and this rank's RNG and data position; `step_done` saves at the cadence and after each
-evaluation (with --ckpt-at-eval improved, each new best), agrees on a stop with every rank, saves once on a stop,
+evaluation (with --ckpt-at-eval improved, each new best; held: each new best held in host memory, written with
+the next checkpoint), agrees on a stop with every rank, saves once on a stop,
 never after a non-finite loss; `finish` writes the training results, then the evaluation (skipped after a signal
 or a failure). Its parts, one job each: `Checkpointer`, `StopAgreement`, `AgreementCadence`, `ValidationRecord`,
 `FiniteWatch`, `ThroughputClock`, `StepLog`, the lock, `Heartbeat` and fingerprint (`rundir`), the mirror (`remote`).
@@ -159,11 +160,13 @@ class Run:
     def _agree_and_save(self, step: int, position: dict) -> StopReason:
         evaluated_now = self._metric_to_save is not None and self._metric_to_save[0] == step
         saves_eval = evaluated_now and self._metric_to_save[2]  # (its metric in the meta: `best` picks from those)
-        reason, save_now = self._agree(step, evaluated_now or self.ckpt.due_by_steps(step), saves_eval)
+        reason, save_now, eval_only = self._agree(step, evaluated_now or self.ckpt.due_by_steps(step), saves_eval)
         if reason.failed:
             self._settle()  # the write in flight holds an earlier, finite step: complete it
             return reason
-        if save_now or self.ckpt.due_by_steps(step):
+        if eval_only and self.holds_bests and not self.ckpt.due_by_steps(step):
+            self._hold(step, position, self._metric_to_save[1])  # a new best, written with the next checkpoint
+        elif save_now or self.ckpt.due_by_steps(step):
             self._save(step, position, self._metric_to_save[1] if saves_eval else None)
         if reason == StopReason.NONE and self.total_steps is not None and step >= self.total_steps:
             reason = StopReason.COMPLETED
@@ -173,31 +176,47 @@ class Run:
             self._settle()  # the loop ends: its last checkpoint is complete before anything else runs
         return reason
 
-    def _agree(self, step: int, force: bool, save: bool) -> tuple[StopReason, bool]:
+    def _agree(self, step: int, force: bool, save: bool) -> tuple[StopReason, bool, bool]:
         """The stop agreement at the steps the cadence picks (on a GPU each is a host sync), always at an evaluation,
         a step-cadence save and the last step. On the same collective: whether to save now (rank 0's clock, or an
-        evaluation that saves on any rank), the adaptive cadence and the state of a write behind the loop."""
+        evaluation that saves on any rank), the adaptive cadence and the state of a write behind the loop. Returns
+        the stop reason, whether to save now, and whether only an evaluation asks it (what `hold` may keep)."""
         if not self.cadence.due(force or (self.total_steps is not None and step >= self.total_steps)):
-            return StopReason.NONE, False
+            return StopReason.NONE, False, False
         if self.finite.host_diverged():
             self.stopper.request(StopReason.DIVERGED)
         writing, failure = self.ckpt.write_status()
-        reason, (save_now, every, any_writing, failure) = self.stopper.agree(
-            float(self.ckpt.due_by_time() or save), float(self.cadence.proposal(self.clock.seconds_per_step())),
+        reason, (by_time, by_eval, every, any_writing, failure) = self.stopper.agree(
+            float(self.ckpt.due_by_time()), float(save), float(self.cadence.proposal(self.clock.seconds_per_step())),
             writing, failure, diverged=self.finite.device_flag())
         self.cadence.agreed(every)
         self.ckpt.agreed(any_writing > 0, failure)
         self._update_reserve()
-        return reason, save_now > 0
+        return reason, by_time > 0 or by_eval > 0, by_eval > 0 and by_time == 0
 
-    def _save(self, step: int, position: dict, metric: float | None) -> None:
+    def _checkpoint(self, step: int, position: dict, metric: float | None) -> tuple[dict, dict]:
+        """What a checkpoint of `step` holds: every state and the run's own counters; its meta."""
         shared = {"states": {name: obj.state_dict() for name, obj in self.states.items()},
                   "run": {"step": step, "elapsed_s": self.stopper.elapsed_s(), "position_rank0": position,
                           **self.val.state_dict()}}
         meta = {"metric": metric, "metric_name": self.metric_name, "trainer": self.trainer, "config": cfgmod.to_dict(self.cfg)}
+        return shared, meta
+
+    def _save(self, step: int, position: dict, metric: float | None) -> None:
+        shared, meta = self._checkpoint(step, position, metric)
         self.clock.exclude("checkpoint", self.ckpt.save(step, shared, position, meta, self.sharded_states or None))
         self.heartbeat.beat(step, self.stopper.elapsed_s(), force=True)
         self._update_reserve()
+
+    @property
+    def holds_bests(self) -> bool:
+        """--ckpt-at-eval held: a new best is held in host memory until the next checkpoint (sharded states, saved
+        by torch.distributed.checkpoint from the device, are written at once)."""
+        return self.cfg.ckpt_at_eval == "held" and not self.sharded_states
+
+    def _hold(self, step: int, position: dict, metric: float) -> None:
+        shared, meta = self._checkpoint(step, position, metric)
+        self.clock.exclude("checkpoint", self.ckpt.hold(step, shared, position, meta))
 
     def _settle(self) -> None:  # the write behind the loop: wait for it and complete it
         self.clock.exclude("checkpoint", self.ckpt.settle())
