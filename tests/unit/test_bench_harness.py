@@ -180,7 +180,7 @@ def test_the_ckpt_at_eval_benchmark_counts_each_ways_writes_and_compares_the_eva
     record = json.loads(out.read_text())
     improved, held = record["ways"]
     assert record["same_evaluations"] and record["symbols"] == 2 and record["job"] == job
-    assert (improved["held"], held["held"] > 0) == (0, True) and 2 <= held["written"] < improved["written"]
+    assert (improved["held"], held["held"] > 0) == (0, True) and 2 <= held["written"] <= improved["written"]
     assert all(row["symbols_ok"] == 2 and row["step_done_s"] > 0 for row in record["ways"])
     capsys.readouterr()
     with pytest.raises(SystemExit) as usage:
