@@ -33,10 +33,12 @@
 #                                         # compiled (then the CUDA default) and eager, same data, same machine (does
 #                                         # the compile pay on the default job?), and PPO eager at the 2,048
 #                                         # environments part 34's captured rollout ran at
-#   bash bench/gpu_session.sh 36 OUT_DIR  # ~4.5 min: the 500-symbol job with --no-export (63.9 s on the H200 at
-#                                         # eab6a5d), exporting in the worker (--no-export-behind: 97.7 s there) and
-#                                         # behind the training (the GPU default since --export-behind), one command
-#                                         # apart (bench/lstm_export_behind.py)
+#   bash bench/gpu_session.sh 36 OUT_DIR  # ~7 min: the 500-symbol job --no-export with its new bests written
+#                                         # (--ckpt-at-eval improved: 63.9 s on the H200 at eab6a5d) and held (the
+#                                         # default since --ckpt-at-eval held; bench/lstm_ckpt_at_eval.py), then
+#                                         # the same job --no-export, exporting in the worker (--no-export-behind:
+#                                         # 97.7 s there) and behind the training (the GPU default since
+#                                         # --export-behind), one command apart (bench/lstm_export_behind.py)
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
@@ -117,6 +119,12 @@ cohort_export() {
 # the 500-symbol job three ways, one command apart (bench/lstm_export_behind.py: its record after each): --no-export,
 # exporting in the worker (--no-export-behind: what every GPU job did before) and behind the training (the GPU
 # default since --export-behind); the model.onnx files of the two exporting ways compared byte for byte
+# the same job's new bests written (improved) or held in host memory until the symbol's next checkpoint (held)
+ckpt_held() {
+  step 240 python3 bench/lstm_ckpt_at_eval.py --ways improved,held --out "$out/bench/lstm_ckpt_at_eval_gpu.json" -- \
+    --synthetic-tickers 500 --epochs 5 --patience 0 --device auto --no-export \
+    >"$out/bench/lstm_ckpt_at_eval_gpu.log" 2>&1 || { echo "lstm_ckpt_at_eval failed: exit $?"; status=1; }
+}
 export_behind() {
   step 420 python3 bench/lstm_export_behind.py --out "$out/bench/lstm_export_behind_gpu.json" -- \
     --synthetic-tickers 500 --epochs 5 --patience 0 --device auto >"$out/bench/lstm_export_behind_gpu.log" 2>&1 \
@@ -205,6 +213,7 @@ elif [[ "$part" == 35 ]]; then
   gnn_compile_or_not
   ppo_eager_2048
 elif [[ "$part" == 36 ]]; then
+  ckpt_held
   export_behind
 else
   deploy="$out/deploy"

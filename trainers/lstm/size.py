@@ -22,6 +22,8 @@ SYMBOL_RUN_S = 0.165
 # member's solve 10.31 = c + 64 s and 47.38 = 2 c + 500 s: a fit of two runs, not an independent check. The
 # jobs time their steps on the host, which does not wait for the device: the split between the steps and the
 # rest is the jobs' records (the steps' device work the host waited for later counts outside), the sum is right.
+# Measured with each new best written (--ckpt-at-eval improved); held, the default since, wrote 92 checkpoints where
+# improved wrote 250 on the dev VM (bench/results/lstm_ckpt_at_eval_cpu.json): an upper bound until a GPU measures it.
 COHORT_RUN_S = 5.70
 COHORT_SYMBOL_RUN_S = 0.072
 # The stacked step: the 500-symbol job's stacked steps (2 cohorts x 30) took 10.12 s for 500 symbols of 5 epochs,
