@@ -31,14 +31,17 @@ def VALIDATION(step: int) -> float:  # evaluations at the epochs' ends 3, 6, 9, 
     return {3: 1.0, 6: 2.0, 9: 0.5, 12: 3.0}.get(step, 5.0)
 
 
-@pytest.mark.parametrize("at_eval,expected", [("always", [3, 6, 9, 12]), ("improved", [3, 9, 12]),
-                                              ("held", [9, 12])])  # held: 3's best replaced by 9's before a write
-def test_ckpt_at_eval_improved_saves_only_new_bests(tmp_path, monkeypatch, at_eval, expected):
+@pytest.mark.parametrize("at_eval,extra,expected", [
+    ("always", {}, [3, 6, 9, 12]), ("improved", {}, [3, 9, 12]),
+    ("held", {}, [9, 12]),  # held: 3's best replaced by 9's before a write
+    ("held", {"max_hours": 1.0}, [3, 9, 12]),  # a run's own budget keeps time for saves it measured: it writes each
+])
+def test_ckpt_at_eval_improved_saves_only_new_bests(tmp_path, monkeypatch, at_eval, extra, expected):
     saved = []
     real = CheckpointManager.commit
     monkeypatch.setattr(CheckpointManager, "commit", lambda self, step, *a: (saved.append(step), real(self, step, *a)))
-    results, _ = toy_loop(cfg_for(tmp_path, ckpt_every=1000, patience=0, ckpt_at_eval=at_eval), total_steps=12,
-                          val_metric=VALIDATION)
+    results, _ = toy_loop(cfg_for(tmp_path, ckpt_every=1000, patience=0, ckpt_at_eval=at_eval, **extra),
+                          total_steps=12, val_metric=VALIDATION)
     assert saved == expected  # 12: the stop's own save (not a new best)
     metas = {int(m.stem[5:]): json.loads(m.read_text())["metric"]
              for m in (tmp_path / "run" / "checkpoints").glob("meta_*.json")}
@@ -50,6 +53,7 @@ def test_ckpt_at_eval_improved_saves_only_new_bests(tmp_path, monkeypatch, at_ev
 @pytest.mark.parametrize("ckpt_every, signal_at, expected", [
     (6, None, [3, 6, 9, 12]),  # each step-cadence save writes the best held before it, first
     (1000, 10, [9, 10]),  # a stop (SIGTERM) writes the held best, then the stop's own checkpoint
+    (1000, 9, [9]),  # a stop at the held step writes it once, with its metric
 ])
 def test_ckpt_at_eval_held_writes_the_held_best_before_the_next_checkpoint(tmp_path, monkeypatch, ckpt_every,
                                                                            signal_at, expected, ckpt_async):
@@ -75,6 +79,84 @@ def test_ckpt_at_eval_held_writes_the_held_best_before_the_next_checkpoint(tmp_p
     resumed, model = toy_loop(cfg, total_steps=12, val_metric=VALIDATION)
     torch.testing.assert_close(model.weight, whole_model.weight)
     assert resumed["training"]["steps"] == 12 and resumed["training"]["best_val"] == whole["training"]["best_val"]
+
+
+class Killed(BaseException):
+    """A SIGKILL in-process: nothing after it runs (no stop, no settle)."""
+
+
+@pytest.mark.parametrize("ckpt_every, every_min", [(3, None), (1000, 1e-9)])
+def test_a_best_on_a_step_the_cadence_saves_is_written_there_not_held(tmp_path, monkeypatch, ckpt_every, every_min):
+    """--ckpt-at-eval held holds a best only where nothing else saves: at a step the step cadence or the time cadence
+    (rank 0's clock, agreed apart from the evaluation's save) checkpoints, the best is written then, and a kill at
+    the next step keeps it."""
+    import trainers.runtime.run as run_mod
+
+    def kill_at_step_4(rank, step, restart_count):
+        if step == 4:
+            raise Killed()
+
+    monkeypatch.setattr(run_mod, "maybe_inject", kill_at_step_4)
+    with pytest.raises(Killed):
+        toy_loop(cfg_for(tmp_path, ckpt_every=ckpt_every, ckpt_every_min=every_min, patience=0, ckpt_at_eval="held"),
+                 total_steps=12, val_metric=VALIDATION)
+    assert json.loads((tmp_path / "run" / "checkpoints" / "meta_00000003.json").read_text())["metric"] == 1.0
+
+
+def test_a_best_held_while_a_write_behind_the_loop_runs_leaves_that_writes_copy_alone(tmp_path, monkeypatch):
+    """Step 6's checkpoint is written behind the loop (held up here until step 9's best is held): the held copy has
+    buffers of its own, so step 6's checkpoint holds step 6's states (a resume from it alone ends as the run)."""
+    import threading
+
+    from trainers.runtime.checkpointer import Checkpointer
+
+    best_held, real_write, real_hold = threading.Event(), CheckpointManager.write_local, Checkpointer.hold
+
+    def write_local(self, step, *args):
+        if step == 6:
+            assert best_held.wait(60)
+        return real_write(self, step, *args)
+
+    def hold(self, step, *args, **kwargs):
+        stalled = real_hold(self, step, *args, **kwargs)
+        if step == 9:  # (3's best was held, and written, before step 6's write began)
+            best_held.set()
+        return stalled
+
+    monkeypatch.setattr(CheckpointManager, "write_local", write_local)
+    monkeypatch.setattr(Checkpointer, "hold", hold)
+    cfg = cfg_for(tmp_path / "held", ckpt_every=6, patience=0, ckpt_at_eval="held", ckpt_async=True)
+    toy_loop(cfg, total_steps=12, val_metric=VALIDATION)
+    _, whole_model = toy_loop(cfg_for(tmp_path / "whole", ckpt_every=1000, patience=0), total_steps=12,
+                              val_metric=VALIDATION)
+    for meta in (tmp_path / "held" / "run" / "checkpoints").glob("meta_*.json"):
+        if meta.name != "meta_00000006.json":
+            meta.unlink()
+    _, model = toy_loop(cfg, total_steps=12, val_metric=VALIDATION)
+    torch.testing.assert_close(model.weight, whole_model.weight)
+
+
+def test_a_held_best_that_cannot_be_written_as_a_run_diverges_leaves_the_run_diverged(tmp_path, monkeypatch):
+    """The divergence at step 5 writes the best held at step 3 (finite); that write failing is logged, and the run
+    still ends diverged, not as a failed write (which a retry would meet again, diverging)."""
+    import errno
+
+    from trainers.errors import RunEnded
+
+    real_write = CheckpointManager.write_local
+
+    def write_local(self, step, *args):
+        if step == 3:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_write(self, step, *args)
+
+    monkeypatch.setattr(CheckpointManager, "write_local", write_local)
+    with pytest.raises(RunEnded) as err:
+        toy_loop(cfg_for(tmp_path, ckpt_every=1000, patience=0, ckpt_at_eval="held"), total_steps=12, nan_at=5,
+                 val_metric=VALIDATION)
+    assert "training diverged" in str(err.value)
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["training"]["stop_reason"] == "diverged"
+    assert "writing the checkpoint of step 3 failed" in (tmp_path / "run" / "training.log").read_text()
 
 
 def test_ckpt_at_eval_improved_restores_the_runs_best_whatever_the_cadence_saved(tmp_path, monkeypatch):

@@ -34,7 +34,8 @@ class RunOptions:
                                "evaluation needs on disk: fewer writes, and a resume redoes the steps since the last "
                                "save) or held (a new best held in host memory and written with the next checkpoint: "
                                "the step or time cadence, a stop, the end; fewer writes still, and a kill redoes the "
-                               "steps since the last checkpoint written)", resume_safe=True, choices=CKPT_AT_EVAL)
+                               "steps since the last checkpoint written; under --max-hours or --budget-usd as "
+                               "improved)", resume_safe=True, choices=CKPT_AT_EVAL)
     ckpt_every_min: float | None = option(None, "also checkpoint every N minutes of wall clock (rank 0's clock, "
                                           "agreed)", resume_safe=True, gt=0)
     ckpt_async: bool | None = option(None, "write checkpoints in a background thread after a copy to host memory "

@@ -162,7 +162,10 @@ class Run:
         saves_eval = evaluated_now and self._metric_to_save[2]  # (its metric in the meta: `best` picks from those)
         reason, save_now, eval_only = self._agree(step, evaluated_now or self.ckpt.due_by_steps(step), saves_eval)
         if reason.failed:
-            self._settle()  # the write in flight holds an earlier, finite step: complete it
+            try:
+                self._settle()  # the write in flight (or the best held) is of an earlier, finite step: complete it
+            except WriteFailed as exc:  # (and the run ends for the reason it failed, not for this write)
+                self.log.error("%s", exc)
             return reason
         if eval_only and self.holds_bests and not self.ckpt.due_by_steps(step):
             self._hold(step, position, self._metric_to_save[1])  # a new best, written with the next checkpoint
@@ -210,9 +213,11 @@ class Run:
 
     @property
     def holds_bests(self) -> bool:
-        """--ckpt-at-eval held: a new best is held in host memory until the next checkpoint (sharded states, saved
-        by torch.distributed.checkpoint from the device, are written at once)."""
-        return self.cfg.ckpt_at_eval == "held" and not self.sharded_states
+        """--ckpt-at-eval held: a new best is held in host memory until the next checkpoint. Not under a budget of
+        the run's own (its end keeps time for the final save, measured on the saves before: a held best would make
+        the final save two writes that no write before measured), nor for sharded states (written by
+        torch.distributed.checkpoint from the device): those write each new best, as `improved`."""
+        return self.cfg.ckpt_at_eval == "held" and not self.sharded_states and self.stopper.budget.limit_s() is None
 
     def _hold(self, step: int, position: dict, metric: float) -> None:
         shared, meta = self._checkpoint(step, position, metric)
