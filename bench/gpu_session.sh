@@ -116,15 +116,16 @@ cohort_export() {
   cp "$out/lstm_exported/symbols/SYN000/export.json" "$out/bench/cohort_export_SYN000.json" 2>/dev/null || true
   cp "$out/lstm_exported/symbols/SYN001/export.json" "$out/bench/cohort_export_SYN001.json" 2>/dev/null || true
 }
-# the 500-symbol job three ways, one command apart (bench/lstm_export_behind.py: its record after each): --no-export,
-# exporting in the worker (--no-export-behind: what every GPU job did before) and behind the training (the GPU
-# default since --export-behind); the model.onnx files of the two exporting ways compared byte for byte
-# the same job's new bests written (improved) or held in host memory until the symbol's next checkpoint (held)
+# the 500-symbol job --no-export with its new bests written (improved) or held in host memory until each symbol's
+# next checkpoint (held, the default since --ckpt-at-eval held); every symbol's final evaluation compared
 ckpt_held() {
   step 240 python3 bench/lstm_ckpt_at_eval.py --ways improved,held --out "$out/bench/lstm_ckpt_at_eval_gpu.json" -- \
     --synthetic-tickers 500 --epochs 5 --patience 0 --device auto --no-export \
     >"$out/bench/lstm_ckpt_at_eval_gpu.log" 2>&1 || { echo "lstm_ckpt_at_eval failed: exit $?"; status=1; }
 }
+# the 500-symbol job three ways, one command apart (bench/lstm_export_behind.py: its record after each): --no-export,
+# exporting in the worker (--no-export-behind: what every GPU job did before) and behind the training (the GPU
+# default since --export-behind); the model.onnx files of the two exporting ways compared byte for byte
 export_behind() {
   step 420 python3 bench/lstm_export_behind.py --out "$out/bench/lstm_export_behind_gpu.json" -- \
     --synthetic-tickers 500 --epochs 5 --patience 0 --device auto >"$out/bench/lstm_export_behind_gpu.log" 2>&1 \
