@@ -27,7 +27,7 @@ save (the cadence's, a stop's), at `settle` (the loop's end), before the best is
 unwritten. Why: an LSTM cohort member's saves were most of its bookkeeping (`step_done`, 24.4 s of the 500-symbol
 job's 59.6 s of members' time on the H200, bench/results/gpu_h200_eab6a5d), and most new bests are replaced before the
 member ends. What it costs: a kill loses what was held (the run resumes from the last checkpoint written), and so
-does a stop whose write of it fails (a full disk). `Run.holds_bests` says which runs hold.
+does a stop whose write of it fails (a full disk). `for_run` says which runs hold.
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ class Start:
 
 class Checkpointer:
     def __init__(self, manager: CheckpointManager, ctx: DistContext, every_steps: int, every_min: float | None,
-                 write_behind: bool | None = None):
+                 write_behind: bool | None = None, hold_bests: bool = False):
         self.manager = manager
+        self.hold_bests = hold_bests  # `hold`: --ckpt-at-eval held
         self.ctx = ctx
         self.every_steps = every_steps
         self.every_min = every_min
@@ -87,7 +88,11 @@ class Checkpointer:
         """A run's: its folder's checkpoints, the run's options, and (unless --ckpt-async says) a
         write behind the loop where a GPU deploy makes one."""
         manager = CheckpointManager(Path(run_dir) / "checkpoints", ctx, cfg.keep_last, log)
-        return cls(manager, ctx, cfg.ckpt_every, cfg.ckpt_every_min, gpu_like if cfg.ckpt_async is None else cfg.ckpt_async)
+        # not under a budget of the run's own: its end keeps time for the final save, measured on the saves before,
+        # and a best held would make it two writes none of them measured
+        holds = cfg.ckpt_at_eval == "held" and cfg.budget(ctx.world_size).limit_s() is None
+        write_behind = gpu_like if cfg.ckpt_async is None else cfg.ckpt_async
+        return cls(manager, ctx, cfg.ckpt_every, cfg.ckpt_every_min, write_behind, holds)
 
     # ---- cadence -------------------------------------------------------------------------------
     def due_by_steps(self, step: int) -> bool:
@@ -147,10 +152,14 @@ class Checkpointer:
 
     # ---- the write -----------------------------------------------------------------------------
     def save(self, step: int, shared: dict[str, Any], position: dict | None, meta: dict[str, Any],
-             sharded: dict[str, Any] | None = None) -> float:
+             sharded: dict[str, Any] | None = None, best_only: bool = False) -> float:
         """Collective (every rank at the same step): `shared` from rank 0, this rank's data
         `position` and RNG streams in its own file. Returns the seconds the loop stood still. A write
-        that fails on any rank raises WriteFailed on every rank (disk full or not)."""
+        that fails on any rank raises WriteFailed on every rank (disk full or not). `best_only`: only an
+        evaluation's new best asks for it; with `hold_bests` (not at a step-cadence save, not for sharded
+        states, written from the device) it is held instead (`hold`)."""
+        if best_only and self.hold_bests and not sharded and not self.due_by_steps(step):
+            return self.hold(step, shared, position, meta)
         device_mod.synchronize(self.ctx.device)  # the steps' queued kernels are theirs, not the save's stall
         t0 = time.perf_counter()
         rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
@@ -182,6 +191,18 @@ class Checkpointer:
         self._held = (step, copy, meta)
         self.last_saved_step = step
         return time.perf_counter() - t0
+
+    @property
+    def held_step(self) -> int | None:
+        return self._held[0] if self._held is not None else None
+
+    def settle_as_it_fails(self, log) -> None:
+        """`settle` as the run stops for a failure (a divergence, a full disk): a write that fails too is logged,
+        and the run ends for its own reason (a retry would meet it again)."""
+        try:
+            self.settle()
+        except WriteFailed as exc:
+            log.error("%s", exc)
 
     def write_status(self) -> tuple[float, float]:
         """This rank's (writing, failure), for the stop agreement to carry: failure 2 for a full

@@ -11,12 +11,11 @@
             if run.step_done(step, position, items, loss) != StopReason.NONE: break
         return run.finish(summary, evaluate=...)
 
-For every trainer alike: one job per folder, nothing written before every check passed; resume restores every
-state, the counters and this rank's RNG and data position; `step_done` saves at the cadence and after each
-evaluation (with --ckpt-at-eval improved, each new best; held: each new best held in host memory, written with
-the next checkpoint), agrees on a stop with every rank, saves once on a stop,
-never after a non-finite loss; `finish` writes the training results, then the evaluation (skipped after a signal
-or a failure). Its parts, one job each: `Checkpointer`, `StopAgreement`, `AgreementCadence`, `ValidationRecord`,
+For every trainer alike: one job per folder, nothing written before every check passed; resume restores every state, the
+counters and this rank's RNG and data position; `step_done` saves at the cadence and after each evaluation (with
+--ckpt-at-eval improved each new best; held: kept in memory till the next write), agrees on a stop with every rank,
+saves once on a stop, never after a non-finite loss; `finish` writes the training results, then the evaluation (skipped
+after a signal or a failure). Its parts: `Checkpointer`, `StopAgreement`, `AgreementCadence`, `ValidationRecord`,
 `FiniteWatch`, `ThroughputClock`, `StepLog`, the lock, `Heartbeat` and fingerprint (`rundir`), the mirror (`remote`).
 """
 
@@ -162,15 +161,10 @@ class Run:
         saves_eval = evaluated_now and self._metric_to_save[2]  # (its metric in the meta: `best` picks from those)
         reason, save_now, eval_only = self._agree(step, evaluated_now or self.ckpt.due_by_steps(step), saves_eval)
         if reason.failed:
-            try:
-                self._settle()  # the write in flight (or the best held) is of an earlier, finite step: complete it
-            except WriteFailed as exc:  # (and the run ends for the reason it failed, not for this write)
-                self.log.error("%s", exc)
+            self.ckpt.settle_as_it_fails(self.log)  # the write in flight, or the best held: earlier, finite steps
             return reason
-        if eval_only and self.holds_bests and not self.ckpt.due_by_steps(step):
-            self._hold(step, position, self._metric_to_save[1])  # a new best, written with the next checkpoint
-        elif save_now or self.ckpt.due_by_steps(step):
-            self._save(step, position, self._metric_to_save[1] if saves_eval else None)
+        if save_now or self.ckpt.due_by_steps(step):
+            self._save(step, position, self._metric_to_save[1] if saves_eval else None, eval_only)
         if reason == StopReason.NONE and self.total_steps is not None and step >= self.total_steps:
             reason = StopReason.COMPLETED
         if reason != StopReason.NONE:
@@ -182,8 +176,7 @@ class Run:
     def _agree(self, step: int, force: bool, save: bool) -> tuple[StopReason, bool, bool]:
         """The stop agreement at the steps the cadence picks (on a GPU each is a host sync), always at an evaluation,
         a step-cadence save and the last step. On the same collective: whether to save now (rank 0's clock, or an
-        evaluation that saves on any rank), the adaptive cadence and the state of a write behind the loop. Returns
-        the stop reason, whether to save now, and whether only an evaluation asks it (what `hold` may keep)."""
+        evaluation that saves on any rank: is it that alone?), the adaptive cadence and a write behind the loop."""
         if not self.cadence.due(force or (self.total_steps is not None and step >= self.total_steps)):
             return StopReason.NONE, False, False
         if self.finite.host_diverged():
@@ -197,31 +190,14 @@ class Run:
         self._update_reserve()
         return reason, by_time > 0 or by_eval > 0, by_eval > 0 and by_time == 0
 
-    def _checkpoint(self, step: int, position: dict, metric: float | None) -> tuple[dict, dict]:
-        """What a checkpoint of `step` holds: every state and the run's own counters; its meta."""
+    def _save(self, step: int, position: dict, metric: float | None, best_only: bool = False) -> None:
         shared = {"states": {name: obj.state_dict() for name, obj in self.states.items()},
                   "run": {"step": step, "elapsed_s": self.stopper.elapsed_s(), "position_rank0": position,
                           **self.val.state_dict()}}
         meta = {"metric": metric, "metric_name": self.metric_name, "trainer": self.trainer, "config": cfgmod.to_dict(self.cfg)}
-        return shared, meta
-
-    def _save(self, step: int, position: dict, metric: float | None) -> None:
-        shared, meta = self._checkpoint(step, position, metric)
-        self.clock.exclude("checkpoint", self.ckpt.save(step, shared, position, meta, self.sharded_states or None))
-        self.heartbeat.beat(step, self.stopper.elapsed_s(), force=True)
+        self.clock.exclude("checkpoint", self.ckpt.save(step, shared, position, meta, self.sharded_states, best_only))
+        self.heartbeat.beat(step, self.stopper.elapsed_s(), force=self.ckpt.held_step != step)  # (held: no write)
         self._update_reserve()
-
-    @property
-    def holds_bests(self) -> bool:
-        """--ckpt-at-eval held: a new best is held in host memory until the next checkpoint. Not under a budget of
-        the run's own (its end keeps time for the final save, measured on the saves before: a held best would make
-        the final save two writes that no write before measured), nor for sharded states (written by
-        torch.distributed.checkpoint from the device): those write each new best, as `improved`."""
-        return self.cfg.ckpt_at_eval == "held" and not self.sharded_states and self.stopper.budget.limit_s() is None
-
-    def _hold(self, step: int, position: dict, metric: float) -> None:
-        shared, meta = self._checkpoint(step, position, metric)
-        self.clock.exclude("checkpoint", self.ckpt.hold(step, shared, position, meta))
 
     def _settle(self) -> None:  # the write behind the loop: wait for it and complete it
         self.clock.exclude("checkpoint", self.ckpt.settle())
