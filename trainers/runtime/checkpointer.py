@@ -170,10 +170,8 @@ class Checkpointer:
             snap = self._snapshot.take({"shared": shared if self.ctx.is_main else None, "rank": rank_state})
             self._pending = BackgroundWrite(step, meta,
                                             lambda: self.manager.write_local(step, snap["shared"], snap["rank"]))
-        else:  # written here, but agreed like a write behind the loop: a rank that failed tells the others
-            self._pending = BackgroundWrite(step, meta, lambda: self.manager.write_local(step, shared, rank_state),
-                                            in_thread=False)
-            self.settle()
+        else:
+            self._write_here(step, meta, shared, rank_state)
         self.last_saved_step = step
         self._last_save_time = time.monotonic()
         stalled = time.perf_counter() - t0
@@ -232,10 +230,15 @@ class Checkpointer:
         if self._held is not None:  # (a later step than the write in flight: written after it)
             step, copy, meta = self._held
             self._held = None
-            self._pending = BackgroundWrite(step, meta, lambda: self.manager.write_local(step, copy["shared"],
-                                                                                         copy["rank"]), in_thread=False)
-            self._complete(self._pending)
+            self._write_here(step, meta, copy["shared"], copy["rank"])
         return time.perf_counter() - t0
+
+    def _write_here(self, step: int, meta: dict[str, Any], shared: dict[str, Any] | None, rank_state: dict) -> None:
+        """Step `step`'s files written in the loop, then committed; agreed like a write behind the loop (a rank
+        whose write failed tells the others)."""
+        self._pending = BackgroundWrite(step, meta, lambda: self.manager.write_local(step, shared, rank_state),
+                                        in_thread=False)
+        self._complete(self._pending)
 
     def _complete(self, pending: BackgroundWrite) -> None:
         pending.wait()
