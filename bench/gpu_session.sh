@@ -38,7 +38,8 @@
 #                                         # default since --ckpt-at-eval held; bench/lstm_ckpt_at_eval.py), then
 #                                         # the same job --no-export, exporting in the worker (--no-export-behind:
 #                                         # 97.7 s there) and behind the training (the GPU default since
-#                                         # --export-behind), one command apart (bench/lstm_export_behind.py)
+#                                         # --export-behind), one command apart (bench/lstm_export_behind.py),
+#                                         # then the GNN's GPU step once more (a third run for the plan's median)
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
@@ -216,6 +217,7 @@ elif [[ "$part" == 35 ]]; then
 elif [[ "$part" == 36 ]]; then
   ckpt_held
   export_behind
+  bench --only run_gnn --total-min 1.2
 else
   deploy="$out/deploy"
   step 180 env TRAINERS_PYTHON=python3 bash deploy_8gpu.sh --trainer forecast --foreground --skip-data \
