@@ -22,10 +22,17 @@ SYMBOL_RUN_S = 0.165
 # member's solve 10.31 = c + 64 s and 47.38 = 2 c + 500 s: a fit of two runs, not an independent check. The
 # jobs time their steps on the host, which does not wait for the device: the split between the steps and the
 # rest is the jobs' records (the steps' device work the host waited for later counts outside), the sum is right.
-# Measured with each new best written (--ckpt-at-eval improved); held, the default since, wrote 92 checkpoints where
-# improved wrote 250 on the dev VM (bench/results/lstm_ckpt_at_eval_cpu.json): an upper bound until a GPU measures it.
+# Measured with each new best written (--ckpt-at-eval improved): a held job takes HELD_SAVES_S a symbol off.
 COHORT_RUN_S = 5.70
 COHORT_SYMBOL_RUN_S = 0.072
+# A new best held in host memory until the symbol's next checkpoint (--ckpt-at-eval held, the default since
+# 0f6f438; a symbol's run never has a budget of its own, so every symbol holds): the 500-symbol job of the default
+# model on the H200, 5 epochs, run both ways one command apart (bench/results/gpu_h200_8779957/
+# lstm_ckpt_at_eval_gpu.json: 2,095 checkpoints written against 774), spent 26.64 s of its members' time in
+# step_done writing each new best and 17.25 s holding them, the same final evaluations: 0.019 s a symbol less.
+# Measured in cohorts against improved; one at a time (--cohort 1) takes the same off SYMBOL_RUN_S, which was
+# measured writing every evaluation's checkpoint (always, the default then): less than holding saves there (assumed).
+HELD_SAVES_S = (26.636 - 17.247) / 500
 # The stacked step: the 500-symbol job's stacked steps (2 cohorts x 30) took 10.12 s for 500 symbols of 5 epochs,
 # 2.3 us a sample as the plan counts samples (1,764 a symbol and epoch at the synthetic default; the job trained 6
 # full batches of 256, 1,536) of the default model (hidden 64, 2 layers, window 64); scaled by FLOPs for another
@@ -46,6 +53,12 @@ STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
 # per architecture: a job of mixed feature counts pays it per group).
 EXPORT_WORKER_S = 14.76 - 32 * 0.043
 EXPORT_SYMBOL_S = (97.72 - 63.89 - EXPORT_WORKER_S) / 500
+# Exported behind the training (--export-behind, a GPU deploy's default: each worker's own exporter process): the
+# same 500-symbol job on one H200 three ways, one command apart (bench/results/gpu_h200_8779957/
+# lstm_export_behind_gpu.json): the exports cost 42.99 s in the worker and 24.08 s behind, the part of the last
+# cohort's exports left when its training ends. Counted as that share of the in-worker estimate: one run's ratio,
+# not a model of the exporter's queue (a job whose exporter falls further behind its symbols waits longer).
+EXPORT_BEHIND_SHARE = 24.080 / 42.990
 
 
 def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int = 1,
@@ -71,8 +84,12 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
     exported = (f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker (the development VM's CPU) and {EXPORT_SYMBOL_S:.3f} s "
                 f"a symbol (the H200 host's)" if cfg.export else "")
     if cfg.export and cfg.export_behind is not False:  # a GPU deploy's default, and a plan is a GPU's
-        exported += (", counted as if in the worker: a GPU deploy exports behind the training, which no GPU has "
-                     "timed yet (an upper bound)")
+        export_s *= EXPORT_BEHIND_SHARE
+        exported += (f", behind the training: {EXPORT_BEHIND_SHARE:.0%} of that left after it (one H200 run's "
+                     "share)")
+    held_s = symbols * HELD_SAVES_S if cfg.ckpt_at_eval == "held" else 0.0
+    held = (f"; {HELD_SAVES_S:.3f} s a symbol less for its new bests held until its next checkpoint "
+            f"(--ckpt-at-eval held, measured on an H200)" if held_s else "")
     days = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * 365)
     samples = int(days * (1 - cfg.val_frac - cfg.test_frac)) * symbols * cfg.epochs
     k = max(1, cfg.jobs_per_gpu or 1)
@@ -86,10 +103,10 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
             unit="samples", items_per_micro=cfg.batch_size, grad_accum=1, flops_per_item=c["flops"],
             activation_bytes=lambda micro, _ck: int(c["per_sample"] * micro), kind="small", strategies=("ddp",),
             items_total=float(samples), jobs_per_gpu=k, independent=True, min_step_s=SMALL_STEP_S,
-            outside_steps_s=symbols * SYMBOL_RUN_S + export_s, shape=shape, for_device=for_device,
+            outside_steps_s=symbols * SYMBOL_RUN_S - held_s + export_s, shape=shape, for_device=for_device,
             notes=[f"{symbols} independent models, {k} at a time per GPU (no gradient traffic between them); about "
                    f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs); {SYMBOL_RUN_S} s a "
-                   f"symbol outside its steps (measured one symbol at a time on an H100){exported}"])
+                   f"symbol outside its steps (measured one symbol at a time on an H100){held}{exported}"])
     # A stacked step trains every member's batch at once. A worker fills a cohort before the next, so the
     # largest cohort is `members` (its activations are what must fit); the job's step time is its samples at
     # the measured rate, however the cohorts split them.
@@ -105,12 +122,13 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
         activation_bytes=lambda micro, _ck: int(c["stacked_per_sample"] * micro), kind="small",
         strategies=("ddp",), items_total=float(samples), jobs_per_gpu=k, independent=True,
         min_step_s=max(SMALL_STEP_S, measured), min_step_why=why, for_device=for_device,
-        outside_steps_s=max(1, workers) * cohorts * COHORT_RUN_S + symbols * COHORT_SYMBOL_RUN_S + export_s, shape=shape,
+        outside_steps_s=max(1, workers) * cohorts * COHORT_RUN_S + symbols * COHORT_SYMBOL_RUN_S - held_s + export_s,
+        shape=shape,
         notes=[f"{symbols} independent models in cohorts of up to {members} (--cohort), {cohorts} a worker "
                f"({max(1, workers)} worker(s), {k} per GPU), each cohort one stacked model a step; about "
                f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs); outside the steps "
                f"{COHORT_RUN_S} s a cohort and {COHORT_SYMBOL_RUN_S} s a symbol (fitted to the H200's two cohort jobs)"
-               f"{exported}"])
+               f"{held}{exported}"])
 
 
 def symbols_of(cfg: LstmConfig) -> int:
