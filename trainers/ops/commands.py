@@ -10,7 +10,7 @@ from pathlib import Path
 from trainers.errors import UsageError
 from trainers.ops.devices import DEVICES, TABLE_DATE
 from trainers.ops.package import package_run
-from trainers.ops.plan import compare, format_plan, plan
+from trainers.ops.plan import compare, duration, format_plan, plan
 from trainers.registry import trainer_config, trainer_module
 from trainers.runtime.files import atomic_write_json
 
@@ -62,11 +62,12 @@ def plan_command(args) -> int:
         rows = compare(w, args.gpus, args.parallel, prices, args.items, args.hours, args.mfu)
         print(f"{args.trainer} on {args.gpus} GPUs of each kind ({w.parameters:,} parameters); prices "
               f"{'from ' + args.prices if args.prices else 'given for ' + args.gpu if prices else 'not given'}")
-        print(f"{'gpu':<11}{'fits':>6}{'strategy':>10}{'items/s':>14}{'hours':>10}{'$/GPU-h':>9}{'cost $':>12}")
-        for r in rows:
+        print(f"{'gpu':<11}{'fits':>6}{'strategy':>10}{'items/s':>14}{'time':>11}{'$/GPU-h':>9}{'cost $':>12}")
+        for r in rows:  # a price not given, a cost not known: "-", not 0.00 and nan
+            price, usd = r["usd_per_gpu_hour"], r["usd"]
             print(f"{r['device']:<11}{'yes' if r['fits'] else 'NO':>6}{r['strategy'] or '-':>10}"
-                  f"{r['items_per_s']:>14,.0f}{(r['hours'] or 0):>10,.2f}"
-                  f"{(r['usd_per_gpu_hour'] or 0):>9.2f}{(r['usd'] if r['usd'] is not None else float('nan')):>12,.2f}")
+                  f"{r['items_per_s']:>14,.0f}{duration(r['hours']) if r['hours'] is not None else '-':>11}"
+                  f"{f'{price:.2f}' if price is not None else '-':>9}{f'{usd:,.2f}' if usd is not None else '-':>12}")
         out = {"trainer": args.trainer, "gpus": args.gpus, "parameters": w.parameters, "rows": rows,
                "prices_from": args.prices or ("--usd-per-gpu-hour" if prices else None)}
     else:
