@@ -4,9 +4,11 @@ and the bytes autograd saves per sample (trainers.ops.plan.saved_bytes_per_item)
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from trainers.lstm.config import LstmConfig, n_features
+from trainers.lstm.export_behind import exports_behind
 from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes_per_item
 
 DEFAULT_SYMBOLS = 3  # the seed's BTC-USD, ETH-USD, SOL-USD when none are named
@@ -27,12 +29,15 @@ COHORT_RUN_S = 5.70
 COHORT_SYMBOL_RUN_S = 0.072
 # A new best held in host memory until the symbol's next checkpoint (--ckpt-at-eval held, the default since
 # 0f6f438; a symbol's run never has a budget of its own, so every symbol holds): the 500-symbol job of the default
-# model on the H200, 5 epochs, run both ways one command apart (bench/results/gpu_h200_8779957/
-# lstm_ckpt_at_eval_gpu.json: 2,095 checkpoints written against 774), spent 26.64 s of its members' time in
-# step_done writing each new best and 17.25 s holding them, the same final evaluations: 0.019 s a symbol less.
-# Measured in cohorts against improved; one at a time (--cohort 1) takes the same off SYMBOL_RUN_S, which was
-# measured writing every evaluation's checkpoint (always, the default then): less than holding saves there (assumed).
-HELD_SAVES_S = (26.636 - 17.247) / 500
+# model on the H200, 5 epochs (an evaluation at each epoch's end), run both ways one command apart
+# (bench/results/gpu_h200_8779957/lstm_ckpt_at_eval_gpu.json: 2,095 checkpoints written against 774), spent 26.64 s
+# of its members' time in step_done writing each new best and 17.25 s holding them, the same final evaluations. A
+# symbol's last evaluation is written either way: the saving is counted for each evaluation before it (none at one
+# epoch), and none where the step cadence (--ckpt-every) comes at least as often as the evaluations, since a best
+# on a cadence step is written at once. Measured in cohorts against improved, on one run (the same session's other
+# held job of this command ran 3.8 s faster: the noise is about half the effect); one at a time (--cohort 1) takes
+# the same off SYMBOL_RUN_S, which was measured writing every evaluation's checkpoint (always, the default then).
+HELD_SAVES_PER_EVAL_S = (26.636 - 17.247) / 500 / (5 - 1)
 # The stacked step: the 500-symbol job's stacked steps (2 cohorts x 30) took 10.12 s for 500 symbols of 5 epochs,
 # 2.3 us a sample as the plan counts samples (1,764 a symbol and epoch at the synthetic default; the job trained 6
 # full batches of 256, 1,536) of the default model (hidden 64, 2 layers, window 64); scaled by FLOPs for another
@@ -53,12 +58,17 @@ STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
 # per architecture: a job of mixed feature counts pays it per group).
 EXPORT_WORKER_S = 14.76 - 32 * 0.043
 EXPORT_SYMBOL_S = (97.72 - 63.89 - EXPORT_WORKER_S) / 500
-# Exported behind the training (--export-behind, a GPU deploy's default: each worker's own exporter process): the
-# same 500-symbol job on one H200 three ways, one command apart (bench/results/gpu_h200_8779957/
-# lstm_export_behind_gpu.json): the exports cost 42.99 s in the worker and 24.08 s behind, the part of the last
-# cohort's exports left when its training ends. Counted as that share of the in-worker estimate: one run's ratio,
-# not a model of the exporter's queue (a job whose exporter falls further behind its symbols waits longer).
-EXPORT_BEHIND_SHARE = 24.080 / 42.990
+# Exported behind the training (--export-behind, a GPU deploy's default: each worker's own exporter process, one
+# thread). A cohort's symbols finish together and go to the exporter then; it pays its first exports once
+# (EXPORT_WORKER_S) and then takes a symbol after another, while the worker trains its next cohort: the job waits
+# for what is left when its training ends (exports_after_training_s). The exporter's time a symbol is fitted to
+# the 500-symbol job on one H200 three ways, one command apart (bench/results/gpu_h200_8779957/
+# lstm_export_behind_gpu.json): the training alone (--no-export) 54.49 s, its two cohorts (256, 244) ending at
+# their share of it, and 24.08 s more with the exports behind. The exporter was behind from its first cohort on:
+# 0.075 s a symbol, slower than in the worker (torch on one thread beside the training, where the worker's export
+# ran on all of them). One run's fit; a worker with a single cohort (8 GPUs for those 500 symbols) waits for all
+# of its exports.
+EXPORT_BEHIND_SYMBOL_S = (54.494 + 24.080 - 54.494 * 256 / 500 - EXPORT_WORKER_S) / 500
 
 
 def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int = 1,
@@ -80,21 +90,38 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
                    "default_flops": 3 * forward_flops(default, (torch.randn(1, LstmConfig().window, n_in),))}
     c = counted
     symbols = symbols_of(cfg)
-    export_s = (max(1, workers) * EXPORT_WORKER_S + symbols * EXPORT_SYMBOL_S) if cfg.export else 0.0
-    exported = (f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker (the development VM's CPU) and {EXPORT_SYMBOL_S:.3f} s "
-                f"a symbol (the H200 host's)" if cfg.export else "")
-    if cfg.export and cfg.export_behind is not False:  # a GPU deploy's default, and a plan is a GPU's
-        export_s *= EXPORT_BEHIND_SHARE
-        exported += (f", behind the training: {EXPORT_BEHIND_SHARE:.0%} of that left after it (one H200 run's "
-                     "share)")
-    held_s = symbols * HELD_SAVES_S if cfg.ckpt_at_eval == "held" else 0.0
-    held = (f"; {HELD_SAVES_S:.3f} s a symbol less for its new bests held until its next checkpoint "
-            f"(--ckpt-at-eval held, measured on an H200)" if held_s else "")
     days = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * 365)
-    samples = int(days * (1 - cfg.val_frac - cfg.test_frac)) * symbols * cfg.epochs
+    per_epoch = int(days * (1 - cfg.val_frac - cfg.test_frac))  # a symbol's training samples an epoch
+    samples = per_epoch * symbols * cfg.epochs
     k = max(1, cfg.jobs_per_gpu or 1)
     per_worker = math.ceil(symbols / max(1, workers))  # a worker claims its share of the symbols (worker.py)
     members = planned_cohort(cfg, c["stacked_per_sample"], per_worker, memory_bytes)
+    held_each = held_saves_s(cfg, math.ceil(per_epoch / cfg.batch_size))
+    held = (f"; {held_each:.3f} s a symbol less for its new bests held until its next checkpoint (--ckpt-at-eval "
+            f"held, measured in cohorts on an H200)" if held_each else "")
+    # one worker's cohorts (claimed as the job claims them: full ones, then the rest) and its training's time
+    cohorts_of = [members] * (per_worker // members) + ([per_worker % members] if per_worker % members else [])
+    stacked_s = STACKED_SAMPLE_S * c["flops"] / c["default_flops"]
+    if members == 1:
+        step_s, run_s, each_s = SMALL_STEP_S, 0.0, SYMBOL_RUN_S - held_each
+    else:
+        step_s, run_s, each_s = max(SMALL_STEP_S, cfg.batch_size * members * stacked_s), COHORT_RUN_S, \
+            COHORT_SYMBOL_RUN_S - held_each
+    steps_each = math.ceil(per_epoch / cfg.batch_size) * cfg.epochs  # a cohort's steps, as a symbol's
+    cohort_s = [run_s + n * each_s + steps_each * (step_s * n / members) for n in cohorts_of]
+    export_s, exported = 0.0, ""
+    if cfg.export and exports_behind(cfg.export_behind, cfg.device != "cpu", cfg.export):  # a plan is a GPU's
+        ends = list(itertools.accumulate(cohort_s))
+        export_s = max(1, workers) * exports_after_training_s(list(zip(ends, cohorts_of)), ends[-1], EXPORT_WORKER_S,
+                                                               EXPORT_BEHIND_SYMBOL_S)
+        exported = (f"; ONNX export behind the training, {EXPORT_WORKER_S:.1f} s an exporter's first and "
+                    f"{EXPORT_BEHIND_SYMBOL_S:.3f} s a symbol (fitted to one H200 job), "
+                    f"{export_s / max(1, workers):.1f} s of it after a worker's training")
+    elif cfg.export:
+        export_s = max(1, workers) * EXPORT_WORKER_S + symbols * EXPORT_SYMBOL_S
+        exported = (f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker (the development VM's CPU) and "
+                    f"{EXPORT_SYMBOL_S:.3f} s a symbol (the H200 host's)")
+    held_s = symbols * held_each
     shape = {"hidden": cfg.hidden, "layers": cfg.layers, "window": cfg.window, "symbols": symbols, "cohort": members}
     for_device = lambda memory, n: workload(cfg, memory, n, c)  # noqa: E731
     if members == 1:
@@ -135,6 +162,30 @@ def symbols_of(cfg: LstmConfig) -> int:
     """The symbols the job trains: those named, the synthetic count, else the seed's three."""
     return (len(cfg.symbols.split(",")) if cfg.symbols else cfg.synthetic_tickers if cfg.source == "synthetic"
             else DEFAULT_SYMBOLS)
+
+
+def held_saves_s(cfg: LstmConfig, steps_per_epoch: int) -> float:
+    """What holding a symbol's new bests saves it (HELD_SAVES_PER_EVAL_S for each evaluation before its last), 0
+    where nothing is held: --ckpt-at-eval improved/always, or a step cadence as frequent as the evaluations."""
+    if cfg.ckpt_at_eval != "held":
+        return 0.0
+    steps = steps_per_epoch * cfg.epochs
+    between = steps_per_epoch if cfg.eval_every == 0 else cfg.eval_every
+    if cfg.ckpt_every and cfg.ckpt_every <= between:
+        return 0.0
+    evaluations = cfg.epochs if cfg.eval_every == 0 else math.ceil(steps / cfg.eval_every)  # (and the last step)
+    return HELD_SAVES_PER_EVAL_S * max(0, evaluations - 1)
+
+
+def exports_after_training_s(finished: list[tuple[float, int]], train_s: float, first_s: float,
+                             per_symbol_s: float) -> float:
+    """How long one worker's exporter goes on after its training (`train_s`): `finished` holds each cohort's end
+    and its symbols, in order; the exporter starts on a cohort when it ends (or when it is free), its first
+    exports take `first_s` once, then `per_symbol_s` a symbol."""
+    free = None
+    for at, symbols in finished:
+        free = (at + first_s if free is None else max(free, at)) + symbols * per_symbol_s
+    return max(0.0, (free or 0.0) - train_s)
 
 
 def planned_cohort(cfg: LstmConfig, stacked_per_sample: float, symbols: int, memory_bytes: int) -> int:
