@@ -24,7 +24,7 @@ SYMBOL_RUN_S = 0.165
 # member's solve 10.31 = c + 64 s and 47.38 = 2 c + 500 s: a fit of two runs, not an independent check. The
 # jobs time their steps on the host, which does not wait for the device: the split between the steps and the
 # rest is the jobs' records (the steps' device work the host waited for later counts outside), the sum is right.
-# Measured with each new best written (--ckpt-at-eval improved): a held job takes HELD_SAVES_S a symbol off.
+# Measured with each new best written (--ckpt-at-eval improved): a held job takes held_saves_s a symbol off.
 COHORT_RUN_S = 5.70
 COHORT_SYMBOL_RUN_S = 0.072
 # A new best held in host memory until the symbol's next checkpoint (--ckpt-at-eval held, the default since
