@@ -40,12 +40,16 @@
 #                                         # 97.7 s there) and behind the training (the GPU default since
 #                                         # --export-behind), one command apart (bench/lstm_export_behind.py),
 #                                         # then the GNN's GPU step once more (a third run for the plan's median)
+#   bash bench/gpu_session.sh 37 OUT_DIR  # ~8 min (under `timeout 575`): the 64-symbol job three ways (one cohort: every
+#                                         # export after its training, where the plan says behind is the slower), the
+#                                         # 500-symbol job as a deploy runs it (held, exports behind; the plan: 75 s),
+#                                         # the plan's GPU targets again (plan, run_gnn, run_ppo), then lstm_cohort
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
-part="${1:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36 OUT_DIR}"
-out="${2:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36 OUT_DIR}"
-[[ "$part" =~ ^(1|2|33|34|35|36)$ ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2, 33, 34, 35 or 36" >&2; exit 2; }
+part="${1:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36|37 OUT_DIR}"
+out="${2:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36|37 OUT_DIR}"
+[[ "$part" =~ ^(1|2|33|34|35|36|37)$ ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2, 33, 34, 35, 36 or 37" >&2; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 mkdir -p "$out/bench"
@@ -131,6 +135,22 @@ export_behind() {
   step 420 python3 bench/lstm_export_behind.py --out "$out/bench/lstm_export_behind_gpu.json" -- \
     --synthetic-tickers 500 --epochs 5 --patience 0 --device auto >"$out/bench/lstm_export_behind_gpu.log" 2>&1 \
     || { echo "lstm_export_behind failed: exit $?"; status=1; }
+}
+# the 64-symbol job three ways, one command apart: one cohort, so every export comes after its training, where the
+# plan says the exporter (one thread) is slower than the worker (bench/results/plan_lstm64_h200_export_behind.json:
+# 29 s behind, 26 s in the worker, 10 s without; made at f342003)
+export_behind_64() {
+  step 150 python3 bench/lstm_export_behind.py --out "$out/bench/lstm_export_behind64_gpu.json" -- \
+    --synthetic-tickers 64 --epochs 5 --patience 0 --device auto >"$out/bench/lstm_export_behind64_gpu.log" 2>&1 \
+    || { echo "lstm_export_behind (64) failed: exit $?"; status=1; }
+}
+# the 500-symbol job as a GPU deploy runs it (held checkpoints, exports behind): its job wall beside the plan's 75 s
+# (bench/results/plan_lstm500_h200_export_behind.json) and the 78.6 s of gpu_h200_8779957's behind way
+cohort_default() {
+  step 200 python3 -m trainers lstm train --synthetic-tickers 500 --epochs 5 --patience 0 --device auto \
+    --run-dir "$out/lstm_default" >"$out/bench/cohort_default.log" 2>&1 \
+    || { echo "lstm cohort job (the defaults) failed: exit $?"; status=1; }
+  cp "$out/lstm_default/results.json" "$out/bench/cohort_default_results.json" 2>/dev/null || true
 }
 # the same 500-symbol job with --no-export, as the CLI runs it (torch on every core; the lstm_cohort step's row
 # runs torch on one thread): cohort_export's wall less this one is what the exports cost, clean
@@ -218,6 +238,11 @@ elif [[ "$part" == 36 ]]; then
   ckpt_held
   export_behind
   bench --only run_gnn --total-min 1.2
+elif [[ "$part" == 37 ]]; then
+  export_behind_64
+  cohort_default
+  bench --only plan,run_gnn,run_ppo --total-min 3.5
+  bench --only lstm_cohort --timeout lstm_cohort=240 --total-min 4
 else
   deploy="$out/deploy"
   step 180 env TRAINERS_PYTHON=python3 bash deploy_8gpu.sh --trainer forecast --foreground --skip-data \
