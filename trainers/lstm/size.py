@@ -99,28 +99,11 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
     held_each = held_saves_s(cfg, math.ceil(per_epoch / cfg.batch_size))
     held = (f"; {held_each:.3f} s a symbol less for its new bests held until its next checkpoint (--ckpt-at-eval "
             f"held, measured in cohorts on an H200)" if held_each else "")
-    # one worker's cohorts (claimed as the job claims them: full ones, then the rest) and its training's time
+    # one worker's cohorts, claimed as the job claims them: full ones, then the rest
     cohorts_of = [members] * (per_worker // members) + ([per_worker % members] if per_worker % members else [])
-    stacked_s = STACKED_SAMPLE_S * c["flops"] / c["default_flops"]
-    if members == 1:
-        step_s, run_s, each_s = SMALL_STEP_S, 0.0, SYMBOL_RUN_S - held_each
-    else:
-        step_s, run_s, each_s = max(SMALL_STEP_S, cfg.batch_size * members * stacked_s), COHORT_RUN_S, \
-            COHORT_SYMBOL_RUN_S - held_each
     steps_each = math.ceil(per_epoch / cfg.batch_size) * cfg.epochs  # a cohort's steps, as a symbol's
-    cohort_s = [run_s + n * each_s + steps_each * (step_s * n / members) for n in cohorts_of]
-    export_s, exported = 0.0, ""
-    if cfg.export and exports_behind(cfg.export_behind, cfg.device != "cpu", cfg.export):  # a plan is a GPU's
-        ends = list(itertools.accumulate(cohort_s))
-        export_s = max(1, workers) * exports_after_training_s(list(zip(ends, cohorts_of)), ends[-1], EXPORT_WORKER_S,
-                                                               EXPORT_BEHIND_SYMBOL_S)
-        exported = (f"; ONNX export behind the training, {EXPORT_WORKER_S:.1f} s an exporter's first and "
-                    f"{EXPORT_BEHIND_SYMBOL_S:.3f} s a symbol (fitted to one H200 job), "
-                    f"{export_s / max(1, workers):.1f} s of it after a worker's training")
-    elif cfg.export:
-        export_s = max(1, workers) * EXPORT_WORKER_S + symbols * EXPORT_SYMBOL_S
-        exported = (f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker (the development VM's CPU) and "
-                    f"{EXPORT_SYMBOL_S:.3f} s a symbol (the H200 host's)")
+    export_s, exported = export_cost(cfg, symbols, workers, cohorts_of, cohort_seconds(
+        cohorts_of, steps_each, STACKED_SAMPLE_S * cfg.batch_size * c["flops"] / c["default_flops"], held_each))
     held_s = symbols * held_each
     shape = {"hidden": cfg.hidden, "layers": cfg.layers, "window": cfg.window, "symbols": symbols, "cohort": members}
     for_device = lambda memory, n: workload(cfg, memory, n, c)  # noqa: E731
@@ -162,6 +145,34 @@ def symbols_of(cfg: LstmConfig) -> int:
     """The symbols the job trains: those named, the synthetic count, else the seed's three."""
     return (len(cfg.symbols.split(",")) if cfg.symbols else cfg.synthetic_tickers if cfg.source == "synthetic"
             else DEFAULT_SYMBOLS)
+
+
+def cohort_seconds(cohorts_of: list[int], steps: int, batch_s: float, held_each: float) -> list[float]:
+    """Each of a worker's cohorts' time, as the plan counts it: its steps at the stacked rate (`batch_s` a member's
+    batch; one at a time the launch floor) and its own time and its members' outside them."""
+    if max(cohorts_of) == 1:
+        return [steps * SMALL_STEP_S + SYMBOL_RUN_S - held_each for _ in cohorts_of]
+    step_s = max(SMALL_STEP_S, max(cohorts_of) * batch_s)  # the largest cohort's step, shared by its members
+    return [COHORT_RUN_S + n * (COHORT_SYMBOL_RUN_S - held_each) + steps * step_s * n / max(cohorts_of)
+            for n in cohorts_of]
+
+
+def export_cost(cfg: LstmConfig, symbols: int, workers: int, cohorts_of: list[int], cohort_s: list[float]
+                ) -> tuple[float, str]:
+    """The exports' time the job waits for (all its workers', as outside_steps_s counts) and the plan's note: in the
+    worker, each worker's first exports and every symbol's; behind the training, what each worker's exporter has
+    left when the worker's training ends."""
+    if not cfg.export:
+        return 0.0, ""
+    if exports_behind(cfg.export_behind, cfg.device != "cpu", cfg.export):  # a plan is a GPU's
+        ends = list(itertools.accumulate(cohort_s))
+        after = exports_after_training_s(list(zip(ends, cohorts_of)), ends[-1], EXPORT_WORKER_S, EXPORT_BEHIND_SYMBOL_S)
+        return max(1, workers) * after, (f"; ONNX export behind the training, {EXPORT_WORKER_S:.1f} s an exporter's "
+                                          f"first and {EXPORT_BEHIND_SYMBOL_S:.3f} s a symbol (fitted to one H200 job),"
+                                          f" {after:.1f} s of it after a worker's training")
+    return max(1, workers) * EXPORT_WORKER_S + symbols * EXPORT_SYMBOL_S, (
+        f"; ONNX export {EXPORT_WORKER_S:.1f} s a worker (the development VM's CPU) and {EXPORT_SYMBOL_S:.3f} s a "
+        f"symbol (the H200 host's)")
 
 
 def held_saves_s(cfg: LstmConfig, steps_per_epoch: int) -> float:
