@@ -581,6 +581,47 @@ def test_the_lstm_jobs_exports_behind_are_what_its_exporter_has_left_when_the_tr
     assert one_at_a_time[1].outside_steps_s - one_at_a_time[0].outside_steps_s == pytest.approx(EXPORT_BEHIND_SYMBOL_S)
 
 
+def test_a_workers_cohorts_take_their_share_of_its_steps_and_their_own_time():
+    """cohort_seconds: a smaller last cohort takes its members' share of the largest cohort's step (the plan counts
+    samples at the stacked rate) and a cohort's own time; one at a time, each symbol its steps at the launch floor
+    and its own run."""
+    from trainers.lstm.size import COHORT_RUN_S, COHORT_SYMBOL_RUN_S, SMALL_STEP_S, SYMBOL_RUN_S, cohort_seconds
+
+    first, last = cohort_seconds([256, 244], 35, 0.001, 0.01)
+    assert first == pytest.approx(COHORT_RUN_S + 256 * (COHORT_SYMBOL_RUN_S - 0.01) + 35 * 0.256)
+    assert last == pytest.approx(COHORT_RUN_S + 244 * (COHORT_SYMBOL_RUN_S - 0.01) + 35 * 0.256 * 244 / 256)
+    assert cohort_seconds([1, 1], 35, 0.001, 0.01) == pytest.approx([35 * SMALL_STEP_S + SYMBOL_RUN_S - 0.01] * 2)
+
+
+# The plans the READMEs quote as this code's, each with the command written beside it there (the _before and
+# _1adc135 files are earlier code's, quoted as such)
+QUOTED_PLANS = {
+    "plan_gnn_h200.json": ["--trainer", "gnn", "--gpu", "h200", "--gpus", "1"],
+    "plan_lstm500_h100.json": ["--trainer", "lstm", "--epochs", "5", "--synthetic-tickers", "500", "--cohort", "1",
+                               "--no-export", "--ckpt-at-eval", "always", "--gpus", "1"],
+    "plan_lstm500_h200.json": ["--trainer", "lstm", "--epochs", "5", "--synthetic-tickers", "500", "--no-export",
+                               "--ckpt-at-eval", "improved", "--gpus", "1", "--gpu", "h200"],
+    "plan_lstm500_h200_export.json": ["--trainer", "lstm", "--epochs", "5", "--synthetic-tickers", "500",
+                                      "--no-export-behind", "--ckpt-at-eval", "improved", "--gpus", "1", "--gpu", "h200"],
+    "plan_lstm500_h200_held.json": ["--trainer", "lstm", "--epochs", "5", "--synthetic-tickers", "500", "--gpus", "1",
+                                    "--gpu", "h200", "--no-export"],
+    "plan_lstm500_h200_export_behind.json": ["--trainer", "lstm", "--epochs", "5", "--synthetic-tickers", "500",
+                                             "--gpus", "1", "--gpu", "h200"],
+    "plan_lstm64_h200_export_behind.json": ["--trainer", "lstm", "--epochs", "5", "--synthetic-tickers", "64",
+                                            "--gpus", "1", "--gpu", "h200"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(QUOTED_PLANS))
+def test_the_committed_plans_are_what_their_commands_print_now(name, tmp_path, capsys):
+    """A change to the plan that moves a quoted figure fails here until its JSON (and the sentence quoting it, which
+    test_claims checks against the JSON) is made again with its command."""
+    out = tmp_path / name
+    assert main(["plan", *QUOTED_PLANS[name], "--json", str(out)]) == 0
+    capsys.readouterr()
+    assert json.loads(out.read_text()) == json.loads((REPO / "bench/results" / name).read_text())
+
+
 def test_the_plan_sizes_what_the_run_leaves_to_the_device_for_the_planned_gpu_and_workers():
     """PPO's environment batch and the LSTM's cohorts follow the planned GPU's memory (a 16 GB T4 is sized down,
     as the run would be, instead of failing to fit an 80 GB card's default) and the LSTM's its workers (each
