@@ -429,6 +429,32 @@ def test_a_budget_stop_with_a_stuck_exporter_ends_it_after_the_stopping_stall_an
 
 
 @SLOW
+def test_a_budget_spent_while_the_worker_waits_for_a_stuck_exporter_ends_the_wait_after_the_stopping_stall(
+        tmp_path, monkeypatch):
+    """Every symbol trained inside the budget, then the exporter stuck at the end: the wait counts in the job's time
+    too, so once the budget is spent it is a stopped job's wait (STOPPING_STALL_S of silence, not STALL_S: the
+    hostile test's 10.8-s budget ran 601.7 s and said "completed"); the symbols keep no marker, the summary says
+    the budget."""
+    fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
+    monkeypatch.setattr(worker_mod, "STALL_S", 30.0)
+    monkeypatch.setattr(worker_mod, "STOPPING_STALL_S", 1.0)
+    real_settle, waiting = behind.ExportsBehind.settle, []
+
+    def settle_with_the_budget_spent(self, *args, **kwargs):
+        waiting.append(time.monotonic())
+        return real_settle(self, *args, **kwargs)
+
+    monkeypatch.setattr(behind.ExportsBehind, "settle", settle_with_the_budget_spent)
+    monkeypatch.setattr(worker_mod.Worker, "elapsed_s", lambda self: 1e9 if waiting else 0.0)
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", *TINY, "--max-hours", "1", "--export-behind", "--run-dir", str(run_dir)]) == 0
+    assert len(waiting) == 1 and time.monotonic() - waiting[0] < 20  # the stopping stall, not STALL_S
+    assert markers(run_dir) == {}
+    assert json.loads((run_dir / "results.json").read_text())["training"]["stop_reason"] == "time_budget"
+    assert any("answered nothing for" in line and "left to the next run" in line for line in log_lines(run_dir))
+
+
+@SLOW
 def test_a_broken_context_names_the_symbols_whose_export_is_still_running(tmp_path, monkeypatch):
     """SYN001 breaks the worker's context while SYN000's export runs behind: the error line names SYN001 pending and
     SYN000 trained with its export still running (the line said nothing of it), and, the exporter stuck as the job

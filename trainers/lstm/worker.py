@@ -363,11 +363,18 @@ def settle_exports(worker: Worker) -> None:
     or while it waits): then the exporter is ended, and the symbols it had not exported are left to the next run
     (which finishes and exports them). After a budget stop, another worker's, or a broken context, the exports are
     waited for while the exporter answers; silent for STOPPING_STALL_S then, it is ended and its symbols are left to
-    the next run (a job whose time or money is spent does not wait STALL_S for it)."""
-    left = worker.exports.settle(stop=lambda: worker.signalled is not None, stopping=worker.stopping,
+    the next run (a job whose time or money is spent does not wait STALL_S for it), and so while the job's budget
+    is spent during this wait (a job that trained inside its budget, its exporter stuck)."""
+    def stopping() -> bool:  # the job's budget counts this wait too: spent, it waits as a stopped job does
+        return worker.stopping() or worker.budget.exceeded(worker.elapsed_s()) != StopReason.NONE
+
+    left = worker.exports.settle(stop=lambda: worker.signalled is not None, stopping=stopping,
                                  stall_s=STALL_S, stopping_stall_s=STOPPING_STALL_S)
     if worker.signalled is not None and worker.queue.stop_record(force=True) is None:  # the summary says why
         worker.publish_stop("signal", None, None, worker.signalled)
+    over = worker.budget.exceeded(worker.elapsed_s())
+    if left and over != StopReason.NONE and worker.queue.stop_record(force=True) is None:  # (as for a signal)
+        worker.publish_stop(over.name.lower(), None, None, None)
     if left:
         worker.log.warning("%d trained symbol(s) stopped with the job before their export (%s); the next run "
                            "finishes and exports them", len(left), ", ".join(Path(f).name for f in left))
