@@ -205,3 +205,50 @@ def test_a_launch_killed_outright_still_finds_the_summary_of_what_earlier_ones_f
     r = json.loads((run_dir / "results.json").read_text())
     assert r["symbols"]["SYN000"]["status"] == "ok" and r["training"]["symbols"]["ok"] == 1
     assert "1 of 2 symbols succeeded" in (run_dir / "results.md").read_text()
+
+
+def test_a_file_where_a_symbols_folder_belongs_or_a_symbols_folder_as_the_job_is_refused_in_one_line(tmp_path):
+    """Before anything is written: a file at a symbol's folder (its run, then the record of its failure, raised in
+    the middle of the job: a traceback, exit 1, a stale summary) and a job started inside a symbol's folder of
+    another job (it wrote its summary over that symbol's results) are one line each, exit 2."""
+    run_dir = tmp_path / "job"
+    args = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--run-dir", str(run_dir)]
+    assert run_cli(args).returncode == 0
+    results = (run_dir / "symbols" / "SYN000" / "results.json").read_bytes()
+    nested = run_cli(["lstm", "train", *TINY, "--symbols", "SYN000", "--run-dir", str(run_dir / "symbols" / "SYN000")])
+    assert nested.returncode == 2 and "Traceback" not in nested.stderr
+    assert "is symbol SYN000's folder in the LSTM job" in nested.stderr.strip().splitlines()[-1]
+    assert (run_dir / "symbols" / "SYN000" / "results.json").read_bytes() == results
+    assert not (run_dir / "symbols" / "SYN000" / "symbols").exists()
+    fresh = tmp_path / "fresh"
+    (fresh / "symbols").mkdir(parents=True)
+    (fresh / "symbols" / "SYN001").write_text("junk")
+    refused = run_cli(["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--run-dir", str(fresh)])
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "is a file where symbol SYN001's folder belongs" in refused.stderr.strip().splitlines()[-1]
+    assert sorted(p.name for p in fresh.rglob("*")) == ["SYN001", "symbols"]  # nothing written
+
+
+def test_a_failure_that_cannot_be_recorded_leaves_the_symbol_pending_and_the_job_going_on(tmp_path, monkeypatch):
+    """A symbol that fails twice where its failure cannot be written (its folder turned into a file mid-job, a
+    read-only folder): one error line, the other symbols finish, the summary is written, and the job's exit says it
+    did not succeed (it raised FileExistsError with a traceback, the summary left stale)."""
+    import trainers.lstm.worker as worker_mod
+    from trainers.cli import main
+
+    real_write = worker_mod.jobqueue.write_marker
+
+    def write_marker(folder, marker):
+        if marker["status"] == "failed":
+            raise PermissionError(13, "Permission denied", str(folder))
+        real_write(folder, marker)
+
+    monkeypatch.setattr(worker_mod.jobqueue, "write_marker", write_marker)
+    monkeypatch.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:always")
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", *TINY, "--symbols", "SYN000,SYN001,SYN002", "--run-dir", str(run_dir)]) == 1
+    log = (run_dir / "training.log").read_text()
+    assert "SYN001: failed twice" in log and "the failure could not be recorded" in log
+    summary = json.loads((run_dir / "results.json").read_text())
+    assert summary["training"]["symbols"] == {"ok": 2, "failed": 0, "stopped": 0, "pending": 1}
+    assert summary["symbols"]["SYN001"]["status"] == "pending"

@@ -164,7 +164,8 @@ class LstmConfig(RunOptions):
                                resume_safe=True, choices=CKPT_AT_EVAL)
     eval_batch_size: int = option(1024, "windows per evaluation batch", resume_safe=True, min=1)
     export: bool = option(True, "export each finished symbol's ONNX as it finishes (in its worker, or behind it: "
-                          "--export-behind; `trainers lstm export` does the rest)", resume_safe=True)
+                          "--export-behind); `trainers lstm export` exports the symbols marked done without one, and "
+                          "the same train command finishes and exports those a stop left unmarked", resume_safe=True)
     export_behind: bool | None = option(None, "export in a process of its own while the worker trains its next "
                                         "symbols (default: on a GPU deploy, --gpu-defaults included; on a CPU in "
                                         "the worker, where an exporter would take cores from the training)",

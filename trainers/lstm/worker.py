@@ -123,6 +123,7 @@ class Worker:
         self.rows_per_pass: dict[str, int | None] = {}
         self.max_cohort: int | None = None
         self.exports: ExportsBehind | None = None  # its exporter process (--export-behind), else exports in line
+        self.unrecorded: list[str] = []  # symbols that failed where their failure could not be written (pending)
 
     def smaller_cohorts(self, size: int, error: BaseException) -> None:
         """A cohort of `size` symbols ran out of device memory beyond what smaller passes cure (its data, its
@@ -231,10 +232,17 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
             if attempt == 1:
                 worker.log.warning("%s: try 1 failed (%s); trying again from its last checkpoint", symbol, error)
                 continue
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                jobqueue.write_marker(folder, _marker(worker, symbol, "failed", attempt, started, **(note or {}),
+                                                     error=error, traceback=traceback.format_exc()[-4000:]))
+            except OSError as exc:  # (its folder is a file, or read-only): the failure cannot be recorded there
+                worker.unrecorded.append(symbol)
+                worker.log.error("%s: failed twice (%s), and the failure could not be recorded in %s (%s); it stays "
+                                 "pending, going on with the other symbols: fix that folder and run the same command",
+                                 symbol, error, folder, first_line(exc))
+                return None
             worker.log.error("%s: failed twice (%s); recorded, going on with the other symbols", symbol, error)
-            folder.mkdir(parents=True, exist_ok=True)
-            jobqueue.write_marker(folder, _marker(worker, symbol, "failed", attempt, started, **(note or {}),
-                                                 error=error, traceback=traceback.format_exc()[-4000:]))
             return None
     return finished(symbol, outcome, attempt, started, cfg, worker, note=note)
 
@@ -380,6 +388,24 @@ def settle_exports(worker: Worker) -> None:
                            "finishes and exports them", len(left), ", ".join(Path(f).name for f in left))
 
 
+def check_not_a_symbol_folder(job_dir: Path) -> None:
+    """A job's folder is no symbol's folder of another job: a job in there wrote its summary over that symbol's
+    results (with that symbol's seed it passed the config check)."""
+    parent = job_dir.resolve().parent
+    if parent.name == "symbols" and all((parent.parent / name).is_file() for name in ("config.json", "results.json")):
+        raise UsageError(f"--run-dir {job_dir} is symbol {job_dir.name}'s folder in the LSTM job {parent.parent}: "
+                         f"give that job's folder, or a new one")
+
+
+def check_symbol_folders(job_dir: Path, symbols: list[str]) -> None:
+    """No symbol's folder is a file: its run, then the record of its failure, raised in the middle of the job."""
+    for symbol in symbols:
+        folder = symbol_dir(job_dir, symbol)
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"{folder} is a file where symbol {symbol}'s folder belongs: move it away and run the "
+                             f"same command")
+
+
 def resumes_after_lost(restart_count: int) -> str:
     """What resumes the job after this worker leaves on a broken context: torchrun's next restart (each worker in
     a fresh process, a fresh context), or, when none is left or without torchrun, the same command again."""
@@ -453,12 +479,14 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
             train_cohort: TrainCohort | None = None) -> int:
     # Everything that can reject the input happens before the first write into the job folder.
     job_dir = Path(cfg.run_dir)
+    check_not_a_symbol_folder(job_dir)
     restore_from_remote(cfg.remote, job_dir, ctx, cfg, fix_date_range)  # a fresh machine: the remote's job first
     fix_date_range(cfg, cfgmod.saved_config(job_dir))
     cfgmod.check_run_dir_compatible(job_dir, cfg)
     device = worker_device(cfg, ctx.local_rank)
     faults.raise_requests()  # a malformed test hook fails here, not as every symbol's error
     plan = prepare_job(cfg, log=print if ctx.is_main else (lambda _msg: None))
+    check_symbol_folders(job_dir, plan.symbols)
     forget_exports()  # this job's first symbol is exported (and its latency measured) for this job's records
     # One job per folder, as for every trainer: rank 0 holds the job folder's lock for the job's life
     # (each symbol's run locks only its own folder, so a second job used to collide symbol by symbol,
@@ -591,8 +619,8 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
     if queue.lost:  # torchrun's agent is gone: no one hears this worker any more
         log.warning("the job's store is gone (%s): torchrun's agent died; stopped%s", queue.lost,
                     ", writing the summary of what is on disk" if ctx.is_main else "")
-    if not ctx.is_main:
-        return 1 if device_lost else 0  # torchrun restarts the workers (with fresh contexts) on a non-zero exit
+    if not ctx.is_main:  # torchrun restarts the workers (with fresh contexts) on a non-zero exit
+        return 1 if device_lost or (worker.unrecorded and "TORCHELASTIC_RUN_ID" not in os.environ) else 0
     signalled = worker.signalled is not None
     done = queue.wait_for_workers(ctx.world_size, time.monotonic() + jobqueue.GRACE_S if signalled else None)
     if done < ctx.world_size:
@@ -605,4 +633,4 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
              counts["ok"], len(plan.symbols), counts["failed"], counts["stopped"], counts["pending"],
              results["training"]["stop_reason"], job_dir / "results.md")
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-    return 1 if device_lost or (counts["failed"] and not under_torchrun) else 0
+    return 1 if device_lost or ((counts["failed"] or worker.unrecorded) and not under_torchrun) else 0
