@@ -252,3 +252,15 @@ def test_a_failure_that_cannot_be_recorded_leaves_the_symbol_pending_and_the_job
     summary = json.loads((run_dir / "results.json").read_text())
     assert summary["training"]["symbols"] == {"ok": 2, "failed": 0, "stopped": 0, "pending": 1}
     assert summary["symbols"]["SYN001"]["status"] == "pending"
+
+
+def test_a_run_of_a_job_whose_budget_is_spent_already_says_so_and_how_to_go_on(tmp_path):
+    """--max-hours counts every run of the job: a run started with it spent stops at once (exit 0, its symbols left
+    pending as they were), and says why and what to do (it said only "stopping the job: time_budget")."""
+    args = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--max-hours", "0.0002", "--run-dir",
+            str(tmp_path / "job")]
+    first = run_cli(args)
+    assert first.returncode == 0 and "stop reason time_budget" in first.stderr
+    again = run_cli(args)
+    assert again.returncode == 0
+    assert "its budget is spent already" in again.stderr and "raise it to train the 2 symbol(s) left" in again.stderr

@@ -599,6 +599,10 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         # What earlier attempts finished is summarised before anything else: an attempt killed
         # outright (SIGKILL to every process) writes nothing at its end.
         summary()
+        if worker.budget.exceeded(worker.elapsed_s()) != StopReason.NONE:  # (it stops at once, saying why here)
+            log.warning("lstm job: its budget is spent already (%.1f s of %.1f s: --max-hours and --budget-usd count "
+                        "every run of the job); raise it to train the %d symbol(s) left", worker.elapsed_s(),
+                        worker.budget.limit_s(), len(attempt["pending"]))
 
     cohort = 1 if train_cohort is None else cohort_size(cfg, plan.timeframes, device)
     if ctx.is_main and cohort > 1:
