@@ -339,6 +339,12 @@ def test_an_exporter_that_dies_leaves_export_errors_not_failed_symbols(tmp_path,
     assert any("the export process ended (exit code 3)" in line for line in log_lines(run_dir))
     assert main(["lstm", "export", "--run-dir", str(run_dir)]) == 0
     assert all((run_dir / "symbols" / s / "model.onnx").is_file() for s in SYMBOLS)
+    after = markers(run_dir)  # the markers say what the export is now (they kept the ended exporter's error)
+    for s in SYMBOLS:
+        assert "export_error" not in after[s] and after[s]["status"] == "ok"
+        assert after[s]["export"]["sha256"] == sha256_file(run_dir / "symbols" / s / "model.onnx")
+    r = json.loads((run_dir / "results.json").read_text())
+    assert "export_error" not in r["symbols"]["SYN001"]
 
 
 @SLOW

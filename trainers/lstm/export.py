@@ -149,7 +149,7 @@ def export_run(run_dir: Path, symbols: str | None = None, checkpoint: str = "bes
 
 def _export_symbols(run_dir: Path, wanted: list[str], checkpoint: str, tolerance: float, latency_iters: int,
                     force: bool, log) -> dict:
-    from trainers.lstm.queue import read_marker
+    from trainers.lstm.queue import read_marker, write_marker
     from trainers.lstm.summary import refresh_job_summary
 
     done, skipped, failed = [], [], {}
@@ -166,6 +166,10 @@ def _export_symbols(run_dir: Path, wanted: list[str], checkpoint: str, tolerance
             info = export_symbol(folder, checkpoint, tolerance, latency_iters)
             log(f"{s}: exported {folder / 'model.onnx'} (step {info['checkpoint_step']}), {parity_line(info['parity'])}")
             done.append(s)
+            if "export_error" in marker:  # its marker says what its export is now, not the training's failed one
+                marker.pop("export_error")
+                write_marker(folder, {**marker, "export": {"sha256": info["sha256"],
+                                                           "max_abs_error": info["parity"]["max_abs_error"]}})
         except Exception as exc:  # noqa: BLE001 - one symbol's failure is reported, the others go on
             failed[s] = f"{type(exc).__name__}: {exc}"
             log(f"{s}: export failed: {failed[s]}")
