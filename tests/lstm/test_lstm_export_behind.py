@@ -249,6 +249,30 @@ def test_a_stuck_exporter_is_waited_for_less_while_the_job_stops_and_leaves_its_
     assert any("answered nothing for" in line and "left to the next run" in line for line in log.lines), log.lines
 
 
+def test_a_stopped_job_leaves_a_stuck_exporters_symbols_unmarked_even_past_the_stall(monkeypatch):
+    """Silent past STALL_S by the time the wait begins (stuck early while the training went on) and the job stopping
+    (its budget spent during the wait): the stopped job's rule comes first, no export error is recorded (the
+    stall's rule came first and gave the symbols markers)."""
+    fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
+    outcomes = {}
+    exports = behind.ExportsBehind(Log())
+    exports.submit("/job/symbols/SYN000", lambda outcome: outcomes.__setitem__("SYN000", outcome))
+    exports.busy_since -= 100  # silent 100 s already
+    assert exports.settle(stop=lambda: False, stopping=lambda: True, stall_s=50.0, stopping_stall_s=1.0) == [
+        "/job/symbols/SYN000"]
+    assert outcomes == {}
+
+
+def test_an_exporter_that_ends_as_the_job_stops_names_what_it_leaves_to_the_next_run(monkeypatch):
+    """Its symbols keep no marker (left to the next run) and the worker can tell: `left_to_the_next_run`, so a
+    budget spent during the wait is published as the job's stop even though the wait returned nothing left."""
+    fake_exporter(monkeypatch, "import sys; sys.stdin.readline(); sys.exit(3)")
+    outcomes, exports = {}, behind.ExportsBehind(Log())
+    exports.submit("/job/symbols/SYN000", lambda outcome: outcomes.__setitem__("SYN000", outcome))
+    assert exports.settle(stop=lambda: False, stopping=lambda: True, stall_s=60.0, stopping_stall_s=30.0) == []
+    assert outcomes == {} and exports.left_to_the_next_run == ["/job/symbols/SYN000"]
+
+
 def test_a_job_that_is_not_stopping_waits_for_a_slow_export_past_the_stopping_stall(monkeypatch):
     """The shorter wait is for a job that stops only: otherwise an export slower than STOPPING_STALL_S (the first of
     a process, on a loaded host) is waited for, up to STALL_S."""

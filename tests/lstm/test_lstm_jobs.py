@@ -227,6 +227,16 @@ def test_a_file_where_a_symbols_folder_belongs_or_a_symbols_folder_as_the_job_is
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
     assert "is a file where symbol SYN001's folder belongs" in refused.stderr.strip().splitlines()[-1]
     assert sorted(p.name for p in fresh.rglob("*")) == ["SYN001", "symbols"]  # nothing written
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "symbols").write_text("junk")
+    refused = run_cli(["lstm", "train", *TINY, "--symbols", "SYN000", "--run-dir", str(tmp_path / "flat")])
+    assert refused.returncode == 2 and "is a file where the job's symbols folder belongs" in refused.stderr
+    other = tmp_path / "other"  # another trainer's run (no LSTM job summary): a folder named symbols/ in it is free
+    (other / "symbols").mkdir(parents=True)
+    (other / "config.json").write_text("{}")
+    (other / "results.json").write_text('{"training": {}}')
+    assert run_cli(["lstm", "train", *TINY, "--symbols", "SYN000", "--run-dir", str(other / "symbols" / "mine")]
+                   ).returncode == 0
 
 
 def test_a_failure_that_cannot_be_recorded_leaves_the_symbol_pending_and_the_job_going_on(tmp_path, monkeypatch):
@@ -257,7 +267,7 @@ def test_a_failure_that_cannot_be_recorded_leaves_the_symbol_pending_and_the_job
 def test_a_run_of_a_job_whose_budget_is_spent_already_says_so_and_how_to_go_on(tmp_path):
     """--max-hours counts every run of the job: a run started with it spent stops at once (exit 0, its symbols left
     pending as they were), and says why and what to do (it said only "stopping the job: time_budget")."""
-    args = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--max-hours", "0.0002", "--run-dir",
+    args = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--max-hours", "1e-9", "--run-dir",
             str(tmp_path / "job")]
     first = run_cli(args)
     assert first.returncode == 0 and "stop reason time_budget" in first.stderr

@@ -88,6 +88,7 @@ class ExportsBehind:
         self.retried: set[str] = set()  # folders handed again after their exporter ended (once each)
         self.ended_unanswered = 0  # exporters in a row that ended without an answer; at GIVE_UP_AFTER, no more
         self.busy_since = time.monotonic()  # its last answer, or when it was given work while it had none
+        self.left_to_the_next_run: list[str] = []  # folders dropped unmarked as the job stopped (_give_up)
 
     def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
         if self.proc is None and self.ended_unanswered >= GIVE_UP_AFTER:  # (said once, when it came to that)
@@ -110,7 +111,8 @@ class ExportsBehind:
         """Hand each export that is over to its symbol, waiting up to `wait_s` for the first. An exporter that ended:
         the symbols it had not answered go once more to a new exporter, then get an export error; one that answered
         for a folder it was not given: an export error for every symbol waiting. Unless the job is `stopping` (any
-        published stop: a signal, the budget, a broken context): then they are left unmarked to the next run. A line
+        published stop: a signal, the budget, a broken context; or, at the end, the job's budget spent during the
+        wait): then they are left unmarked to the next run (`left_to_the_next_run`). A line
         that is no answer (a stray print) is logged and skipped. Returns how many symbols were handed."""
         handed, wait = 0, wait_s
         while self.waiting:
@@ -148,13 +150,13 @@ class ExportsBehind:
         while self.waiting and not stop():
             self.collect(wait_s=0.5, stopping=stopping)
             silent_s = time.monotonic() - self.busy_since
-            if self.waiting and silent_s > stall_s:
-                self._end(kill=True)
-                self._give_up(f"the export process answered nothing for {silent_s:.0f} s", stopping=False)
-            elif self.waiting and silent_s > stopping_stall_s and stopping():
+            if self.waiting and silent_s > stopping_stall_s and stopping():  # (first: a stopped job marks nothing)
                 self.log.warning("the export process answered nothing for %.0f s as the job stopped: it is ended, and "
                                  "the symbols it had not exported are left to the next run", silent_s)
                 break
+            if self.waiting and silent_s > stall_s:
+                self._end(kill=True)
+                self._give_up(f"the export process answered nothing for {silent_s:.0f} s", stopping=False)
         self.collect(stopping=stopping)  # (stopped: what came back is kept)
         return self.stop()
 
@@ -192,6 +194,7 @@ class ExportsBehind:
         if not lost:
             return 0
         if stopping:
+            self.left_to_the_next_run.extend(lost)
             self.log.warning("%s as the job stopped; %d trained symbol(s) not exported yet are left to the next run, "
                              "which finishes and exports them", why.replace(" before exporting it", ""), len(lost))
             return 0

@@ -123,7 +123,6 @@ class Worker:
         self.rows_per_pass: dict[str, int | None] = {}
         self.max_cohort: int | None = None
         self.exports: ExportsBehind | None = None  # its exporter process (--export-behind), else exports in line
-        self.unrecorded: list[str] = []  # symbols that failed where their failure could not be written (pending)
 
     def smaller_cohorts(self, size: int, error: BaseException) -> None:
         """A cohort of `size` symbols ran out of device memory beyond what smaller passes cure (its data, its
@@ -237,7 +236,6 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
                 jobqueue.write_marker(folder, _marker(worker, symbol, "failed", attempt, started, **(note or {}),
                                                      error=error, traceback=traceback.format_exc()[-4000:]))
             except OSError as exc:  # (its folder is a file, or read-only): the failure cannot be recorded there
-                worker.unrecorded.append(symbol)
                 worker.log.error("%s: failed twice (%s), and the failure could not be recorded in %s (%s); it stays "
                                  "pending, going on with the other symbols: fix that folder and run the same command",
                                  symbol, error, folder, first_line(exc))
@@ -381,7 +379,8 @@ def settle_exports(worker: Worker) -> None:
     if worker.signalled is not None and worker.queue.stop_record(force=True) is None:  # the summary says why
         worker.publish_stop("signal", None, None, worker.signalled)
     over = worker.budget.exceeded(worker.elapsed_s())
-    if left and over != StopReason.NONE and worker.queue.stop_record(force=True) is None:  # (as for a signal)
+    unmarked = left or worker.exports.left_to_the_next_run  # (an exporter that ended as the job stopped: its own)
+    if unmarked and over != StopReason.NONE and worker.queue.stop_record(force=True) is None:  # as for a signal
         worker.publish_stop(over.name.lower(), None, None, None)
     if left:
         worker.log.warning("%d trained symbol(s) stopped with the job before their export (%s); the next run "
@@ -391,14 +390,18 @@ def settle_exports(worker: Worker) -> None:
 def check_not_a_symbol_folder(job_dir: Path) -> None:
     """A job's folder is no symbol's folder of another job: a job in there wrote its summary over that symbol's
     results (with that symbol's seed it passed the config check)."""
-    parent = job_dir.resolve().parent
-    if parent.name == "symbols" and all((parent.parent / name).is_file() for name in ("config.json", "results.json")):
-        raise UsageError(f"--run-dir {job_dir} is symbol {job_dir.name}'s folder in the LSTM job {parent.parent}: "
+    here = job_dir.resolve()
+    if here.parent.name == "symbols" and (here.parent.parent / "config.json").is_file() and \
+            read_results(here.parent.parent).get("job"):  # (an LSTM job's summary, as `trainers lstm export` reads it)
+        raise UsageError(f"--run-dir {job_dir} is symbol {here.name}'s folder in the LSTM job {here.parent.parent}: "
                          f"give that job's folder, or a new one")
 
 
 def check_symbol_folders(job_dir: Path, symbols: list[str]) -> None:
     """No symbol's folder is a file: its run, then the record of its failure, raised in the middle of the job."""
+    if (job_dir / "symbols").exists() and not (job_dir / "symbols").is_dir():
+        raise UsageError(f"{job_dir / 'symbols'} is a file where the job's symbols folder belongs: move it away and "
+                         f"run the same command")
     for symbol in symbols:
         folder = symbol_dir(job_dir, symbol)
         if folder.exists() and not folder.is_dir():
@@ -623,8 +626,8 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
     if queue.lost:  # torchrun's agent is gone: no one hears this worker any more
         log.warning("the job's store is gone (%s): torchrun's agent died; stopped%s", queue.lost,
                     ", writing the summary of what is on disk" if ctx.is_main else "")
-    if not ctx.is_main:  # torchrun restarts the workers (with fresh contexts) on a non-zero exit
-        return 1 if device_lost or (worker.unrecorded and "TORCHELASTIC_RUN_ID" not in os.environ) else 0
+    if not ctx.is_main:
+        return 1 if device_lost else 0  # torchrun restarts the workers (with fresh contexts) on a non-zero exit
     signalled = worker.signalled is not None
     done = queue.wait_for_workers(ctx.world_size, time.monotonic() + jobqueue.GRACE_S if signalled else None)
     if done < ctx.world_size:
@@ -636,5 +639,6 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
     log.info("lstm: %d of %d symbols succeeded, %d failed, %d stopped, %d pending; stop reason %s; %s",
              counts["ok"], len(plan.symbols), counts["failed"], counts["stopped"], counts["pending"],
              results["training"]["stop_reason"], job_dir / "results.md")
-    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-    return 1 if device_lost or ((counts["failed"] or worker.unrecorded) and not under_torchrun) else 0
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # (symbols left pending by no stop: a failure that
+    incomplete = results["training"]["stop_reason"] == "incomplete"  # could not be recorded, on any worker)
+    return 1 if device_lost or ((counts["failed"] or incomplete) and not under_torchrun) else 0
