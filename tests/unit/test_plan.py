@@ -592,14 +592,14 @@ def test_the_lstm_jobs_exports_behind_are_what_its_exporter_has_left_when_the_tr
 
 def test_a_workers_cohorts_take_their_share_of_its_steps_and_their_own_time():
     """cohort_seconds: a smaller last cohort takes its members' share of the largest cohort's step (the plan counts
-    samples at the stacked rate) and a cohort's own time; one at a time, each symbol its steps at the launch floor
-    and its own run."""
+    samples at the stacked rate) and a cohort's own time; one at a time, each symbol its steps and its own run."""
     from trainers.lstm.size import COHORT_RUN_S, COHORT_SYMBOL_RUN_S, SMALL_STEP_S, SYMBOL_RUN_S, cohort_seconds
 
-    first, last = cohort_seconds([256, 244], 35, 0.001, 0.01)
+    first, last = cohort_seconds([256, 244], 35, 0.256, 0.01)
     assert first == pytest.approx(COHORT_RUN_S + 256 * (COHORT_SYMBOL_RUN_S - 0.01) + 35 * 0.256)
     assert last == pytest.approx(COHORT_RUN_S + 244 * (COHORT_SYMBOL_RUN_S - 0.01) + 35 * 0.256 * 244 / 256)
-    assert cohort_seconds([1, 1], 35, 0.001, 0.01) == pytest.approx([35 * SMALL_STEP_S + SYMBOL_RUN_S - 0.01] * 2)
+    one_at_a_time = 35 * SMALL_STEP_S + SYMBOL_RUN_S - 0.01
+    assert cohort_seconds([1, 1], 35, SMALL_STEP_S, 0.01) == pytest.approx([one_at_a_time] * 2)
 
 
 # The plans the READMEs quote as this code's, each with the command written beside it there (the _before and

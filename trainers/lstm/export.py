@@ -159,18 +159,19 @@ def _export_symbols(run_dir: Path, wanted: list[str], checkpoint: str, tolerance
         if marker is None or marker["status"] != "ok":
             skipped.append(s)
             continue
-        if force or checkpoint != "best" or not export_is_current(folder):
+        if not force and checkpoint == "best" and export_is_current(folder):
+            export = read_results(folder)["export"]
+        else:
             try:
-                info = export_symbol(folder, checkpoint, tolerance, latency_iters)
-                log(f"{s}: exported {folder / 'model.onnx'} (step {info['checkpoint_step']}), "
-                    f"{parity_line(info['parity'])}")
+                export = export_symbol(folder, checkpoint, tolerance, latency_iters)
+                log(f"{s}: exported {folder / 'model.onnx'} (step {export['checkpoint_step']}), "
+                    f"{parity_line(export['parity'])}")
             except Exception as exc:  # noqa: BLE001 - one symbol's failure is reported, the others go on
                 failed[s] = f"{type(exc).__name__}: {exc}"
                 log(f"{s}: export failed: {failed[s]}")
                 continue
         done.append(s)
         # its marker says what its export is now (it kept a failed export's error, or an older file's checksum)
-        export = read_results(folder)["export"]
         exported = {"sha256": export["sha256"], "max_abs_error": export["parity"]["max_abs_error"]}
         if marker.get("export") != exported or "export_error" in marker:
             write_marker(folder, {**{k: v for k, v in marker.items() if k != "export_error"}, "export": exported})

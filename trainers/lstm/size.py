@@ -99,11 +99,16 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
     held_each = held_saves_s(cfg, math.ceil(per_epoch / cfg.batch_size))
     held = (f"; {held_each:.3f} s a symbol less for its new bests held until its next checkpoint (--ckpt-at-eval "
             f"held, measured in cohorts on an H200)" if held_each else "")
+    # A stacked step trains every member's batch at once, at the measured rate (scaled by FLOPs for another shape);
+    # one symbol at a time a step is the launch floor
+    per_step = cfg.batch_size * members
+    measured = per_step * STACKED_SAMPLE_S * c["flops"] / c["default_flops"]
+    step_s = SMALL_STEP_S if members == 1 else max(SMALL_STEP_S, measured)
     # one worker's cohorts, claimed as the job claims them: full ones, then the rest
     cohorts_of = [members] * (per_worker // members) + ([per_worker % members] if per_worker % members else [])
     steps_each = math.ceil(per_epoch / cfg.batch_size) * cfg.epochs  # a cohort's steps, as a symbol's
-    export_s, exported = export_cost(cfg, symbols, workers, cohorts_of, cohort_seconds(
-        cohorts_of, steps_each, STACKED_SAMPLE_S * cfg.batch_size * c["flops"] / c["default_flops"], held_each))
+    export_s, exported = export_cost(cfg, symbols, workers, cohorts_of,
+                                     cohort_seconds(cohorts_of, steps_each, step_s, held_each))
     held_s = symbols * held_each
     shape = {"hidden": cfg.hidden, "layers": cfg.layers, "window": cfg.window, "symbols": symbols, "cohort": members}
     for_device = lambda memory, n: workload(cfg, memory, n, c)  # noqa: E731
@@ -117,12 +122,9 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
             notes=[f"{symbols} independent models, {k} at a time per GPU (no gradient traffic between them); about "
                    f"{samples:,} samples in all (window {cfg.window}, {cfg.epochs} epochs); {SYMBOL_RUN_S} s a "
                    f"symbol outside its steps (measured one symbol at a time on an H100){held}{exported}"])
-    # A stacked step trains every member's batch at once. A worker fills a cohort before the next, so the
-    # largest cohort is `members` (its activations are what must fit); the job's step time is its samples at
-    # the measured rate, however the cohorts split them.
-    cohorts = math.ceil(per_worker / members)  # each worker's
-    per_step = cfg.batch_size * members
-    measured = per_step * STACKED_SAMPLE_S * c["flops"] / c["default_flops"]
+    # A worker fills a cohort before the next, so the largest cohort is `members` (its activations are what must
+    # fit); the job's step time is its samples at the measured rate, however the cohorts split them.
+    cohorts = len(cohorts_of)  # each worker's
     why = ("ASSUMED: small models are bound by kernel launches and Python, not FLOPs" if measured < SMALL_STEP_S else
            "a stacked step's time per sample, measured in cohorts of the default model on an H200"
            + (", scaled by FLOPs (assumed)" if c["flops"] != c["default_flops"] else ""))
@@ -131,7 +133,7 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
         items_per_micro=per_step, grad_accum=1, flops_per_item=c["flops"],
         activation_bytes=lambda micro, _ck: int(c["stacked_per_sample"] * micro), kind="small",
         strategies=("ddp",), items_total=float(samples), jobs_per_gpu=k, independent=True,
-        min_step_s=max(SMALL_STEP_S, measured), min_step_why=why, for_device=for_device,
+        min_step_s=step_s, min_step_why=why, for_device=for_device,
         outside_steps_s=max(1, workers) * cohorts * COHORT_RUN_S + symbols * COHORT_SYMBOL_RUN_S - held_s + export_s,
         shape=shape,
         notes=[f"{symbols} independent models in cohorts of up to {members} (--cohort), {cohorts} a worker "
@@ -147,12 +149,11 @@ def symbols_of(cfg: LstmConfig) -> int:
             else DEFAULT_SYMBOLS)
 
 
-def cohort_seconds(cohorts_of: list[int], steps: int, batch_s: float, held_each: float) -> list[float]:
-    """Each of a worker's cohorts' time, as the plan counts it: its steps at the stacked rate (`batch_s` a member's
-    batch; one at a time the launch floor) and its own time and its members' outside them."""
+def cohort_seconds(cohorts_of: list[int], steps: int, step_s: float, held_each: float) -> list[float]:
+    """Each of a worker's cohorts' time, as the plan counts it: its steps (`step_s` the largest cohort's; a smaller
+    one takes its members' share) and its own time and its members' outside them."""
     if max(cohorts_of) == 1:
-        return [steps * SMALL_STEP_S + SYMBOL_RUN_S - held_each for _ in cohorts_of]
-    step_s = max(SMALL_STEP_S, max(cohorts_of) * batch_s)  # the largest cohort's step, shared by its members
+        return [steps * step_s + SYMBOL_RUN_S - held_each for _ in cohorts_of]
     return [COHORT_RUN_S + n * (COHORT_SYMBOL_RUN_S - held_each) + steps * step_s * n / max(cohorts_of)
             for n in cohorts_of]
 
