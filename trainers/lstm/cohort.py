@@ -46,7 +46,7 @@ from trainers.lstm.features import SymbolData
 from trainers.lstm.job import planned_steps, symbol_config
 from trainers.lstm.model import count_parameters
 from trainers.lstm.stacked import StackedAdamW, StackedLSTM, adamw_param_groups, clip_per_model
-from trainers.lstm.worker import SymbolOutcome, Worker
+from trainers.lstm.worker import STOPPED_UNFINISHED, SymbolOutcome, Worker
 from trainers.runtime import device as device_mod
 from trainers.runtime import faults
 from trainers.runtime.budget import StopReason
@@ -78,6 +78,7 @@ class Member:
     count: int = 0  # this step's real rows
     step_seconds: float = 0.0  # its share of the stacked steps' host time (each step's split among its trainers)
     rows_per_pass: int | None = None  # the fewest models a pass of its training steps held, if ever fewer than all
+    final_save_seconds: float = 0.0  # its last step_done (the final checkpoint): part of its end (Worker.wind_down)
     end_of_epoch: bool = False
     outcome: SymbolOutcome | None = None
     error: BaseException | None = None
@@ -342,6 +343,7 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
     keep their outcomes."""
     device = worker.device
     members = []
+    worker.wind_down.to_export = 0  # (its members that end trained are exported once it is over)
     try:
         for data in datas:
             scfg = symbol_config(cfg, data.symbol)
@@ -438,6 +440,7 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
         clip_per_model(list(cohort.model.parameters()), cfg.grad_clip, training)
         cohort.optimizer.step(training)
         stepped = [m for m in stack if not m.done]
+        worker.wind_down.training = len(stepped)  # what a budget stop at this step would end
         spent = time.perf_counter() - stepping
         clock["steps"] += spent
         share = spent / len(stepped)
@@ -529,7 +532,9 @@ def _after_step(m: Member, loss: torch.Tensor, worker: Worker, attempt: int, due
 
 
 def _step_done(m: Member, ending: list[Member]) -> None:
+    started = time.perf_counter()
     if m.run.step_done(m.step, m.cursor.position(), m.count, loss=m.loss) != StopReason.NONE:
+        m.final_save_seconds = time.perf_counter() - started
         ending.append(m)
 
 
@@ -588,10 +593,18 @@ class FinalEvaluations:
 
 
 def _finish_together(ending_now: list[Member], cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int) -> None:
+    if not ending_now:
+        return
+    started = time.perf_counter()
     evaluations = FinalEvaluations(cohort, ending_now, cfg.eval_batch_size, cfg.cost_bps, cfg.calibration_bins,
                                    worker.log)
     for m in ending_now:
         _guarded(m, cohort, lambda m=m: _finish(m, cohort, cfg, worker, attempt, evaluations))
+    worker.wind_down.ended(time.perf_counter() - started + sum(m.final_save_seconds for m in ending_now),
+                           len(ending_now))
+    if cfg.export:  # exported by the worker once the cohort is over (a symbol a stop ended is not)
+        worker.wind_down.to_export += sum(m.outcome is not None and m.outcome.reason not in STOPPED_UNFINISHED
+                                          for m in ending_now)
 
 
 def _finish(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int,

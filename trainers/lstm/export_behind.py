@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import queue
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -54,7 +56,7 @@ STALL_S = 600.0
 STOPPING_STALL_S = 60.0
 GIVE_UP_AFTER = 3  # exporters in a row ended without an answer: then the worker exports in line (as on a CPU)
 _GONE = object()  # the reader's last item: the exporter's pipe closed (it exited)
-_STRAY = object()  # (the reader's (_STRAY, line)): a line on the answers' pipe that is no answer
+_STRAY = object()  # (the reader's (_STRAY, line, 0.0)): a line on the answers' pipe that is no answer
 
 
 def exports_behind(setting: bool | None, gpu_like: bool, export: bool) -> bool:
@@ -89,6 +91,11 @@ class ExportsBehind:
         self.ended_unanswered = 0  # exporters in a row that ended without an answer; at GIVE_UP_AFTER, no more
         self.busy_since = time.monotonic()  # its last answer, or when it was given work while it had none
         self.left_to_the_next_run: list[str] = []  # folders dropped unmarked as the job stopped (_give_up)
+        # The exports' own times as the exporter measured them, each process's first left out (its start and the
+        # job's first graph): their median is what each one still waiting will cost a stopping job
+        # (trainers.lstm.wind_down)
+        self.steady_seconds: list[float] = []
+        self.answered_here = False
 
     def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
         if self.proc is None and self.ended_unanswered >= GIVE_UP_AFTER:  # (said once, when it came to that)
@@ -124,7 +131,7 @@ class ExportsBehind:
             if item is _GONE:
                 handed += self._exporter_ended(self._end(kill=False), stopping())
                 continue
-            folder, outcome = item
+            folder, outcome, seconds = item
             if folder is _STRAY:
                 self.log.warning("the export process wrote a line that is no answer (skipped): %r", outcome[:200])
                 continue
@@ -135,6 +142,9 @@ class ExportsBehind:
                                         [:300], stopping())
                 continue
             self.busy_since, self.ended_unanswered = time.monotonic(), 0
+            if self.answered_here:
+                self.steady_seconds.append(seconds)
+            self.answered_here = True
             done(outcome)
             handed += 1
         return handed
@@ -159,6 +169,10 @@ class ExportsBehind:
                 self._give_up(f"the export process answered nothing for {silent_s:.0f} s", stopping=False)
         self.collect(stopping=stopping)  # (stopped: what came back is kept)
         return self.stop()
+
+    def seconds_per_export(self) -> float:
+        """An export's time as measured so far (the median; each process's first left out); 0 before one is."""
+        return statistics.median(self.steady_seconds) if self.steady_seconds else 0.0
 
     def stop(self) -> list[str]:
         """End the exporter now. Returns the folders whose export was not over (no marker: the next run exports
@@ -219,7 +233,7 @@ class ExportsBehind:
         self.proc = subprocess.Popen(exporter_command(os.getpid()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, encoding="utf-8", errors="replace", env=env, start_new_session=True)
         self.requests, self.results = queue.Queue(), queue.Queue()
-        self.busy_since = time.monotonic()
+        self.busy_since, self.answered_here = time.monotonic(), False
         for target, args in ((_write_requests, (self.requests, self.proc.stdin, self.log)),
                              (_read_results, (self.proc.stdout, self.results))):
             threading.Thread(target=target, args=args, daemon=True, name="exports-behind").start()
@@ -257,18 +271,25 @@ def _write_requests(requests: queue.Queue, pipe, log) -> None:
 
 
 def _read_results(pipe, results: queue.Queue) -> None:
-    """(A thread of the worker's.) Each answer as (folder, outcome); a line that is none as (_STRAY, line)."""
+    """(A thread of the worker's.) Each answer as (folder, outcome, the export's seconds); a line that is none as
+    (_STRAY, line, 0.0)."""
     try:
         for line in pipe:
             try:
                 record = json.loads(line)
-                answer = (record["folder"], record["outcome"])
-            except (ValueError, KeyError, TypeError):
+                answer = (record["folder"], record["outcome"], _seconds(record.get("seconds")))
+            except (ValueError, KeyError, TypeError, AttributeError):
                 answer = None
             ok = answer is not None and isinstance(answer[0], str) and isinstance(answer[1], dict)
-            results.put(answer if ok else (_STRAY, line.rstrip("\n")))
+            results.put(answer if ok else (_STRAY, line.rstrip("\n"), 0.0))
     finally:
         results.put(_GONE)
+
+
+def _seconds(value) -> float:
+    """An answer's export time; 0 (not measured) where it is not a finite number >= 0."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    return float(value) if ok else 0.0
 
 
 def serve(lines, answer: Callable[[str], None], parent_pid: int, export: Callable[[Path], dict] = export_outcome
@@ -280,7 +301,9 @@ def serve(lines, answer: Callable[[str], None], parent_pid: int, export: Callabl
         if os.getppid() != parent_pid:
             break
         folder = json.loads(line)["folder"]
-        answer(json.dumps({"folder": folder, "outcome": export(Path(folder))}) + "\n")
+        started = time.perf_counter()
+        outcome = export(Path(folder))
+        answer(json.dumps({"folder": folder, "outcome": outcome, "seconds": time.perf_counter() - started}) + "\n")
         exported += 1
     return exported
 

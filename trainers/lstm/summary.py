@@ -116,6 +116,7 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
     else:
         reason = "incomplete"
     budget = Budget(cfg.max_hours, cfg.budget_usd, cfg.usd_per_gpu_hour, attempt["devices"])
+    limit = budget.limit_s()
     training = {"stop_reason": reason, "signal": (stop or {}).get("signal"), "stopped_by": stop,
                 "trained_alone_after_a_failed_cohort": sorted(s for s, r in rows.items() if r.get("cohort_failed")),
                 "steps": sum(r["steps"] for r in rows.values()),
@@ -125,6 +126,9 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
                 "device": device.type, "device_name": device_name(device),
                 "wall_time_s_this_attempt": wall, "elapsed_s_all_attempts": elapsed,
                 "device_hours": elapsed / 3600.0 * attempt["devices"], "cost_usd": budget.cost_usd(elapsed),
+                # the budget as seconds (the tighter of --max-hours and --budget-usd), and how far past it the job
+                # is: a stop keeps time for its symbols' ends as measured (trainers.lstm.wind_down), not before
+                "budget_s": limit, "over_budget_s": None if limit is None else max(0.0, elapsed - limit),
                 "packing": {"symbols_finished_this_attempt": len(this_attempt), "sum_symbol_seconds": job_seconds,
                             "efficiency": job_seconds / (wall * attempt["devices"]),
                             "worker_utilisation": job_seconds / (wall * ctx.world_size),
@@ -168,6 +172,13 @@ def _num(x, digits: int = 4) -> str:
     return "" if x is None else f"{x:.{digits}f}"
 
 
+def _budget_words(budget_s, over_s) -> str:
+    if budget_s is None:
+        return ""
+    over = f"; it ended {over_s:.1f} s past it" if over_s else "; it ended inside it"
+    return f" Budget {budget_s:.1f} s (--max-hours, --budget-usd){over}."
+
+
 def markdown(results: dict) -> str:
     t = results.get("training", {})
     rows = results.get("symbols", {})
@@ -181,11 +192,14 @@ def markdown(results: dict) -> str:
         lines += [f"Stop reason: {t.get('stop_reason')}" + (f" ({t['signal']})" if t.get("signal") else "") +
                   f". {t.get('world_size')} worker(s) on {t.get('devices')} {t.get('device')} device(s) "
                   f"({t.get('device_name')}); wall time {t.get('wall_time_s_this_attempt', 0):.1f} s this attempt, "
-                  f"{t.get('elapsed_s_all_attempts', 0):.1f} s in all; restarts {t.get('restarts')}.",
+                  f"{t.get('elapsed_s_all_attempts', 0):.1f} s in all; restarts {t.get('restarts')}." +
+                  _budget_words(t.get("budget_s"), t.get("over_budget_s")),
                   f"Packing efficiency {_num(p.get('efficiency'), 3)} (sum of per-symbol times "
                   f"{_num(p.get('sum_symbol_seconds'), 1)} s / (wall time x devices)); worker utilisation "
                   f"{_num(p.get('worker_utilisation'), 3)}; share of the symbols' time outside their training "
-                  f"steps {_num(p.get('share_outside_steps'), 3)} (checkpoints, evaluations, baselines, results).", ""]
+                  f"steps {_num(p.get('share_outside_steps'), 3)} (checkpoints, evaluations, baselines, results)."
+                  if p.get("symbols_finished_this_attempt") else
+                  "No symbol finished in this attempt: no packing figures.", ""]
     lines += [f"Bars: {data.get('base_timeframe')}, timeframes {', '.join(data.get('timeframes', []))}; "
               f"source {data.get('source')}. Baselines on the same rows: the majority class's rate, persistence "
               f"(the sign of the previous horizon's return), a logistic regression on the last bar's features "

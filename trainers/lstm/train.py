@@ -89,6 +89,8 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
         window_count = 0
         model.train()
         step_seconds = 0.0  # host time in the steps: the job's share outside them is what per-symbol work costs
+        final_save_seconds = 0.0  # the last step_done (the final checkpoint): part of the symbol's end
+        worker.wind_down.training, worker.wind_down.to_export = 1, 0  # what a budget stop would end
         while step < total_steps and not start.ended:
             stepping = time.perf_counter()
             positions, count = cursor.batch()
@@ -113,7 +115,9 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
                 with run.timing("evaluation"):
                     run.evaluated(step, validation_loss(model, data, cfg.eval_batch_size))
             worker.after_step(run, symbol, step, attempt)  # the job's stops and budget, the tests' raise hook
+            saving = time.perf_counter()
             if run.step_done(step, cursor.position(), count, loss=loss.detach()) != StopReason.NONE:
+                final_save_seconds = time.perf_counter() - saving
                 break
 
         def evaluate() -> dict:
@@ -128,7 +132,9 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
                              "parameters": count_parameters(model)},
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "pos_weight": data.pos_weight, "worker": worker.rank, "try": attempt}}
+        finishing = time.perf_counter()
         results = run.finish(summary, evaluate=evaluate)
+        worker.wind_down.ended(final_save_seconds + time.perf_counter() - finishing)
     for handler in list(run.log.handlers):  # the next symbol's run opens its own training.log
         handler.close()
     return SymbolOutcome(run.reason, run.signal_name, run.step, results, step_seconds)

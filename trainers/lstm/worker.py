@@ -47,6 +47,7 @@ from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
 from trainers.lstm.size import cohort_size
 from trainers.lstm.summary import write_job_summary
+from trainers.lstm.wind_down import WindDown
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
 from trainers.runtime import faults
@@ -60,6 +61,8 @@ from trainers.runtime.results import read_results
 from trainers.runtime.rundir import take_run_folder
 
 SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often while it trains
+# A symbol a stop ended before its last step: not exported, not marked; a new run resumes it
+STOPPED_UNFINISHED = (StopReason.SIGNAL, StopReason.TIME_BUDGET, StopReason.MONEY_BUDGET)
 
 
 class DeviceLost(Exception):
@@ -123,6 +126,7 @@ class Worker:
         self.rows_per_pass: dict[str, int | None] = {}
         self.max_cohort: int | None = None
         self.exports: ExportsBehind | None = None  # its exporter process (--export-behind), else exports in line
+        self.wind_down = WindDown()  # what the end of the job's budget keeps free for this worker's ends
 
     def smaller_cohorts(self, size: int, error: BaseException) -> None:
         """A cohort of `size` symbols ran out of device memory beyond what smaller passes cure (its data, its
@@ -143,6 +147,16 @@ class Worker:
 
     def elapsed_s(self) -> float:
         return self.attempt["elapsed_before_s"] + time.time() - self.attempt["started_at"]
+
+    def over_budget(self, training: int | None = None) -> StopReason:
+        """The job's budget, keeping free what this worker's stop would still cost (trainers.lstm.wind_down): the
+        ends of `training` symbols (default: those it trains now), its exports waiting, the summary, the exit."""
+        return self.budget.exceeded(self.elapsed_s(), self.reserve_s(training))
+
+    def reserve_s(self, training: int | None = None) -> float:
+        if self.exports is not None:  # (exporting behind: at the exporter's pace)
+            return self.wind_down.reserve_s(training, len(self.exports.waiting), self.exports.seconds_per_export())
+        return self.wind_down.reserve_s(training, 0, self.wind_down.seconds_per_export() if self.cfg.export else 0.0)
 
     def install_signal_handlers(self) -> None:
         """Between symbols (data, export, the wait at the end) a signal only sets a flag; inside a
@@ -174,12 +188,19 @@ class Worker:
     def stopping(self) -> bool:
         return self.signalled is not None or self.queue.stop_record(force=True) is not None
 
-    def publish_stop(self, reason: str, symbol: str | None, step: int | None, signal_name: str | None) -> dict:
+    def publish_stop(self, reason: str, symbol: str | None, step: int | None, signal_name: str | None,
+                     training: int | None = None) -> dict:
+        """Stop the job (the first record published stands). A budget stop says what it kept for the end of `training`
+        symbols (default: those this worker trains now)."""
         mine = {"reason": reason, "signal": signal_name, "worker": self.rank, "symbol": symbol, "step": step}
         record = self.queue.request_stop(mine)
         if record == mine:
-            self.log.info("stopping the job: %s%s%s", reason, f" ({signal_name})" if signal_name else "",
-                          f" at {symbol} step {step}" if symbol else "")
+            kept = ""
+            if reason in ("time_budget", "money_budget"):
+                kept = (f" ({self.elapsed_s():.1f} s of its {self.budget.limit_s():.1f} s spent, "
+                        f"{self.reserve_s(training):.1f} s kept for the end)")
+            self.log.info("stopping the job: %s%s%s%s", reason, f" ({signal_name})" if signal_name else "",
+                          f" at {symbol} step {step}" if symbol else "", kept)
         return record
 
     def after_step(self, run, symbol: str, step: int, attempt: int) -> None:
@@ -191,7 +212,7 @@ class Worker:
             self.publish_stop("signal", symbol, step, self.signalled)  # this process got it: tell the others
         record = self.queue.stop_record()
         if record is None:
-            over = self.budget.exceeded(self.elapsed_s())
+            over = self.over_budget()
             if over != StopReason.NONE:
                 record = self.publish_stop(over.name.lower(), symbol, step, None)
         if record is not None:
@@ -252,7 +273,7 @@ def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, 
     share of the worker's time (the cohort's span / K; the span itself is `cohort_seconds`; an export behind is not
     in it): the packing figures keep meaning how busy the workers were."""
     folder = symbol_dir(Path(cfg.run_dir), symbol)
-    if outcome.reason in (StopReason.SIGNAL, StopReason.TIME_BUDGET, StopReason.MONEY_BUDGET):
+    if outcome.reason in STOPPED_UNFINISHED:
         worker.log.info("%s: stopped at step %d (%s); a new run resumes it", symbol, outcome.steps,
                         outcome.reason.name.lower())
         return outcome
@@ -264,7 +285,10 @@ def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, 
         worker.exports.submit(folder, lambda exported: mark_done(symbol, outcome, marker, exported, span, cohort,
                                                                  worker))
     else:
+        exporting = time.perf_counter()
         exported = export_outcome(folder) if cfg.export else {}
+        if cfg.export:
+            worker.wind_down.exported(time.perf_counter() - exporting)
         mark_done(symbol, outcome, marker, exported, time.perf_counter() - started, cohort, worker)
     return outcome
 
@@ -349,6 +373,7 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
                 worker.log.warning("%s: try 1 failed in its cohort (%s: %s); trying again alone from its last "
                                    "checkpoint", symbol, type(outcome).__name__, outcome)
                 again.append(symbol)
+        worker.wind_down.to_export = 0  # (exported now, or waiting at the exporter)
     shapes.clear()  # the cohorts' data (on the device) and their last outcome are not kept for the tries alone
     data = group = outcome = None
     if worker.max_cohort is not None and alone:  # a cohort ran out of device memory or failed: its stack, held in
@@ -523,10 +548,14 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
                 return None
             over = worker.budget.exceeded(worker.elapsed_s())
             if over != StopReason.NONE:  # no new symbol once the job's time or money is spent
-                worker.publish_stop(over.name.lower(), None, None, None)
+                worker.publish_stop(over.name.lower(), None, None, None, training=0)
                 return None
             claims = claim_cohort(queue, min(cohort, worker.max_cohort or cohort), ctx.world_size)
             if not claims:
+                return None
+            over = worker.over_budget(training=len(claims)) if worker.wind_down.measured else StopReason.NONE
+            if over != StopReason.NONE:  # nor one whose ends, as measured, would not fit: claimed, it stays pending
+                worker.publish_stop(over.name.lower(), None, None, None, training=len(claims))
                 return None
             for index, symbol in claims:
                 log.info("%s: claimed (%d of %d pending)%s", symbol, index + 1, len(queue.pending),
@@ -589,8 +618,10 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
     worker.install_signal_handlers()
 
     def summary() -> dict:
+        started = time.perf_counter()
         written = write_job_summary(job_dir, cfg, plan, attempt, ctx, device, queue.stop_record(force=True), log)
         mirror.sync()
+        worker.wind_down.summary_s = max(worker.wind_down.summary_s, time.perf_counter() - started)
         return written
 
     if ctx.is_main:

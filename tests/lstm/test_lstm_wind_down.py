@@ -1,0 +1,133 @@
+"""The LSTM job's budget keeps time for its end (trainers.lstm.wind_down): a worker stops the job once its elapsed
+time plus twice what its stop would cost (the ends of the symbols it trains, the exports to come, the summary)
+plus the exit reaches the budget, and starts no cohort whose ends, as measured, would not fit. The summary says
+how far past its budget a job ended. The measured costs are made large here (a budget of an hour, ends of 2000 s)
+so that each rule decides the job's course without a test racing a clock."""
+
+import io
+import json
+import logging
+import queue
+import re
+
+import pytest
+
+from trainers.cli import main
+from trainers.lstm import export_behind as behind
+from trainers.lstm.summary import markdown
+from trainers.lstm.wind_down import WindDown
+from trainers.runtime.stops import EXIT_ALLOWANCE_S
+
+TINY = ["--source", "synthetic", "--synthetic-tickers", "5", "--synthetic-days", "600", "--window", "16",
+        "--hidden", "8", "--batch-size", "64", "--epochs", "2", "--dropout", "0", "--device", "cpu",
+        "--max-hours", "1"]
+
+
+def job(run_dir, *extra) -> tuple[dict, str]:
+    assert main(["lstm", "train", "--run-dir", str(run_dir), *TINY, *extra]) == 0
+    return json.loads((run_dir / "results.json").read_text()), (run_dir / "training.log").read_text()
+
+
+def test_the_reserve_is_twice_the_measured_ends_exports_and_summary_plus_the_exit():
+    w = WindDown()
+    assert w.reserve_s(training=64) == EXIT_ALLOWANCE_S and not w.measured  # nothing measured: the exit only
+    w.ended(1.0, 10)  # ten symbols ended together in 1 s,
+    w.ended(3.0, 10)  # ten more in 3 s: 0.2 s a symbol
+    w.summary_s, w.to_export = 0.5, 3
+    assert w.measured and w.per_symbol_s() == pytest.approx(0.2)
+    assert w.reserve_s(training=5, exports_waiting=2, export_s=0.1) == pytest.approx(
+        2 * (0.2 * 5 + 0.1 * (2 + 3) + 0.5) + EXIT_ALLOWANCE_S)
+    w.training = 7  # by default, the symbols the worker trains now
+    assert w.reserve_s() == pytest.approx(2 * (0.2 * 7 + 0.5) + EXIT_ALLOWANCE_S)
+    w.exported(9.0)  # an export in the worker: the first (the job's first graph, its latency) is left out
+    assert w.seconds_per_export() == 0.0
+    w.exported(0.2)
+    w.exported(0.4)
+    assert w.seconds_per_export() == pytest.approx(0.3)
+    w.exported(2.0)  # the median: a slow one (the next after the first was 2.0 s against 18 ms) moves it little
+    assert w.seconds_per_export() == pytest.approx(0.4)
+
+
+def test_the_exporters_pace_is_its_own_export_times_each_processs_first_left_out():
+    exports = behind.ExportsBehind(logging.getLogger("test"))
+    done = []
+    exports.waiting = {f: done.append for f in ("/a", "/b", "/c")}
+    for answer in (("/a", {"export": {}}, 5.0), ("/b", {"export": {}}, 0.2), ("/c", {"export": {}}, 0.4)):
+        exports.results.put(answer)
+    assert exports.collect() == 3 and len(done) == 3
+    assert exports.seconds_per_export() == pytest.approx(0.3)
+    # an answer whose time is no finite number >= 0 is still the folder's answer, its time not measured
+    answers = queue.Queue()
+    lines = [json.dumps({"folder": "/d", "outcome": {}, "seconds": bad}) + "\n" for bad in ("x", -1, True, 1e400)]
+    behind._read_results(io.StringIO("".join(lines) + '{"folder": "/e", "outcome": {}, "seconds": NaN}\n'), answers)
+    items = [answers.get_nowait() for _ in range(6)]
+    assert items[:5] == [("/d", {}, 0.0)] * 4 + [("/e", {}, 0.0)] and items[5] is behind._GONE
+
+
+@pytest.mark.parametrize("cohort", [1, 2])
+def test_a_stop_keeps_time_for_the_ends_of_the_symbols_it_trains(tmp_path, monkeypatch, cohort):
+    """Measured ends of 2000 s a symbol: with an hour's budget, training one symbol (or a cohort of two) keeps
+    4,002 s (8,002 s) free, more than the budget: the job stops at its first step, a checkpoint and results left
+    for the next run, inside the budget, and says what it kept."""
+    monkeypatch.setattr(WindDown, "per_symbol_s", lambda self: 2000.0)
+    summary, log = job(tmp_path / "job", "--symbols", "SYN000,SYN001", "--cohort", str(cohort), "--no-export")
+    t = summary["training"]
+    assert t["stop_reason"] == "time_budget"
+    assert t["symbols"] == {"ok": 0, "failed": 0, "stopped": cohort, "pending": 2 - cohort}
+    assert summary["symbols"]["SYN000"]["steps"] == 1
+    assert t["budget_s"] == 3600.0 and t["over_budget_s"] == 0.0
+    assert "stopping the job: time_budget at SYN000 step 1" in log
+    kept = float(re.search(r"([0-9.]+) s kept for the end", log).group(1))  # (and twice the summary's time)
+    assert 2 * 2000 * cohort + EXIT_ALLOWANCE_S <= kept < 2 * 2000 * cohort + EXIT_ALLOWANCE_S + 5
+    assert "Budget 3600.0 s (--max-hours, --budget-usd); it ended inside it." in (tmp_path / "job" / "results.md") \
+        .read_text()
+
+
+@pytest.mark.parametrize("cohort", [1, 2])
+def test_no_cohort_starts_whose_measured_ends_would_not_fit(tmp_path, monkeypatch, cohort):
+    """The first claim trains (nothing is measured before its end); its ends are measured at 2000 s a symbol
+    (made so): the next claim's ends would not fit in the hour, so it is not trained at all; its symbols stay
+    pending, not stopped after a step."""
+    measured = WindDown.ended
+    monkeypatch.setattr(WindDown, "ended", lambda self, seconds, symbols=1: measured(self, 2000.0 * symbols, symbols))
+    summary, log = job(tmp_path / "job", "--symbols", "SYN000,SYN001,SYN002,SYN003", "--cohort", str(cohort),
+                       "--no-export")
+    t = summary["training"]
+    assert t["stop_reason"] == "time_budget"
+    assert t["symbols"] == {"ok": cohort, "failed": 0, "stopped": 0, "pending": 4 - cohort}
+    assert f"SYN00{cohort}: claimed" not in log and "kept for the end" in log
+    assert not (tmp_path / "job" / "symbols" / f"SYN00{cohort}").exists()
+
+
+def test_a_cohort_keeps_time_for_the_exports_of_its_members_that_ended_trained(tmp_path, monkeypatch):
+    """In a cohort, a member that stops early is exported once the cohort is over: from then on its export is
+    part of what a stop costs (made 2000 s here): the members still training stop at their next step."""
+    monkeypatch.setattr(WindDown, "seconds_per_export", lambda self: 2000.0)
+    summary, log = job(tmp_path / "job", "--symbols", "SYN000,SYN001,SYN002,SYN003", "--cohort", "4",
+                       "--epochs", "4", "--eval-every", "1", "--patience", "1")
+    rows = summary["symbols"]
+    ended = {s for s, r in rows.items() if r["status"] == "ok"}
+    assert summary["training"]["stop_reason"] == "time_budget" and ended, rows
+    assert all(rows[s]["export"]["sha256"] for s in ended)  # exported as the cohort ended
+    assert {r["status"] for s, r in rows.items() if s not in ended} == {"stopped"}
+    assert "kept for the end" in log
+
+
+def test_a_cohorts_exports_once_made_are_not_kept_for_again(tmp_path, monkeypatch):
+    """Exports of 2000 s each (made so): a cohort's symbols, exported once it is over, cost nothing more, and the
+    next cohort starts (its ends, as measured, fit)."""
+    monkeypatch.setattr(WindDown, "seconds_per_export", lambda self: 2000.0)
+    summary, _ = job(tmp_path / "job", "--symbols", "SYN000,SYN001,SYN002,SYN003", "--cohort", "2", "--patience", "0")
+    assert summary["training"]["stop_reason"] == "completed" and summary["training"]["symbols"]["ok"] == 4
+
+
+def test_the_summary_says_when_no_symbol_finished_and_how_far_past_its_budget_a_job_ended():
+    training = {"stop_reason": "time_budget", "world_size": 1, "devices": 1, "device": "cpu", "device_name": "x",
+                "wall_time_s_this_attempt": 0.1, "elapsed_s_all_attempts": 12.0, "restarts": 0, "budget_s": 10.8,
+                "over_budget_s": 1.2, "packing": {"symbols_finished_this_attempt": 0, "efficiency": 0.0}}
+    text = markdown({"training": training, "symbols": {}, "data": {}})
+    assert "Budget 10.8 s (--max-hours, --budget-usd); it ended 1.2 s past it." in text
+    assert "No symbol finished in this attempt: no packing figures." in text and "Packing efficiency" not in text
+    training.update(budget_s=None, over_budget_s=None, packing={"symbols_finished_this_attempt": 2, "efficiency": 0.5})
+    text = markdown({"training": training, "symbols": {}, "data": {}})
+    assert "Budget" not in text and "Packing efficiency 0.500" in text

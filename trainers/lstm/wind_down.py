@@ -1,0 +1,69 @@
+"""What the end of the LSTM job's budget keeps free (--max-hours, --budget-usd).
+
+A job stopped by its budget still ends each symbol it is training (the final checkpoint, the final evaluation
+beside the baselines, results.json: the next run resumes the symbol from there), exports the symbols that ended
+trained (in the worker once their cohort is over, or those waiting at its exporter), and writes the job's summary.
+A single run keeps time for its final save and evaluation (trainers.runtime.stops); the job kept none and ran past
+its budget by those ends: 64 small symbols in one cohort on the dev VM ended 1.7 s past a 3.6-s budget, and on the
+H200 a cohort's finishes alone took 33 ms a symbol (16.4 s of the 500-symbol job,
+bench/results/gpu_h200_8bdab04/cohort_default_job.json, packing.sum_phase_seconds.finish).
+
+So each worker measures, as the job goes, what a symbol's end costs here (its final step's checkpoint and its
+finish; in a cohort, the ends made together at one step, per symbol), an export (in the worker, or the exporter's
+own times), and (rank 0) the summary. A worker stops the job once its elapsed time plus RESERVE_FACTOR times what
+its stop would cost now, plus EXIT_ALLOWANCE_S, reaches the budget, as a single run does; and it starts no cohort
+whose ends, as measured, would not fit. Before a worker has measured a symbol's end only the summary and the exit
+are kept: a budget that runs out in a worker's first cohort can be overrun by that cohort's ends, and the job's
+summary says by how much (`over_budget_s`).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from trainers.runtime.stops import EXIT_ALLOWANCE_S, RESERVE_FACTOR
+
+
+@dataclass
+class WindDown:
+    """One worker's measured end costs, and the symbols it is training now (set by its loop each step)."""
+
+    training: int = 0
+    to_export: int = 0  # symbols of its cohort that ended trained: exported when the cohort is over
+    ended_symbols: int = 0
+    ended_seconds: float = 0.0  # the symbols' ends measured on this worker, summed
+    # its exports' times in the worker (without an exporter); the first (the job's first graph, its latency measured)
+    # is left out, and their median taken: the next one or two are slow too (2.0 s against 18 ms on the dev VM)
+    export_seconds: list[float] = field(default_factory=list)
+    summary_s: float = 0.0  # the slowest job summary this worker wrote (rank 0 writes them)
+
+    def ended(self, seconds: float, symbols: int = 1) -> None:
+        """`symbols` ended together in `seconds` (their final checkpoints included)."""
+        if symbols > 0:
+            self.ended_symbols += symbols
+            self.ended_seconds += seconds
+
+    def exported(self, seconds: float) -> None:
+        """An export in the worker took `seconds`."""
+        self.export_seconds.append(seconds)
+
+    def seconds_per_export(self) -> float:
+        return statistics.median(self.export_seconds[1:]) if len(self.export_seconds) > 1 else 0.0
+
+    @property
+    def measured(self) -> bool:
+        return self.ended_symbols > 0
+
+    def per_symbol_s(self) -> float:
+        """A symbol's end, the mean of those measured: a cohort's ends made together cost less each than one
+        alone, and a job has both (early stops one by one, the last step together)."""
+        return self.ended_seconds / self.ended_symbols if self.ended_symbols else 0.0
+
+    def reserve_s(self, training: int | None = None, exports_waiting: int = 0, export_s: float = 0.0) -> float:
+        """The time to keep free: the ends of `training` symbols (default: those training now), the exports to
+        come (`exports_waiting` at the exporter, and this cohort's trained symbols) at `export_s` each, the
+        summary, the exit."""
+        symbols = self.training if training is None else training
+        exports = exports_waiting + self.to_export
+        return RESERVE_FACTOR * (self.per_symbol_s() * symbols + export_s * exports + self.summary_s) \
+            + EXIT_ALLOWANCE_S
