@@ -54,14 +54,18 @@ def test_the_exporters_pace_is_its_own_export_times_each_processs_first_left_out
     exports.waiting = {f: done.append for f in ("/a", "/b", "/c")}
     for answer in (("/a", {"export": {}}, 5.0), ("/b", {"export": {}}, 0.2), ("/c", {"export": {}}, 0.4)):
         exports.results.put(answer)
+    assert exports.still_exporting() == 0  # three handed over, three answered, none collected yet
     assert exports.collect() == 3 and len(done) == 3
     assert exports.seconds_per_export() == pytest.approx(0.3)
+    exports.waiting = {f: done.append for f in ("/f", "/g")}
+    exports.results.put(("/f", {"export": {}}, 0.1))
+    assert exports.still_exporting() == 1  # its answer in, not collected yet: /f costs the stop nothing more
     # an answer whose time is no finite number >= 0 is still the folder's answer, its time not measured
     answers = queue.Queue()
-    lines = [json.dumps({"folder": "/d", "outcome": {}, "seconds": bad}) + "\n" for bad in ("x", -1, True, 1e400)]
+    lines = [json.dumps({"folder": "/d", "outcome": {}, "seconds": bad}) + "\n" for bad in ("x", -1, True, 1e400, 10**400)]
     behind._read_results(io.StringIO("".join(lines) + '{"folder": "/e", "outcome": {}, "seconds": NaN}\n'), answers)
-    items = [answers.get_nowait() for _ in range(6)]
-    assert items[:5] == [("/d", {}, 0.0)] * 4 + [("/e", {}, 0.0)] and items[5] is behind._GONE
+    items = [answers.get_nowait() for _ in range(7)]
+    assert items[:6] == [("/d", {}, 0.0)] * 5 + [("/e", {}, 0.0)] and items[6] is behind._GONE
 
 
 @pytest.mark.parametrize("cohort", [1, 2])
@@ -79,7 +83,7 @@ def test_a_stop_keeps_time_for_the_ends_of_the_symbols_it_trains(tmp_path, monke
     assert "stopping the job: time_budget at SYN000 step 1" in log
     kept = float(re.search(r"([0-9.]+) s kept for the end", log).group(1))  # (and twice the summary's time)
     assert 2 * 2000 * cohort + EXIT_ALLOWANCE_S <= kept < 2 * 2000 * cohort + EXIT_ALLOWANCE_S + 5
-    assert "Budget 3600.0 s (--max-hours, --budget-usd); it ended inside it." in (tmp_path / "job" / "results.md") \
+    assert "Budget 3600.0 s (--max-hours, --budget-usd): not exceeded." in (tmp_path / "job" / "results.md") \
         .read_text()
 
 
@@ -113,12 +117,38 @@ def test_a_cohort_keeps_time_for_the_exports_of_its_members_that_ended_trained(t
     assert "kept for the end" in log
 
 
-def test_a_cohorts_exports_once_made_are_not_kept_for_again(tmp_path, monkeypatch):
-    """Exports of 2000 s each (made so): a cohort's symbols, exported once it is over, cost nothing more, and the
-    next cohort starts (its ends, as measured, fit)."""
+@pytest.mark.parametrize("cohort", [1, 2])
+def test_a_stop_at_the_last_step_keeps_time_for_the_exports_that_would_follow(tmp_path, monkeypatch, cohort):
+    """Exports of 2000 s each (made so): at their last step the symbols would end trained and be exported, which
+    does not fit in the hour: they stop there instead (stopped, not exported), and the next run ends and exports
+    them without training again."""
     monkeypatch.setattr(WindDown, "seconds_per_export", lambda self: 2000.0)
+    symbols = ["--symbols", ",".join(f"SYN00{i}" for i in range(cohort)), "--cohort", str(cohort), "--patience", "0"]
+    summary, log = job(tmp_path / "job", *symbols)
+    rows = summary["symbols"]
+    assert summary["training"]["stop_reason"] == "time_budget", rows
+    assert all(r["status"] == "stopped" and r["steps"] == r["planned_steps"] and "export" not in r
+               for r in rows.values()), rows
+    monkeypatch.undo()
+    summary, log = job(tmp_path / "job", *symbols)
+    assert summary["training"]["stop_reason"] == "completed"
+    assert all(r["status"] == "ok" and r["export"]["sha256"] for r in summary["symbols"].values())
+    assert "resumed from checkpoint step" in log
+
+
+def test_a_cohorts_exports_once_made_are_not_kept_for_again(tmp_path, monkeypatch):
+    """A cohort's symbols, exported once it is over, are no exports to come for the next claim's check."""
+    seen, reserve = [], WindDown.reserve_s
+
+    def recording(self, training=None, *args):
+        if training is not None:  # (the claim's check)
+            seen.append(self.to_export)
+        return reserve(self, training, *args)
+
+    monkeypatch.setattr(WindDown, "reserve_s", recording)
     summary, _ = job(tmp_path / "job", "--symbols", "SYN000,SYN001,SYN002,SYN003", "--cohort", "2", "--patience", "0")
     assert summary["training"]["stop_reason"] == "completed" and summary["training"]["symbols"]["ok"] == 4
+    assert seen == [0], seen  # the second claim's (the first is made before any end is measured)
 
 
 def test_the_summary_says_when_no_symbol_finished_and_how_far_past_its_budget_a_job_ended():
@@ -126,7 +156,7 @@ def test_the_summary_says_when_no_symbol_finished_and_how_far_past_its_budget_a_
                 "wall_time_s_this_attempt": 0.1, "elapsed_s_all_attempts": 12.0, "restarts": 0, "budget_s": 10.8,
                 "over_budget_s": 1.2, "packing": {"symbols_finished_this_attempt": 0, "efficiency": 0.0}}
     text = markdown({"training": training, "symbols": {}, "data": {}})
-    assert "Budget 10.8 s (--max-hours, --budget-usd); it ended 1.2 s past it." in text
+    assert "Budget 10.8 s (--max-hours, --budget-usd): 1.2 s past it." in text
     assert "No symbol finished in this attempt: no packing figures." in text and "Packing efficiency" not in text
     training.update(budget_s=None, over_budget_s=None, packing={"symbols_finished_this_attempt": 2, "efficiency": 0.5})
     text = markdown({"training": training, "symbols": {}, "data": {}})

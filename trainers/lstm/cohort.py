@@ -440,7 +440,8 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
         clip_per_model(list(cohort.model.parameters()), cfg.grad_clip, training)
         cohort.optimizer.step(training)
         stepped = [m for m in stack if not m.done]
-        worker.wind_down.training = len(stepped)  # what a budget stop at this step would end
+        worker.wind_down.training = len(stepped)  # what a budget stop at this step would end, and what ends trained
+        worker.wind_down.finishing = sum(m.step + 1 >= m.total_steps for m in stepped)  # (exported) without one
         spent = time.perf_counter() - stepping
         clock["steps"] += spent
         share = spent / len(stepped)

@@ -95,7 +95,7 @@ class ExportsBehind:
         # job's first graph): their median is what each one still waiting will cost a stopping job
         # (trainers.lstm.wind_down)
         self.steady_seconds: list[float] = []
-        self.answered_here = False
+        self.answered_here = False  # its current process has answered (its first answer is left out)
 
     def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
         if self.proc is None and self.ended_unanswered >= GIVE_UP_AFTER:  # (said once, when it came to that)
@@ -169,6 +169,10 @@ class ExportsBehind:
                 self._give_up(f"the export process answered nothing for {silent_s:.0f} s", stopping=False)
         self.collect(stopping=stopping)  # (stopped: what came back is kept)
         return self.stop()
+
+    def still_exporting(self) -> int:
+        """The symbols handed over whose answer has not come back yet (answers not collected yet left out)."""
+        return max(0, len(self.waiting) - self.results.qsize())
 
     def seconds_per_export(self) -> float:
         """An export's time as measured so far (the median; each process's first left out); 0 before one is."""
@@ -288,8 +292,13 @@ def _read_results(pipe, results: queue.Queue) -> None:
 
 def _seconds(value) -> float:
     """An answer's export time; 0 (not measured) where it is not a finite number >= 0."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    return float(value) if ok else 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    try:
+        seconds = float(value)
+    except OverflowError:  # (an integer past a float's range)
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds >= 0 else 0.0
 
 
 def serve(lines, answer: Callable[[str], None], parent_pid: int, export: Callable[[Path], dict] = export_outcome

@@ -175,8 +175,8 @@ def _num(x, digits: int = 4) -> str:
 def _budget_words(budget_s, over_s) -> str:
     if budget_s is None:
         return ""
-    over = f"; it ended {over_s:.1f} s past it" if over_s else "; it ended inside it"
-    return f" Budget {budget_s:.1f} s (--max-hours, --budget-usd){over}."
+    over = f"{over_s:.1f} s past it" if over_s else "not exceeded"
+    return f" Budget {budget_s:.1f} s (--max-hours, --budget-usd): {over}."
 
 
 def markdown(results: dict) -> str:

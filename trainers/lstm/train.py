@@ -114,6 +114,7 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
             if run.should_eval(step, end_of_epoch):
                 with run.timing("evaluation"):
                     run.evaluated(step, validation_loss(model, data, cfg.eval_batch_size))
+            worker.wind_down.finishing = int(step >= total_steps)  # (its export comes next unless stopped now)
             worker.after_step(run, symbol, step, attempt)  # the job's stops and budget, the tests' raise hook
             saving = time.perf_counter()
             if run.step_done(step, cursor.position(), count, loss=loss.detach()) != StopReason.NONE:

@@ -154,8 +154,9 @@ class Worker:
         return self.budget.exceeded(self.elapsed_s(), self.reserve_s(training))
 
     def reserve_s(self, training: int | None = None) -> float:
-        if self.exports is not None:  # (exporting behind: at the exporter's pace)
-            return self.wind_down.reserve_s(training, len(self.exports.waiting), self.exports.seconds_per_export())
+        """What a stop now would still cost (trainers.lstm.wind_down), the exports at the pace measured so far."""
+        if self.exports is not None:  # exporting behind: at the exporter's pace
+            return self.wind_down.reserve_s(training, self.exports.still_exporting(), self.exports.seconds_per_export())
         return self.wind_down.reserve_s(training, 0, self.wind_down.seconds_per_export() if self.cfg.export else 0.0)
 
     def install_signal_handlers(self) -> None:
@@ -197,7 +198,7 @@ class Worker:
         if record == mine:
             kept = ""
             if reason in ("time_budget", "money_budget"):
-                kept = (f" ({self.elapsed_s():.1f} s of its {self.budget.limit_s():.1f} s spent, "
+                kept = (f" (elapsed {self.elapsed_s():.1f} s, budget {self.budget.limit_s():.1f} s, "
                         f"{self.reserve_s(training):.1f} s kept for the end)")
             self.log.info("stopping the job: %s%s%s%s", reason, f" ({signal_name})" if signal_name else "",
                           f" at {symbol} step {step}" if symbol else "", kept)
