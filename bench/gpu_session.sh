@@ -44,12 +44,16 @@
 #                                         # export after its training, where the plan says behind is the slower), the
 #                                         # 500-symbol job as a deploy runs it (held, exports behind; the plan: 75 s),
 #                                         # the plan's GPU targets again (plan, run_gnn, run_ppo), then lstm_cohort
+#   bash bench/gpu_session.sh 38 OUT_DIR  # ~9.5 min (under `timeout 575`): the LSTM job's end of budget on the GPU
+#                                         # (bench/lstm_budget_end.py --jobs gpu: the 500-symbol job with a 45-s
+#                                         # budget, cohorts sized for the card and of 64: does it end inside it?),
+#                                         # then part 37's steps
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
-part="${1:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36|37 OUT_DIR}"
-out="${2:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36|37 OUT_DIR}"
-[[ "$part" =~ ^(1|2|33|34|35|36|37)$ ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2, 33, 34, 35, 36 or 37" >&2; exit 2; }
+part="${1:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36|37|38 OUT_DIR}"
+out="${2:?usage: bash bench/gpu_session.sh 1|2|33|34|35|36|37|38 OUT_DIR}"
+[[ "$part" =~ ^(1|2|33|34|35|36|37|38)$ ]] || { echo "bench/gpu_session.sh: part '$part' must be 1, 2, 33, 34, 35, 36, 37 or 38" >&2; exit 2; }
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 mkdir -p "$out/bench"
@@ -238,7 +242,11 @@ elif [[ "$part" == 36 ]]; then
   ckpt_held
   export_behind
   bench --only run_gnn --total-min 1.2
-elif [[ "$part" == 37 ]]; then
+elif [[ "$part" == 37 || "$part" == 38 ]]; then
+  if [[ "$part" == 38 ]]; then  # two 500-symbol jobs of a 45-s budget each, their set-up and ends (~2.5 min)
+    step 200 python3 bench/lstm_budget_end.py --jobs gpu --out "$out/bench/lstm_budget_end_gpu.json" \
+      >"$out/bench/lstm_budget_end_gpu.log" 2>&1 || { echo "lstm budget end failed: exit $?"; status=1; }
+  fi
   export_behind_64
   cohort_default
   bench --only plan,run_gnn,run_ppo --total-min 3.5
