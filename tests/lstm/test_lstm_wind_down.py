@@ -39,23 +39,25 @@ def test_the_reserve_is_twice_the_measured_ends_exports_and_summary_plus_the_exi
         2 * (0.2 * 5 + 0.1 * (2 + 3) + 0.5) + EXIT_ALLOWANCE_S)
     w.training = 7  # by default, the symbols the worker trains now
     assert w.reserve_s() == pytest.approx(2 * (0.2 * 7 + 0.5) + EXIT_ALLOWANCE_S)
-    w.exported(9.0)  # an export in the worker: the first (the job's first graph, its latency) is left out
+    w.exported(9.0)  # exports in the worker: the first two (the job's first graph, its latency; the graph's reuse)
+    w.exported(2.0)  # are left out
     assert w.seconds_per_export() == 0.0
     w.exported(0.2)
     w.exported(0.4)
     assert w.seconds_per_export() == pytest.approx(0.3)
-    w.exported(2.0)  # the median: a slow one (the next after the first was 2.0 s against 18 ms) moves it little
+    w.exported(1.0)  # the median: a slow one moves it little
     assert w.seconds_per_export() == pytest.approx(0.4)
 
 
-def test_the_exporters_pace_is_its_own_export_times_each_processs_first_left_out():
+def test_the_exporters_pace_is_its_own_export_times_each_processs_first_two_left_out():
     exports = behind.ExportsBehind(logging.getLogger("test"))
     done = []
-    exports.waiting = {f: done.append for f in ("/a", "/b", "/c")}
-    for answer in (("/a", {"export": {}}, 5.0), ("/b", {"export": {}}, 0.2), ("/c", {"export": {}}, 0.4)):
+    exports.waiting = {f: done.append for f in ("/a", "/b", "/c", "/d")}
+    for answer in (("/a", {"export": {}}, 5.0), ("/b", {"export": {}}, 2.5), ("/c", {"export": {}}, 0.2),
+                   ("/d", {"export": {}}, 0.4)):
         exports.results.put(answer)
-    assert exports.still_exporting() == 0  # three handed over, three answered, none collected yet
-    assert exports.collect() == 3 and len(done) == 3
+    assert exports.still_exporting() == 0  # four handed over, four answered, none collected yet
+    assert exports.collect() == 4 and len(done) == 4
     assert exports.seconds_per_export() == pytest.approx(0.3)
     exports.waiting = {f: done.append for f in ("/f", "/g")}
     exports.results.put(("/f", {"export": {}}, 0.1))
@@ -134,6 +136,35 @@ def test_a_stop_at_the_last_step_keeps_time_for_the_exports_that_would_follow(tm
     assert summary["training"]["stop_reason"] == "completed"
     assert all(r["status"] == "ok" and r["export"]["sha256"] for r in summary["symbols"].values())
     assert "resumed from checkpoint step" in log
+
+
+@pytest.mark.parametrize("export", [False, True])
+def test_no_stop_at_a_step_where_it_would_save_nothing_inside_the_budget(tmp_path, monkeypatch, export):
+    """Every symbol the worker trains is at its last step, their ends (made 2000 s each there) past the hour: a stop
+    would still pay the ends and save only the exports, which are none (--no-export) or not what takes the job past
+    its budget (it is past it without them): the symbols end trained, the job completed."""
+    monkeypatch.setattr(WindDown, "per_symbol_s", lambda self: 2000.0 if self.finishing else 0.0)
+    monkeypatch.setattr(WindDown, "seconds_per_export", lambda self: 1.0)
+    summary, log = job(tmp_path / "job", "--symbols", "SYN000,SYN001", "--cohort", "2", "--patience", "0",
+                       *(() if export else ("--no-export",)))
+    assert summary["training"]["stop_reason"] == "completed" and summary["training"]["symbols"]["ok"] == 2
+    assert "stopping the job" not in log
+
+
+def test_a_job_that_trained_everything_says_completed_even_past_its_budget(tmp_path):
+    """Nothing left to train: no budget stop is made, and none is reported (the summary says how far past the
+    budget the job is)."""
+    args = ["--symbols", "SYN000", "--cohort", "1", "--no-export"]
+    job(tmp_path / "job", *args)
+    TINY[TINY.index("--max-hours") + 1] = "1e-9"
+    try:
+        summary, log = job(tmp_path / "job", *args)
+    finally:
+        TINY[TINY.index("--max-hours") + 1] = "1"
+    t = summary["training"]
+    assert t["stop_reason"] == "completed" and t["symbols"]["ok"] == 1 and t["over_budget_s"] > 0
+    assert "stopping the job" not in log.split("lstm job: 1 symbols (1 done")[-1]
+    assert "its budget is spent already" not in log
 
 
 def test_a_cohorts_exports_once_made_are_not_kept_for_again(tmp_path, monkeypatch):

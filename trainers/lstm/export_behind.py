@@ -59,6 +59,14 @@ _GONE = object()  # the reader's last item: the exporter's pipe closed (it exite
 _STRAY = object()  # (the reader's (_STRAY, line, 0.0)): a line on the answers' pipe that is no answer
 
 
+LEFT_OUT = 2  # a process's first exports, left out of the median: torch.onnx's warm-up, the first graph, its reuse
+
+
+def steady_median(seconds: list[float]) -> float:
+    """An export's time: the median of a process's exports after its first LEFT_OUT; 0 before one is measured."""
+    return statistics.median(seconds[LEFT_OUT:]) if len(seconds) > LEFT_OUT else 0.0
+
+
 def exports_behind(setting: bool | None, gpu_like: bool, export: bool) -> bool:
     """Whether a worker exports behind its training: `--export-behind`/`--no-export-behind` decide; by default a
     GPU deploy does (on CUDA or under --gpu-defaults). Never without --export."""
@@ -91,11 +99,10 @@ class ExportsBehind:
         self.ended_unanswered = 0  # exporters in a row that ended without an answer; at GIVE_UP_AFTER, no more
         self.busy_since = time.monotonic()  # its last answer, or when it was given work while it had none
         self.left_to_the_next_run: list[str] = []  # folders dropped unmarked as the job stopped (_give_up)
-        # The exports' own times as the exporter measured them, each process's first left out (its start and the
-        # job's first graph): their median is what each one still waiting will cost a stopping job
-        # (trainers.lstm.wind_down)
-        self.steady_seconds: list[float] = []
-        self.answered_here = False  # its current process has answered (its first answer is left out)
+        # The exports' own times as the exporter measured them, each process's own list (its first ones are its
+        # start and the job's first graph): the median after them is what each one still waiting will cost a
+        # stopping job (steady_median, trainers.lstm.wind_down)
+        self.export_seconds: list[float] = []
 
     def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
         if self.proc is None and self.ended_unanswered >= GIVE_UP_AFTER:  # (said once, when it came to that)
@@ -142,9 +149,7 @@ class ExportsBehind:
                                         [:300], stopping())
                 continue
             self.busy_since, self.ended_unanswered = time.monotonic(), 0
-            if self.answered_here:
-                self.steady_seconds.append(seconds)
-            self.answered_here = True
+            self.export_seconds.append(seconds)
             done(outcome)
             handed += 1
         return handed
@@ -175,8 +180,8 @@ class ExportsBehind:
         return max(0, len(self.waiting) - self.results.qsize())
 
     def seconds_per_export(self) -> float:
-        """An export's time as measured so far (the median; each process's first left out); 0 before one is."""
-        return statistics.median(self.steady_seconds) if self.steady_seconds else 0.0
+        """An export's time as measured so far by its current process (steady_median); 0 before one is."""
+        return steady_median(self.export_seconds)
 
     def stop(self) -> list[str]:
         """End the exporter now. Returns the folders whose export was not over (no marker: the next run exports
@@ -237,7 +242,7 @@ class ExportsBehind:
         self.proc = subprocess.Popen(exporter_command(os.getpid()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, encoding="utf-8", errors="replace", env=env, start_new_session=True)
         self.requests, self.results = queue.Queue(), queue.Queue()
-        self.busy_since, self.answered_here = time.monotonic(), False
+        self.busy_since, self.export_seconds = time.monotonic(), []
         for target, args in ((_write_requests, (self.requests, self.proc.stdin, self.log)),
                              (_read_results, (self.proc.stdout, self.results))):
             threading.Thread(target=target, args=args, daemon=True, name="exports-behind").start()

@@ -10,22 +10,27 @@ bench/results/gpu_h200_8bdab04/cohort_default_job.json, packing.sum_phase_second
 
 So each worker measures, as the job goes, what a symbol's end costs here (its final step's checkpoint and its
 finish; in a cohort, the ends made together at one step, per symbol), an export (in the worker, or the exporter's
-own times), and (rank 0) the summary. A worker stops the job once its elapsed time plus RESERVE_FACTOR times what
-its stop would cost now, plus EXIT_ALLOWANCE_S, reaches the budget, as a single run does; and it starts no cohort
-whose ends, as measured, would not fit. What is not measured yet is not kept for: before a worker has measured a
-symbol's end, only the summary and the exit (a budget that runs out in its first cohort can be overrun by that
-cohort's ends), and a process's first two exports (torch.onnx's warm-up, the job's first graph, its CPU latency:
-3.4 s and 2.0 s on the dev VM, against 18 ms for the next ones), which the median leaves out. A prior for them
-(the plan's EXPORT_WORKER_S, 13.4 s at the default model) stopped a 15-s job of small symbols at its first cohort's
-last step, with nothing exported; the job's summary says instead how far past its budget a job ended
-(`over_budget_s`).
+own times; each process's first two left out), and (rank 0) the summary. A worker stops the job once its elapsed
+time plus RESERVE_FACTOR times what its stop would cost now, plus EXIT_ALLOWANCE_S, reaches the budget, as a single
+run does; and it starts no cohort whose ends, as measured, would not fit.
+
+A stop at a step where every symbol the worker trains is at its last saves only their exports (their ends are
+paid either way): it is made only where those exports are what would take the job past its budget, never without
+exports (Worker.no_use_stopping_now).
+
+What is not measured yet is not kept for: before a worker has measured a symbol's end, only the summary and the
+exit (a budget that runs out in its first cohort can be overrun by that cohort's ends); and a process's first two
+exports (torch.onnx's warm-up, the job's first graph, its CPU latency: 3.4 s and 2.0 s on the dev VM, against
+18 ms for the next ones). A prior for those (the plan's EXPORT_WORKER_S, 13.4 s at the default model) stopped a
+15-s job of small symbols at its first cohort's last step, with nothing exported. The job's summary says instead
+how far past its budget a job ended (`over_budget_s`).
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
+from trainers.lstm.export_behind import steady_median
 from trainers.runtime.stops import EXIT_ALLOWANCE_S, RESERVE_FACTOR
 
 
@@ -38,8 +43,9 @@ class WindDown:
     to_export: int = 0  # symbols of its cohort that ended trained: exported when the cohort is over
     ended_symbols: int = 0
     ended_seconds: float = 0.0  # the symbols' ends measured on this worker, summed
-    # its exports' times in the worker (without an exporter); the first (the job's first graph, its latency measured)
-    # is left out, and their median taken: the next one or two are slow too (2.0 s against 18 ms on the dev VM)
+    # its exports' times in the worker (without an exporter); the first two (torch.onnx's warm-up, the job's first
+    # graph and its latency; the second works out the graph's reuse: 2.0 s against 18 ms for the next on the dev VM)
+    # are left out, and the median of the others taken
     export_seconds: list[float] = field(default_factory=list)
     summary_s: float = 0.0  # the slowest job summary this worker wrote (rank 0 writes them)
 
@@ -54,7 +60,7 @@ class WindDown:
         self.export_seconds.append(seconds)
 
     def seconds_per_export(self) -> float:
-        return statistics.median(self.export_seconds[1:]) if len(self.export_seconds) > 1 else 0.0
+        return steady_median(self.export_seconds)
 
     @property
     def measured(self) -> bool:
@@ -65,11 +71,14 @@ class WindDown:
         alone, and a job has both (early stops one by one, the last step together)."""
         return self.ended_seconds / self.ended_symbols if self.ended_symbols else 0.0
 
-    def reserve_s(self, training: int | None = None, exports_waiting: int = 0, export_s: float = 0.0) -> float:
+    def reserve_s(self, training: int | None = None, exports_waiting: int = 0, export_s: float = 0.0,
+                  finishing: int | None = None) -> float:
         """The time to keep free: the ends of `training` symbols (default: those training now), the exports to
-        come (`exports_waiting` at the exporter, this cohort's symbols that ended trained and, by default, those at
-        their last step) at `export_s` each, the summary, the exit."""
+        come (`exports_waiting` at the exporter, this cohort's symbols that ended trained, and `finishing` at their
+        last step: by default those now, none for a `training` given) at `export_s` each, the summary, the exit."""
         symbols = self.training if training is None else training
-        exports = exports_waiting + self.to_export + (self.finishing if training is None else 0)
+        if finishing is None:
+            finishing = self.finishing if training is None else 0
+        exports = exports_waiting + self.to_export + finishing
         return RESERVE_FACTOR * (self.per_symbol_s() * symbols + export_s * exports + self.summary_s) \
             + EXIT_ALLOWANCE_S

@@ -153,11 +153,24 @@ class Worker:
         ends of `training` symbols (default: those it trains now), its exports waiting, the summary, the exit."""
         return self.budget.exceeded(self.elapsed_s(), self.reserve_s(training))
 
-    def reserve_s(self, training: int | None = None) -> float:
+    def reserve_s(self, training: int | None = None, finishing: int | None = None) -> float:
         """What a stop now would still cost (trainers.lstm.wind_down), the exports at the pace measured so far."""
         if self.exports is not None:  # exporting behind: at the exporter's pace
-            return self.wind_down.reserve_s(training, self.exports.still_exporting(), self.exports.seconds_per_export())
-        return self.wind_down.reserve_s(training, 0, self.wind_down.seconds_per_export() if self.cfg.export else 0.0)
+            return self.wind_down.reserve_s(training, self.exports.still_exporting(), self.exports.seconds_per_export(),
+                                            finishing)
+        return self.wind_down.reserve_s(training, 0, self.wind_down.seconds_per_export() if self.cfg.export else 0.0,
+                                        finishing)
+
+    def no_use_stopping_now(self) -> bool:
+        """Every symbol this worker trains is at its last step: stopped now, each still pays its end (checkpoint,
+        evaluation, results), and only their exports are saved. A stop is of use only where those exports are what
+        takes the job past its budget; otherwise (no exports, or past it even without them) they end trained, where
+        a stop would leave them to a rerun to end again."""
+        w = self.wind_down
+        if w.training == 0 or w.finishing != w.training:
+            return False
+        return self.budget.exceeded(self.elapsed_s(), self.reserve_s(finishing=0)) != StopReason.NONE  # (past it
+        # without their exports: a job without exports is past it whenever it is past it with them)
 
     def install_signal_handlers(self) -> None:
         """Between symbols (data, export, the wait at the end) a signal only sets a flag; inside a
@@ -214,6 +227,8 @@ class Worker:
         record = self.queue.stop_record()
         if record is None:
             over = self.over_budget()
+            if over != StopReason.NONE and self.no_use_stopping_now():
+                over = StopReason.NONE
             if over != StopReason.NONE:
                 record = self.publish_stop(over.name.lower(), symbol, step, None)
         if record is not None:
@@ -407,7 +422,7 @@ def settle_exports(worker: Worker) -> None:
     over = worker.budget.exceeded(worker.elapsed_s())
     unmarked = left or worker.exports.left_to_the_next_run  # (an exporter that ended as the job stopped: its own)
     if unmarked and over != StopReason.NONE and worker.queue.stop_record(force=True) is None:  # as for a signal
-        worker.publish_stop(over.name.lower(), None, None, None)
+        worker.publish_stop(over.name.lower(), None, None, None, training=0)
     if left:
         worker.log.warning("%d trained symbol(s) stopped with the job before their export (%s); the next run "
                            "finishes and exports them", len(left), ", ".join(Path(f).name for f in left))
@@ -547,15 +562,15 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
                 worker.publish_stop("signal", None, None, worker.signalled)
             if queue.stop_record(force=True) is not None:
                 return None
-            over = worker.budget.exceeded(worker.elapsed_s())
-            if over != StopReason.NONE:  # no new symbol once the job's time or money is spent
-                worker.publish_stop(over.name.lower(), None, None, None, training=0)
-                return None
             claims = claim_cohort(queue, min(cohort, worker.max_cohort or cohort), ctx.world_size)
-            if not claims:
+            if not claims:  # (a job that trained everything past its budget was not stopped by it: its summary says
+                return None  # how far past it is)
+            over = worker.budget.exceeded(worker.elapsed_s())
+            if over != StopReason.NONE:  # no new symbol once the job's time or money is spent (claimed, it stays
+                worker.publish_stop(over.name.lower(), None, None, None, training=0)  # pending)
                 return None
             over = worker.over_budget(training=len(claims)) if worker.wind_down.measured else StopReason.NONE
-            if over != StopReason.NONE:  # nor one whose ends, as measured, would not fit: claimed, it stays pending
+            if over != StopReason.NONE:  # nor one whose ends, as measured, would not fit
                 worker.publish_stop(over.name.lower(), None, None, None, training=len(claims))
                 return None
             for index, symbol in claims:
@@ -634,7 +649,8 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         # What earlier attempts finished is summarised before anything else: an attempt killed
         # outright (SIGKILL to every process) writes nothing at its end.
         summary()
-        if worker.budget.exceeded(worker.elapsed_s()) != StopReason.NONE:  # (it stops at once, saying why here)
+        if attempt["pending"] and worker.budget.exceeded(worker.elapsed_s()) != StopReason.NONE:  # (it stops at once,
+            # saying why here)
             log.warning("lstm job: its budget is spent already (%.1f s of %.1f s: --max-hours and --budget-usd count "
                         "every run of the job); raise it to train the %d symbol(s) left", worker.elapsed_s(),
                         worker.budget.limit_s(), len(attempt["pending"]))
