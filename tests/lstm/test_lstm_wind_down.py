@@ -121,10 +121,10 @@ def test_a_cohort_keeps_time_for_the_exports_of_its_members_that_ended_trained(t
 
 @pytest.mark.parametrize("cohort", [1, 2])
 def test_a_stop_at_the_last_step_keeps_time_for_the_exports_that_would_follow(tmp_path, monkeypatch, cohort):
-    """Exports of 2000 s each (made so): at their last step the symbols would end trained and be exported, which
+    """Exports of 4000 s each (made so): at their last step the symbols would end trained and be exported, which
     does not fit in the hour: they stop there instead (stopped, not exported), and the next run ends and exports
     them without training again."""
-    monkeypatch.setattr(WindDown, "seconds_per_export", lambda self: 2000.0)
+    monkeypatch.setattr(WindDown, "seconds_per_export", lambda self: 4000.0)
     symbols = ["--symbols", ",".join(f"SYN00{i}" for i in range(cohort)), "--cohort", str(cohort), "--patience", "0"]
     summary, log = job(tmp_path / "job", *symbols)
     rows = summary["symbols"]
@@ -138,13 +138,16 @@ def test_a_stop_at_the_last_step_keeps_time_for_the_exports_that_would_follow(tm
     assert "resumed from checkpoint step" in log
 
 
-@pytest.mark.parametrize("export", [False, True])
-def test_no_stop_at_a_step_where_it_would_save_nothing_inside_the_budget(tmp_path, monkeypatch, export):
-    """Every symbol the worker trains is at its last step, their ends (made 2000 s each there) past the hour: a stop
-    would still pay the ends and save only the exports, which are none (--no-export) or not what takes the job past
-    its budget (it is past it without them): the symbols end trained, the job completed."""
-    monkeypatch.setattr(WindDown, "per_symbol_s", lambda self: 2000.0 if self.finishing else 0.0)
-    monkeypatch.setattr(WindDown, "seconds_per_export", lambda self: 1.0)
+@pytest.mark.parametrize("end_s, export_s, export", [(2000.0, 1.0, False), (2000.0, 1.0, True), (0.0, 1000.0, True)],
+                         ids=["no exports", "past the budget without them", "they fit at their measured cost"])
+def test_no_stop_at_a_step_where_it_would_save_nothing_inside_the_budget(tmp_path, monkeypatch, end_s, export_s,
+                                                                         export):
+    """Every symbol the worker trains is at its last step, where the reserve says stop: a stop would still pay the
+    ends and save only the exports, which are none (--no-export), not what takes the job past its budget (it is
+    past it without them: ends made 2000 s each there), or fit at their measured cost (2 x 1000 s, in the hour;
+    doubled as a margin they would not): the symbols end trained, the job completed."""
+    monkeypatch.setattr(WindDown, "per_symbol_s", lambda self: end_s if self.finishing else 0.0)
+    monkeypatch.setattr(WindDown, "seconds_per_export", lambda self: export_s)
     summary, log = job(tmp_path / "job", "--symbols", "SYN000,SYN001", "--cohort", "2", "--patience", "0",
                        *(() if export else ("--no-export",)))
     assert summary["training"]["stop_reason"] == "completed" and summary["training"]["symbols"]["ok"] == 2

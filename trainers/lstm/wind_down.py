@@ -15,8 +15,8 @@ time plus RESERVE_FACTOR times what its stop would cost now, plus EXIT_ALLOWANCE
 run does; and it starts no cohort whose ends, as measured, would not fit.
 
 A stop at a step where every symbol the worker trains is at its last saves only their exports (their ends are
-paid either way): it is made only where those exports are what would take the job past its budget, never without
-exports (Worker.no_use_stopping_now).
+paid either way): it is made only where those exports, at their measured cost (not doubled), would take the job
+past its budget and it is inside it without them; never without exports (Worker.no_use_stopping_now).
 
 What is not measured yet is not kept for: before a worker has measured a symbol's end, only the summary and the
 exit (a budget that runs out in its first cohort can be overrun by that cohort's ends); and a process's first two

@@ -59,6 +59,7 @@ from trainers.runtime.remote import start_mirror
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import read_results
 from trainers.runtime.rundir import take_run_folder
+from trainers.runtime.stops import RESERVE_FACTOR
 
 SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often while it trains
 # A symbol a stop ended before its last step: not exported, not marked; a new run resumes it
@@ -163,14 +164,17 @@ class Worker:
 
     def no_use_stopping_now(self) -> bool:
         """Every symbol this worker trains is at its last step: stopped now, each still pays its end (checkpoint,
-        evaluation, results), and only their exports are saved. A stop is of use only where those exports are what
-        takes the job past its budget; otherwise (no exports, or past it even without them) they end trained, where
-        a stop would leave them to a rerun to end again."""
+        evaluation, results), and only their exports are saved. A stop is of use only where those exports, at their
+        measured cost (not doubled: the margin would leave symbols trained to their last step unexported in a job
+        that had the time), take the job past its budget and it is inside it without them; otherwise (no exports,
+        they fit, or past it anyway) they end trained, where a stop would leave them to a rerun to end again."""
         w = self.wind_down
         if w.training == 0 or w.finishing != w.training:
             return False
-        return self.budget.exceeded(self.elapsed_s(), self.reserve_s(finishing=0)) != StopReason.NONE  # (past it
-        # without their exports: a job without exports is past it whenever it is past it with them)
+        elapsed, without_theirs = self.elapsed_s(), self.reserve_s(finishing=0)
+        theirs = (self.reserve_s() - without_theirs) / RESERVE_FACTOR
+        return self.budget.exceeded(elapsed, without_theirs) != StopReason.NONE or \
+            self.budget.exceeded(elapsed, without_theirs + theirs) == StopReason.NONE
 
     def install_signal_handlers(self) -> None:
         """Between symbols (data, export, the wait at the end) a signal only sets a flag; inside a
