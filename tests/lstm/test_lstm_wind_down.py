@@ -49,6 +49,15 @@ def test_the_reserve_is_twice_the_measured_ends_exports_and_summary_plus_the_exi
     assert w.seconds_per_export() == pytest.approx(0.4)
 
 
+def test_a_claims_start_is_measured_once_from_the_claim_to_its_first_step():
+    w = WindDown()
+    assert w.start_s(10) == 0.0
+    w.claimed_at = 100.0
+    w.started(103.0, 6)  # a cohort of 6 reached its first step 3 s after its claim
+    w.started(110.0, 1)  # one of its symbols tried alone after it: not a start of the claim's
+    assert w.start_s(10) == pytest.approx(5.0) and w.claimed_at is None
+
+
 def test_the_exporters_pace_is_its_own_export_times_each_processs_first_two_left_out():
     exports = behind.ExportsBehind(logging.getLogger("test"))
     done = []
@@ -103,6 +112,27 @@ def test_no_cohort_starts_whose_measured_ends_would_not_fit(tmp_path, monkeypatc
     assert t["symbols"] == {"ok": cohort, "failed": 0, "stopped": 0, "pending": 4 - cohort}
     assert f"SYN00{cohort}: claimed" not in log and "kept for the end" in log
     assert not (tmp_path / "job" / "symbols" / f"SYN00{cohort}").exists()
+
+
+@pytest.mark.parametrize("cohort", [1, 2])
+def test_no_claim_starts_whose_start_and_ends_would_not_fit(tmp_path, monkeypatch, cohort):
+    """Each claim's start is measured, from the claim to its first step; made 4000 s a symbol here, the second
+    claim would not reach a step in the hour: it is not started (a cohort that starts only to stop at its first
+    step wastes its start and its ends)."""
+    seen, measured = [], WindDown.started
+
+    def started(self, now, symbols):
+        if self.claimed_at is not None:
+            seen.append((now - self.claimed_at, symbols))
+        measured(self, now, symbols)
+
+    monkeypatch.setattr(WindDown, "started", started)
+    monkeypatch.setattr(WindDown, "start_s", lambda self, symbols: 4000.0 * symbols if seen else 0.0)
+    summary, log = job(tmp_path / "job", "--symbols", "SYN000,SYN001,SYN002,SYN003", "--cohort", str(cohort),
+                       "--no-export")
+    assert summary["training"]["symbols"] == {"ok": cohort, "failed": 0, "stopped": 0, "pending": 4 - cohort}
+    assert len(seen) == 1 and seen[0][0] > 0 and seen[0][1] == cohort  # the first claim's, measured
+    assert f"SYN00{cohort}: claimed" not in log
 
 
 def test_a_cohort_keeps_time_for_the_exports_of_its_members_that_ended_trained(tmp_path, monkeypatch):

@@ -418,6 +418,7 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
         _evaluated(cohort, [m for m in fresh if not m.done], cfg.eval_batch_size, initial=True)
         _finish_together([m for m in members if not m.done and (m.step >= m.total_steps or m.ended)],  # resumed
                          cohort, cfg, worker, attempt)  # at or past its last step, or where it had stopped early
+    worker.wind_down.started(time.perf_counter(), sum(not m.done for m in members))
     cohort.model.train()
     membership = None
     while any(not m.done for m in cohort.members):

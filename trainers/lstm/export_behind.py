@@ -103,6 +103,7 @@ class ExportsBehind:
         # start and the job's first graph): the median after them is what each one still waiting will cost a
         # stopping job (steady_median, trainers.lstm.wind_down)
         self.export_seconds: list[float] = []
+        self.export_s = 0.0  # their steady_median, kept as they come (read for every member at every step)
 
     def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
         if self.proc is None and self.ended_unanswered >= GIVE_UP_AFTER:  # (said once, when it came to that)
@@ -150,6 +151,7 @@ class ExportsBehind:
                 continue
             self.busy_since, self.ended_unanswered = time.monotonic(), 0
             self.export_seconds.append(seconds)
+            self.export_s = steady_median(self.export_seconds)
             done(outcome)
             handed += 1
         return handed
@@ -181,7 +183,7 @@ class ExportsBehind:
 
     def seconds_per_export(self) -> float:
         """An export's time as measured so far by its current process (steady_median); 0 before one is."""
-        return steady_median(self.export_seconds)
+        return self.export_s
 
     def stop(self) -> list[str]:
         """End the exporter now. Returns the folders whose export was not over (no marker: the next run exports
@@ -242,7 +244,7 @@ class ExportsBehind:
         self.proc = subprocess.Popen(exporter_command(os.getpid()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, encoding="utf-8", errors="replace", env=env, start_new_session=True)
         self.requests, self.results = queue.Queue(), queue.Queue()
-        self.busy_since, self.export_seconds = time.monotonic(), []
+        self.busy_since, self.export_seconds, self.export_s = time.monotonic(), [], 0.0
         for target, args in ((_write_requests, (self.requests, self.proc.stdin, self.log)),
                              (_read_results, (self.proc.stdout, self.results))):
             threading.Thread(target=target, args=args, daemon=True, name="exports-behind").start()

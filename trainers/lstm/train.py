@@ -85,6 +85,7 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
             run.evaluated(0, validation_loss(model, data, cfg.eval_batch_size), initial=True)
 
         step = start.step
+        worker.wind_down.started(time.perf_counter(), int(step < total_steps and not start.ended))
         window_loss = torch.zeros((), device=device)  # summed on the device, read at log points
         window_count = 0
         model.train()

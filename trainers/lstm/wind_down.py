@@ -12,7 +12,8 @@ So each worker measures, as the job goes, what a symbol's end costs here (its fi
 finish; in a cohort, the ends made together at one step, per symbol), an export (in the worker, or the exporter's
 own times; each process's first two left out), and (rank 0) the summary. A worker stops the job once its elapsed
 time plus RESERVE_FACTOR times what its stop would cost now, plus EXIT_ALLOWANCE_S, reaches the budget, as a single
-run does; and it starts no cohort whose ends, as measured, would not fit.
+run does; and it starts no cohort whose start and ends, as measured, would not fit (it would stop at its first
+step).
 
 A stop at a step where every symbol the worker trains is at its last saves only their exports (their ends are
 paid either way): it is made only where those exports, at their measured cost (not doubled), would take the job
@@ -43,10 +44,15 @@ class WindDown:
     to_export: int = 0  # symbols of its cohort that ended trained: exported when the cohort is over
     ended_symbols: int = 0
     ended_seconds: float = 0.0  # the symbols' ends measured on this worker, summed
+    started_symbols: int = 0
+    started_seconds: float = 0.0  # and their starts: from the claim to the first step (data, runs, resumes, the
+    # untrained evaluation), paid before a claim trains at all
+    claimed_at: float | None = None  # (time.perf_counter()) the claim whose start is not measured yet
     # its exports' times in the worker (without an exporter); the first two (torch.onnx's warm-up, the job's first
     # graph and its latency; the second works out the graph's reuse: 2.0 s against 18 ms for the next on the dev VM)
     # are left out, and the median of the others taken
     export_seconds: list[float] = field(default_factory=list)
+    export_s: float = 0.0  # their steady_median, kept as they come (read for every member at every step)
     summary_s: float = 0.0  # the slowest job summary this worker wrote (rank 0 writes them)
 
     def ended(self, seconds: float, symbols: int = 1) -> None:
@@ -58,9 +64,22 @@ class WindDown:
     def exported(self, seconds: float) -> None:
         """An export in the worker took `seconds`."""
         self.export_seconds.append(seconds)
+        self.export_s = steady_median(self.export_seconds)
 
     def seconds_per_export(self) -> float:
-        return steady_median(self.export_seconds)
+        return self.export_s
+
+    def started(self, now: float, symbols: int) -> None:
+        """The claim's `symbols` reach their first step at `now` (perf_counter): its start is measured once (not
+        for a claim's symbols tried alone after its cohort)."""
+        if self.claimed_at is not None and symbols > 0:
+            self.started_symbols += symbols
+            self.started_seconds += now - self.claimed_at
+        self.claimed_at = None
+
+    def start_s(self, symbols: int) -> float:
+        """What starting `symbols` costs, at the mean measured (0 before one is)."""
+        return self.started_seconds / self.started_symbols * symbols if self.started_symbols else 0.0
 
     @property
     def measured(self) -> bool:

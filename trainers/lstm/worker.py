@@ -569,12 +569,15 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
             claims = claim_cohort(queue, min(cohort, worker.max_cohort or cohort), ctx.world_size)
             if not claims:  # (a job that trained everything past its budget was not stopped by it: its summary says
                 return None  # how far past it is)
+            worker.wind_down.claimed_at = time.perf_counter()
             over = worker.budget.exceeded(worker.elapsed_s())
             if over != StopReason.NONE:  # no new symbol once the job's time or money is spent (claimed, it stays
                 worker.publish_stop(over.name.lower(), None, None, None, training=0)  # pending)
                 return None
-            over = worker.over_budget(training=len(claims)) if worker.wind_down.measured else StopReason.NONE
-            if over != StopReason.NONE:  # nor one whose ends, as measured, would not fit
+            over = worker.budget.exceeded(worker.elapsed_s(), worker.wind_down.start_s(len(claims)) +
+                                          worker.reserve_s(training=len(claims))) if worker.wind_down.measured \
+                else StopReason.NONE
+            if over != StopReason.NONE:  # nor one whose start and ends, as measured, would not fit
                 worker.publish_stop(over.name.lower(), None, None, None, training=len(claims))
                 return None
             for index, symbol in claims:
