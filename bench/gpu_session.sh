@@ -44,10 +44,10 @@
 #                                         # export after its training, where the plan says behind is the slower), the
 #                                         # 500-symbol job as a deploy runs it (held, exports behind; the plan: 75 s),
 #                                         # the plan's GPU targets again (plan, run_gnn, run_ppo), then lstm_cohort
-#   bash bench/gpu_session.sh 38 OUT_DIR  # ~9.5 min (under `timeout 575`): the LSTM job's end of budget on the GPU
-#                                         # (bench/lstm_budget_end.py --jobs gpu: the 500-symbol job with a 45-s
-#                                         # budget, cohorts sized for the card and of 64: does it end inside it?),
-#                                         # then part 37's steps
+#   bash bench/gpu_session.sh 38 OUT_DIR  # ~10.5 min (under `timeout 575`: its last step, lstm_cohort, is cut): the
+#                                         # LSTM job's end of budget on the GPU (bench/lstm_budget_end.py --jobs gpu:
+#                                         # the 500-symbol job with a 45-s budget, cohorts sized for the card and of
+#                                         # 64: does it end inside it?), then part 37's steps
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
