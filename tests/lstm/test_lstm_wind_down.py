@@ -1,7 +1,7 @@
 """The LSTM job's budget keeps time for its end (trainers.lstm.wind_down): a worker stops the job once its elapsed
 time plus twice what its stop would cost (the ends of the symbols it trains, the exports to come, the summary)
-plus the exit reaches the budget, and starts no cohort whose ends, as measured, would not fit. The summary says
-how far past its budget a job ended. The measured costs are made large here (a budget of an hour, ends of 2000 s)
+plus the exit reaches the budget, and starts no cohort whose start and ends, as measured, would not fit. The
+summary says how far past its budget a job ended. The measured costs are made large here (a budget of an hour, ends of 2000 s)
 so that each rule decides the job's course without a test racing a clock."""
 
 import io
@@ -73,7 +73,8 @@ def test_the_exporters_pace_is_its_own_export_times_each_processs_first_two_left
     assert exports.still_exporting() == 1  # its answer in, not collected yet: /f costs the stop nothing more
     # an answer whose time is no finite number >= 0 is still the folder's answer, its time not measured
     answers = queue.Queue()
-    lines = [json.dumps({"folder": "/d", "outcome": {}, "seconds": bad}) + "\n" for bad in ("x", -1, True, 1e400, 10**400)]
+    lines = [json.dumps({"folder": "/d", "outcome": {}, "seconds": bad}) + "\n"
+             for bad in ("x", -1, True, 1e400, 10**400)]
     behind._read_results(io.StringIO("".join(lines) + '{"folder": "/e", "outcome": {}, "seconds": NaN}\n'), answers)
     items = [answers.get_nowait() for _ in range(7)]
     assert items[:6] == [("/d", {}, 0.0)] * 5 + [("/e", {}, 0.0)] and items[6] is behind._GONE

@@ -62,9 +62,19 @@ _STRAY = object()  # (the reader's (_STRAY, line, 0.0)): a line on the answers' 
 LEFT_OUT = 2  # a process's first exports, left out of the median: torch.onnx's warm-up, the first graph, its reuse
 
 
-def steady_median(seconds: list[float]) -> float:
-    """An export's time: the median of a process's exports after its first LEFT_OUT; 0 before one is measured."""
-    return statistics.median(seconds[LEFT_OUT:]) if len(seconds) > LEFT_OUT else 0.0
+class ExportPace:
+    """One process's exports' own times, and `seconds`: the median of those after its first LEFT_OUT (0 before one
+    is measured), what each export still to come will cost a stopping job (trainers.lstm.wind_down). Kept as each
+    comes: it is read for every member at every step."""
+
+    def __init__(self):
+        self.times: list[float] = []
+        self.seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.times.append(seconds)
+        if len(self.times) > LEFT_OUT:
+            self.seconds = statistics.median(self.times[LEFT_OUT:])
 
 
 def exports_behind(setting: bool | None, gpu_like: bool, export: bool) -> bool:
@@ -99,11 +109,7 @@ class ExportsBehind:
         self.ended_unanswered = 0  # exporters in a row that ended without an answer; at GIVE_UP_AFTER, no more
         self.busy_since = time.monotonic()  # its last answer, or when it was given work while it had none
         self.left_to_the_next_run: list[str] = []  # folders dropped unmarked as the job stopped (_give_up)
-        # The exports' own times as the exporter measured them, each process's own list (its first ones are its
-        # start and the job's first graph): the median after them is what each one still waiting will cost a
-        # stopping job (steady_median, trainers.lstm.wind_down)
-        self.export_seconds: list[float] = []
-        self.export_s = 0.0  # their steady_median, kept as they come (read for every member at every step)
+        self.pace = ExportPace()  # its current process's exports, as the exporter measured them
 
     def submit(self, folder: Path, done: Callable[[dict], None]) -> None:
         if self.proc is None and self.ended_unanswered >= GIVE_UP_AFTER:  # (said once, when it came to that)
@@ -150,8 +156,7 @@ class ExportsBehind:
                                         [:300], stopping())
                 continue
             self.busy_since, self.ended_unanswered = time.monotonic(), 0
-            self.export_seconds.append(seconds)
-            self.export_s = steady_median(self.export_seconds)
+            self.pace.add(seconds)
             done(outcome)
             handed += 1
         return handed
@@ -182,8 +187,8 @@ class ExportsBehind:
         return max(0, len(self.waiting) - self.results.qsize())
 
     def seconds_per_export(self) -> float:
-        """An export's time as measured so far by its current process (steady_median); 0 before one is."""
-        return self.export_s
+        """An export's time as measured so far by its current process (ExportPace); 0 before one is."""
+        return self.pace.seconds
 
     def stop(self) -> list[str]:
         """End the exporter now. Returns the folders whose export was not over (no marker: the next run exports
@@ -244,7 +249,7 @@ class ExportsBehind:
         self.proc = subprocess.Popen(exporter_command(os.getpid()), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, encoding="utf-8", errors="replace", env=env, start_new_session=True)
         self.requests, self.results = queue.Queue(), queue.Queue()
-        self.busy_since, self.export_seconds, self.export_s = time.monotonic(), [], 0.0
+        self.busy_since, self.pace = time.monotonic(), ExportPace()
         for target, args in ((_write_requests, (self.requests, self.proc.stdin, self.log)),
                              (_read_results, (self.proc.stdout, self.results))):
             threading.Thread(target=target, args=args, daemon=True, name="exports-behind").start()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainers.lstm.export_behind import steady_median
+from trainers.lstm.export_behind import ExportPace
 from trainers.runtime.stops import EXIT_ALLOWANCE_S, RESERVE_FACTOR
 
 
@@ -48,11 +48,9 @@ class WindDown:
     started_seconds: float = 0.0  # and their starts: from the claim to the first step (data, runs, resumes, the
     # untrained evaluation), paid before a claim trains at all
     claimed_at: float | None = None  # (time.perf_counter()) the claim whose start is not measured yet
-    # its exports' times in the worker (without an exporter); the first two (torch.onnx's warm-up, the job's first
-    # graph and its latency; the second works out the graph's reuse: 2.0 s against 18 ms for the next on the dev VM)
-    # are left out, and the median of the others taken
-    export_seconds: list[float] = field(default_factory=list)
-    export_s: float = 0.0  # their steady_median, kept as they come (read for every member at every step)
+    # its exports in the worker (without an exporter): the first two (torch.onnx's warm-up, the job's first graph and
+    # its latency; the second works out the graph's reuse: 2.0 s against 18 ms for the next on the dev VM) left out
+    exports: ExportPace = field(default_factory=ExportPace)
     summary_s: float = 0.0  # the slowest job summary this worker wrote (rank 0 writes them)
 
     def ended(self, seconds: float, symbols: int = 1) -> None:
@@ -63,11 +61,10 @@ class WindDown:
 
     def exported(self, seconds: float) -> None:
         """An export in the worker took `seconds`."""
-        self.export_seconds.append(seconds)
-        self.export_s = steady_median(self.export_seconds)
+        self.exports.add(seconds)
 
     def seconds_per_export(self) -> float:
-        return self.export_s
+        return self.exports.seconds
 
     def started(self, now: float, symbols: int) -> None:
         """The claim's `symbols` reach their first step at `now` (perf_counter): its start is measured once (not

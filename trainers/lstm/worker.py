@@ -149,10 +149,11 @@ class Worker:
     def elapsed_s(self) -> float:
         return self.attempt["elapsed_before_s"] + time.time() - self.attempt["started_at"]
 
-    def over_budget(self, training: int | None = None) -> StopReason:
+    def over_budget(self, training: int | None = None, starting_s: float = 0.0) -> StopReason:
         """The job's budget, keeping free what this worker's stop would still cost (trainers.lstm.wind_down): the
-        ends of `training` symbols (default: those it trains now), its exports waiting, the summary, the exit."""
-        return self.budget.exceeded(self.elapsed_s(), self.reserve_s(training))
+        ends of `training` symbols (default: those it trains now), its exports waiting, the summary, the exit; and
+        `starting_s` before any of that (a claim's start)."""
+        return self.budget.exceeded(self.elapsed_s(), starting_s + self.reserve_s(training))
 
     def reserve_s(self, training: int | None = None, finishing: int | None = None) -> float:
         """What a stop now would still cost (trainers.lstm.wind_down), the exports at the pace measured so far."""
@@ -574,9 +575,8 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
             if over != StopReason.NONE:  # no new symbol once the job's time or money is spent (claimed, it stays
                 worker.publish_stop(over.name.lower(), None, None, None, training=0)  # pending)
                 return None
-            over = worker.budget.exceeded(worker.elapsed_s(), worker.wind_down.start_s(len(claims)) +
-                                          worker.reserve_s(training=len(claims))) if worker.wind_down.measured \
-                else StopReason.NONE
+            over = worker.over_budget(len(claims), worker.wind_down.start_s(len(claims))) \
+                if worker.wind_down.measured else StopReason.NONE
             if over != StopReason.NONE:  # nor one whose start and ends, as measured, would not fit
                 worker.publish_stop(over.name.lower(), None, None, None, training=len(claims))
                 return None
