@@ -124,6 +124,25 @@ def test_no_host_sync_in_a_steady_step(trained, trainer):
             "\n".join(f"  {s['label']}: {s['kind']} ({s['op']}) at {s['where']}" for s in syncs)
 
 
+@pytest.mark.parametrize("trainer,extra", [("ppo", []), ("lstm", ["--cohort", "1"]), ("forecast", [])])
+def test_no_host_sync_in_a_steady_step_after_a_resume(trainer, extra, tmp_path):
+    """A run stopped (SIGTERM at step 5) and resumed on the device: its steps wait on the GPU no more than a
+    fresh run's. torch keeps a plain (not fused) Adam's step count on the host and reads it every update;
+    loaded onto the device with the checkpoint, it made every update of PPO's resumed run wait once per
+    parameter (9,120 waits in a short run), and the LSTM's alone too."""
+    job = [trainer, "train", *CASES[trainer].train, *extra, "--run-dir", str(tmp_path / "run")]
+    run_cli(job, env={**fake_env(tmp_path / "first"), "TRAINERS_FAULT": "sigterm@rank0:step5"})
+    resumed = run_cli(job, env=fake_env(tmp_path / "resumed"))
+    assert resumed.returncode == 0, tail(resumed)
+    assert "resumed from checkpoint step 5" in resumed.stderr + resumed.stdout, tail(resumed)
+    (record,) = workers(tmp_path / "resumed")
+    first = min(m["step"] for m in record["markers"] if m["marker"] == "step_done")
+    assert len([m for m in record["markers"] if m["marker"] == "step_done"]) >= 4, "too few steps after the resume"
+    syncs = steady_step_syncs(record, first_steady=first + 1)
+    assert syncs == [], f"{trainer}: host syncs in steady steps after a resume:\n" + \
+        "\n".join(f"  {s['label']}: {s['kind']} ({s['op']}) at {s['where']}" for s in syncs[:10])
+
+
 @pytest.mark.parametrize("trainer", list(CASES))
 def test_evaluate_and_export_on_the_fake_accelerator(trained, trainer, tmp_path):
     run = trained(trainer)

@@ -51,6 +51,25 @@ _STEP_FILE_RE = re.compile(r"^(model|rank\d{3}|meta|consolidated)_(\d{8})\.(pt|j
 _SHARD_DIR_RE = re.compile(r"^shards_(\d{8})$")
 
 
+def optimizer_steps_on_host(loaded: Any) -> Any:
+    """`loaded` (a checkpoint as torch.load returns it) with every optimizer state dict's step counts on the
+    host. torch keeps a plain (not fused, not capturable) Adam's step there and reads it at every update
+    (`.item()`, per parameter), and its load_state_dict leaves a step where the load put it: loaded onto a
+    GPU, every update of a resumed run waited on the GPU once per parameter (PPO's Adam, the LSTM's alone).
+    A fused or capturable optimizer moves its steps back to the device itself as it loads them."""
+    if isinstance(loaded, dict):
+        if isinstance(loaded.get("state"), dict) and "param_groups" in loaded:
+            for per_param in loaded["state"].values():
+                if isinstance(per_param, dict) and torch.is_tensor(per_param.get("step")):
+                    per_param["step"] = per_param["step"].cpu()
+        for value in loaded.values():
+            optimizer_steps_on_host(value)
+    elif isinstance(loaded, (list, tuple)):
+        for value in loaded:
+            optimizer_steps_on_host(value)
+    return loaded
+
+
 def atomic_torch_save(path: Path, obj: Any) -> str:
     """Save atomically and return the SHA-256 of the bytes on disk."""
     atomic_write(path, lambda f: torch.save(obj, f))
@@ -253,7 +272,7 @@ class CheckpointManager:
         expected = ((self.meta(step) or {}).get("files") or {}).get(path.name)
         if expected is None or not path.is_file() or sha256_file(path) != expected:
             raise UsageError(f"checkpoint {path} is missing or fails its SHA-256 check; pick another with --checkpoint")
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return optimizer_steps_on_host(torch.load(path, map_location=map_location, weights_only=True))
 
     def sharded_names(self, step: int) -> list[str]:
         """The states of a checkpoint that live in its shards folder ([] for a plain checkpoint)."""
@@ -375,7 +394,8 @@ class CheckpointManager:
                 raise UsageError(f"checkpoint step {step} was saved with sharded states {saved_sharded or 'none'}, "
                                  f"this run shards {sorted(sharded or ()) or 'none'}: resume with the same "
                                  f"parallelism (--parallel), or use a new --run-dir")
-            shared = torch.load(self.model_path(step), map_location=map_location, weights_only=True)
+            shared = optimizer_steps_on_host(torch.load(self.model_path(step), map_location=map_location,
+                                                        weights_only=True))
             if sharded:
                 import torch.distributed.checkpoint as dcp
 
