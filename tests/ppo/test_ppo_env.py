@@ -211,5 +211,5 @@ def test_too_few_stocks_and_too_long_windows_are_refused():
         build_trading_data(panel, 3, 300, 0.15, 0.15, 20)
     frame = synthetic_market(n_tickers=3, n_days=400, seed=1)
     frame.loc[frame["ticker"] != "SYN000", "close"] = np.nan  # only one complete stock
-    with pytest.raises(UsageError, match="portfolio needs >= 2"):
+    with pytest.raises(UsageError, match="--num-stocks 3: the data holds 1 stock"):
         build_trading_data(to_panel(frame), 3, 10, 0.15, 0.15, 20)

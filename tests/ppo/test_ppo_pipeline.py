@@ -89,7 +89,60 @@ def test_a_file_with_one_complete_stock_is_refused(tmp_path, capsys):
     assert main(["ppo", "train", "--run-dir", str(run_dir), "--source", f"file:{tmp_path / 'prices.csv'}",
                  "--min-history-days", "100", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "portfolio needs >= 2" in err[0] and not run_dir.exists()
+    assert len(err) == 1 and "--num-stocks 30: the data holds 1 stock(s) with a bar on every date" in err[0]
+    assert "or --num-stocks" not in err[0] and not run_dir.exists()  # one stock is no portfolio
+
+
+def _prices_file(tmp_path, gap_in: str | None = None):
+    """A price file of 4 tickers (`gap_in` missing 10 days every 50: longer than a gap the environment fills)."""
+    from trainers.market.synthetic import synthetic_market
+
+    frame = synthetic_market(n_tickers=4, n_days=700, seed=0)
+    if gap_in is not None:
+        days = frame.groupby("ticker").cumcount()
+        frame = frame[~((frame["ticker"] == gap_in) & (days % 50 < 10))]
+    path = tmp_path / "prices.csv"
+    frame.to_csv(path, index=False)
+    return path, frame
+
+
+def test_a_file_holding_fewer_complete_stocks_than_num_stocks_is_refused(tmp_path, capsys):
+    """A regression: --num-stocks 4 on a file where one of the 4 misses dates trained 3 stocks and exited 0
+    (config.json said 4, results.json 3): a portfolio other than the one asked for, said only in a log line."""
+    path, _ = _prices_file(tmp_path, gap_in="SYN002")
+    run_dir = tmp_path / "run"
+    assert main(["ppo", "train", "--run-dir", str(run_dir), "--source", f"file:{path}", "--num-stocks", "4",
+                 "--min-history-days", "100", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--num-stocks 4: the data holds 3 stock(s) with a bar on every date" in err[0], err
+    assert "SYN002" in err[0] and "or --num-stocks 3" in err[0] and not run_dir.exists()
+
+
+def test_a_price_file_edited_after_training_is_refused_by_evaluate_and_resume(tmp_path, capsys):
+    """A regression: PPO recorded no fingerprint of its data. A file edited after training (a stock's last 40
+    closes doubled) was evaluated as if it were the run's (buy-and-hold's test return moved from +6 % to +35 %,
+    under results.json's old tickers), and one whose complete stocks changed died in a traceback."""
+    path, frame = _prices_file(tmp_path)
+    run_dir = tmp_path / "run"
+    args = ["ppo", "train", *TINY[TINY.index("--window"):], "--source", f"file:{path}", "--num-stocks", "4",
+            "--min-history-days", "100", "--total-steps", "256", "--seeds", "1", "--no-baseline-mlp",
+            "--run-dir", str(run_dir)]
+    assert main(args) == 0
+    assert json.loads((run_dir / "data.json").read_text())["fingerprint"]
+    capsys.readouterr()
+    last = frame.groupby("ticker").cumcount(ascending=False) < 40
+    edited = frame.copy()
+    prices = [c for c in ("open", "high", "low", "close") if c in frame.columns]
+    edited.loc[last & (frame["ticker"] == "SYN001"), prices] *= 2
+    edited.to_csv(path, index=False)
+    before = (run_dir / "results.json").read_bytes()
+    for argv in (["ppo", "evaluate", "--run-dir", str(run_dir)], args):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "was trained on other data" in err[0], err
+    assert (run_dir / "results.json").read_bytes() == before
+    frame.to_csv(path, index=False)  # the data it was trained on: evaluated again
+    assert main(["ppo", "evaluate", "--run-dir", str(run_dir)]) == 0
 
 
 @pytest.mark.slow

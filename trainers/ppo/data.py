@@ -39,6 +39,14 @@ def load_trading_data(cfg: PpoConfig, log=print) -> tuple[TradingData, dict]:
     return data, {**source_info, **pick_info, "rows_dropped_by_stock": traded, **data.describe()}
 
 
+def checked_fingerprint(data: TradingData, info: dict) -> str | None:
+    """The fingerprint a run records on its first start and checks on a resume or an evaluation (data.json):
+    a file or cache edited in between is refused, not trained or scored on unseen. None for the synthetic market,
+    which its own options make (a resume with other options is refused by the config's check), and whose
+    generated floats may differ in a last bit on another machine's math library."""
+    return None if info.get("synthetic") else data.fingerprint
+
+
 def env_spec(cfg: PpoConfig) -> EnvSpec:
     spec = EnvSpec(window=cfg.window, episode_days=cfg.episode_days, action=cfg.action, h_max=cfg.h_max,
                    initial_cash=cfg.initial_cash, cost_bps=cfg.cost_bps, reward=cfg.reward,

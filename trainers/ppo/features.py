@@ -9,6 +9,8 @@ window of feature rows t-window+1..t and filled at that close (the FinRL convent
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,6 +83,7 @@ class TradingData:
     embargo: int
     feature_mean: list[float]
     feature_std: list[float]
+    fingerprint: str  # the chosen stocks' bars as read (price_fingerprint): what a resume or evaluate checks
 
     @property
     def n_stocks(self) -> int:
@@ -125,15 +128,18 @@ def pick_stocks(panel: Panel, num_stocks: int, dropped_by_ticker: dict | None = 
     complete = np.isfinite(panel.close).all(0) & np.isfinite(panel.high).all(0) & np.isfinite(panel.low).all(0)
     complete &= (panel.close > 0).all(0)
     candidates = np.flatnonzero(complete)
-    if len(candidates) < 2:
+    if len(candidates) < num_stocks:  # a portfolio of fewer stocks than asked is another experiment: said, not run
         incomplete = [t for t, ok in zip(panel.tickers, complete) if not ok]
         bad = {t: sum(dropped_by_ticker[t].values()) for t in incomplete if t in (dropped_by_ticker or {})}
         cause = (f"{len(bad)} of them lost bars to validation (bad prices dropped: "
                  f"{', '.join(f'{t} {n}' for t, n in list(bad.items())[:5])}{' ...' if len(bad) > 5 else ''}), "
                  f"more than {MAX_FILLED_GAP} dates in a row or at an end of their history: clean those rows"
                  if bad else "more tickers, or a shorter --start/--end range")
-        raise UsageError(f"the data holds {len(candidates)} stock(s) with a bar on every date; the portfolio needs "
-                         f">= 2; {len(incomplete)} ticker(s) miss dates: {cause}")
+        missing = (f"{len(incomplete)} ticker(s) miss dates ({', '.join(incomplete[:5])}"
+                   f"{' ...' if len(incomplete) > 5 else ''}): {cause}" if incomplete else "more tickers")
+        fewer = f", or --num-stocks {len(candidates)}" if len(candidates) >= 2 else ""
+        raise UsageError(f"--num-stocks {num_stocks}: the data holds {len(candidates)} stock(s) with a bar on every "
+                         f"date; {missing}{fewer}")
     head = max(1, int(len(panel.dates) * 0.7))
     dollar_volume = np.nanmean(panel.close[:head] * np.nan_to_num(panel.volume[:head]), axis=0)
     order = candidates[np.argsort(-dollar_volume[candidates], kind="stable")]
@@ -142,12 +148,23 @@ def pick_stocks(panel: Panel, num_stocks: int, dropped_by_ticker: dict | None = 
                     "bars_filled": {t: n for t, n in filled.items() if panel.tickers.index(t) in chosen}}
 
 
+def price_fingerprint(tickers: list[str], dates: list[str], *bars: np.ndarray) -> str:
+    """SHA-256 of the portfolio's tickers, dates and bars (float64, as read): the features, the environment and
+    every baseline derive from them, so a file edited between a run and its resume or evaluation changes it."""
+    digest = hashlib.sha256(json.dumps([tickers, dates]).encode())
+    for bar in bars:
+        digest.update(np.ascontiguousarray(bar, dtype=np.float64).tobytes())
+    return digest.hexdigest()
+
+
 def build_trading_data(panel: Panel, num_stocks: int, window: int, val_frac: float, test_frac: float,
                        min_split_dates: int, dropped_by_ticker: dict | None = None) -> tuple[TradingData, dict]:
     if num_stocks < 2:
         raise UsageError(f"--num-stocks {num_stocks} must be >= 2: a portfolio needs at least 2 stocks")
     chosen, info = pick_stocks(panel, num_stocks, dropped_by_ticker)
     close, high, low = (a[:, chosen] for a in (panel.close, panel.high, panel.low))
+    fingerprint = price_fingerprint([panel.tickers[i] for i in chosen],
+                                    [d.strftime("%Y-%m-%d") for d in panel.dates], close, high, low)
     feats = indicators(close, high, low)[WARMUP:]
     close = close[WARMUP:]
     dates = [d.strftime("%Y-%m-%d") for d in panel.dates[WARMUP:]]
@@ -167,5 +184,5 @@ def build_trading_data(panel: Panel, num_stocks: int, window: int, val_frac: flo
     tickers = [panel.tickers[i] for i in chosen]
     data = TradingData(close=close.astype(np.float64), features=norm, dates=dates, tickers=tickers,
                        splits=dict(plan.ranges), embargo=plan.embargo, feature_mean=mean.tolist(),
-                       feature_std=std.tolist())
+                       feature_std=std.tolist(), fingerprint=fingerprint)
     return data, info

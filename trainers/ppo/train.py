@@ -25,7 +25,7 @@ from trainers.errors import UsageError
 from trainers.ppo import ppo
 from trainers.ppo.build import Agent, AgentSet
 from trainers.ppo.config import PpoConfig
-from trainers.ppo.data import env_spec, fix_date_range, load_trading_data
+from trainers.ppo.data import checked_fingerprint, env_spec, fix_date_range, load_trading_data
 from trainers.ppo.env import DeviceMarket, VecPortfolioEnv
 from trainers.ppo.evaluate import evaluate_agents, validation_score
 from trainers.ppo.features import FEATURES
@@ -159,7 +159,8 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
         return market.windows(t, cfg.window), portfolio
 
     with Run(cfg, ctx, "ppo", {"agents": agents, "scaler": scaler}, total_steps, unit="env_steps",
-             metric_name="pg_loss", started_at=started_at, flops_per_item=flops) as run:
+             metric_name="pg_loss", started_at=started_at, flops_per_item=flops,
+             data_fingerprint=checked_fingerprint(data, data_info)) as run:
         log = run.log
         if ctx.is_main and (saved_world is None or cfg.restart):
             atomic_write_json(run_dir / SCHEDULE, {"updates_per_agent": updates, "world_size": ctx.world_size})
