@@ -39,12 +39,14 @@ def load_trading_data(cfg: PpoConfig, log=print) -> tuple[TradingData, dict]:
     return data, {**source_info, **pick_info, "rows_dropped_by_stock": traded, **data.describe()}
 
 
-def checked_fingerprint(data: TradingData, info: dict) -> str | None:
+def checked_fingerprint(data: TradingData, info: dict, source: str) -> str | None:
     """The fingerprint a run records on its first start and checks on a resume or an evaluation (data.json):
     a file or cache edited in between is refused, not trained or scored on unseen. None for the synthetic market,
     which its own options make (a resume with other options is refused by the config's check), and whose
-    generated floats may differ in a last bit on another machine's math library."""
-    return None if info.get("synthetic") else data.fingerprint
+    generated floats may differ in a last bit on another machine's math library; None for `yfinance`, which
+    fetches what the cache lacks: a run resumed on a fresh machine after its pod was lost fetches again, and
+    Yahoo's adjusted closes move with every dividend since (refusing it would lose the run)."""
+    return None if info.get("synthetic") or source == "yfinance" else data.fingerprint
 
 
 def env_spec(cfg: PpoConfig) -> EnvSpec:

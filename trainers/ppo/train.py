@@ -160,7 +160,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
 
     with Run(cfg, ctx, "ppo", {"agents": agents, "scaler": scaler}, total_steps, unit="env_steps",
              metric_name="pg_loss", started_at=started_at, flops_per_item=flops,
-             data_fingerprint=checked_fingerprint(data, data_info)) as run:
+             data_fingerprint=checked_fingerprint(data, data_info, cfg.source)) as run:
         log = run.log
         if ctx.is_main and (saved_world is None or cfg.restart):
             atomic_write_json(run_dir / SCHEDULE, {"updates_per_agent": updates, "world_size": ctx.world_size})
