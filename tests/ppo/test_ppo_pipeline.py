@@ -61,6 +61,8 @@ def test_two_rank_ddp_training_to_results_evaluate_and_export(tmp_path):
     (["--synthetic-days", "500", "--window", "400"], "with window 400"),
     (["--cost-bps", "-5"], "--cost-bps -5.0 is not allowed: need a finite number >= 0"),
     (["--cost-bps", "nan"], "--cost-bps nan is not allowed"),
+    (["--cost-bps", "20000"], "--cost-bps 20000.0 is not allowed: need a finite number >= 0 and <= 1000"),
+    (["--synthetic-momentum", "1e10"], "--synthetic-momentum 10000000000.0 is not allowed"),
     (["--initial-cash", "inf"], "--initial-cash inf is not allowed"),
     (["--lr", "nan"], "--lr nan is not allowed"),
     (["--episode-days", "5000"], "--episode-days 5000 is longer than the training period"),

@@ -61,7 +61,7 @@ class ForecastConfig(RunOptions):
     synthetic_days: int = option(2520, "trading days in the synthetic market", min=1, max=SYNTHETIC_MAX_DAYS)
     data_seed: int = option(0, "seed of the synthetic market", min=0)
     synthetic_momentum: float = option(0.08, "strength of the synthetic market's momentum effect (0: none, the "
-                                       "control a model must show no skill on; < 0: reversal)")
+                                       "control a model must show no skill on; < 0: reversal)", min=-10, max=10)
     synthetic_effect: str = option("momentum", "shape of the synthetic market's effect: momentum (linear in the "
                                    "past returns) or regime (momentum that reverses while a stock's 20-day "
                                    "volatility is above its 70th percentile: no linear model can express it)",

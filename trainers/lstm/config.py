@@ -129,7 +129,8 @@ class LstmConfig(RunOptions):
     synthetic_tickers: int = option(8, "symbols in the synthetic market (SYN000...)", min=1)
     synthetic_days: int = option(2520, "trading days in the synthetic market", min=1)
     data_seed: int = option(0, "seed of the synthetic market", min=0)
-    synthetic_momentum: float = option(0.3, "strength of the synthetic market's momentum effect (0: none)")
+    synthetic_momentum: float = option(0.3, "strength of the synthetic market's momentum effect (0: none)",
+                                       min=-10, max=10)
     timeframes: str = option("auto", "base timeframe then higher ones, e.g. 1d,1w,1M for daily bars or 1h,4h,1d for "
                              "hourly ones (auto: those two, or 1m,15m,1h,4h for minute bars)")
     window: int = option(64, "input window in base bars", min=2)

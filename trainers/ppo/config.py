@@ -41,7 +41,8 @@ class PpoConfig(RunOptions):
     synthetic_tickers: int = option(30, "tickers in the synthetic market", min=2)
     synthetic_days: int = option(2520, "trading days in the synthetic market", min=2, max=SYNTHETIC_MAX_DAYS)
     data_seed: int = option(0, "seed of the synthetic market", min=0)
-    synthetic_momentum: float = option(0.03, "strength of the synthetic market's momentum effect (0: none; < 0: reversal)")
+    synthetic_momentum: float = option(0.03, "strength of the synthetic market's momentum effect (0: none; < 0: "
+                                       "reversal)", min=-10, max=10)
     window: int = option(30, "days of features the agent sees", min=2)
     val_frac: float = option(0.15, "share of decision dates for validation", gt=0, lt=1)
     test_frac: float = option(0.15, "share of decision dates for the test (touched once, by the final report)",
@@ -59,7 +60,8 @@ class PpoConfig(RunOptions):
                          choices=ACTIONS)
     h_max: float = option(100.0, "most shares one trade action buys or sells per stock (the paper's h_max)", min=1)
     initial_cash: float = option(1_000_000.0, "cash each episode starts with", gt=0)
-    cost_bps: float = option(10.0, "transaction cost in basis points of the traded value (10 = 0.1 percent)", min=0)
+    cost_bps: float = option(10.0, "transaction cost in basis points of the traded value (10 = 0.1 percent)", min=0,
+                              max=1000)  # 10 % of every trade: past that the wealth update loses its meaning
     reward: str = option("pnl", "pnl: change in portfolio value times --reward-scale; log_return: log of its ratio",
                          choices=REWARDS)
     reward_scale: float = option(1e-4, "multiplies the pnl reward (FinRL's 1e-4)", gt=0)
