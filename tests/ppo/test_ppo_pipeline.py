@@ -147,6 +147,26 @@ def test_a_price_file_edited_after_training_is_refused_by_evaluate_and_resume(tm
     assert main(["ppo", "evaluate", "--run-dir", str(run_dir)]) == 0
 
 
+def test_validations_checkpoint_as_ckpt_at_eval_says_and_min_delta_counts(tmp_path):
+    """A regression: PPO's validations never reached the run, so --ckpt-at-eval (default always: "a lost machine
+    costs at most the steps since the last evaluation") and --min-delta did nothing: 31 validations left
+    checkpoints at steps 200 and 314 only, and results.json's best_val named a metric PPO never computes."""
+    args = ["ppo", "train", *TINY, "--total-steps", "768", "--seeds", "1", "--no-baseline-mlp", "--keep-last", "50"]
+    saved = {}
+    for name, extra in (("always", []), ("improved", ["--ckpt-at-eval", "improved", "--min-delta", "1e9"])):
+        run_dir = tmp_path / name
+        assert main([*args, *extra, "--run-dir", str(run_dir)]) == 0  # 6 updates, validated at 2, 4 and 6
+        saved[name] = sorted(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("meta_*.json"))
+        results = read_results(run_dir)
+        (best,) = results["training"]["best_val"]["per_agent"]
+        (row,) = results["evaluation"]["table"]["ppo_clstm"]["per_seed"]
+        assert best["agent"] == "clstm/seed0" and best["update"] == row["selected_update"], (best, row)
+        if name == "improved":  # no later validation beats the first by 1e9: the first stays the agent's pick
+            assert best["update"] == 2
+    assert saved["always"] == [2, 4, 6], saved
+    assert saved["improved"] == [2, 6], saved  # the first validation (a new best), and the last step
+
+
 @pytest.mark.slow
 def test_a_resume_on_fewer_workers_keeps_the_schedule_and_trains_no_agent_twice(tmp_path):
     """Resumed on 1 worker after 2, PPO once recomputed its updates per agent (8 -> 16) and mapped

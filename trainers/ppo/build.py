@@ -61,9 +61,10 @@ class AgentSet:
             a.best, a.history = s["best"], [tuple(h) for h in s["history"]]
             a.updates_done = s["updates_done"]
 
-    def validated(self, a: Agent, update: int, score: float) -> bool:
+    def validated(self, a: Agent, update: int, score: float, min_delta: float = 0.0) -> bool:
+        """Record a validation; True when it is the agent's new best (higher by more than `min_delta`)."""
         a.history.append((update, score))
-        if not math.isfinite(score) or (a.best is not None and score <= a.best["val_score"]):
+        if not math.isfinite(score) or (a.best is not None and score <= a.best["val_score"] + min_delta):
             return False  # a NaN score never becomes the snapshot the report and export use
         a.best = {"update": update, "val_score": score,
                   "policy": {k: v.detach().clone() for k, v in a.policy.state_dict().items()},

@@ -211,7 +211,8 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                 with run.timing("evaluation"):
                     score = validation_score(market, spec, data.splits["val"], agent.policy, agent.norms, cfg.select_by)
                     watched.append(score)
-                    best = agents.validated(agent, u, score)
+                    best = agents.validated(agent, u, score, cfg.min_delta)
+                    run.evaluated(step, None, improved=best)  # its checkpoint at this step, as --ckpt-at-eval says
                     run.metrics.log(step, "val", {"agent": index, "update": u, f"val_{cfg.select_by}": score, "best": best})
                     log.info("agent %d (%s, seed %d) update %d: validation %s %.4f%s", index, agent.encoder,
                              agent.seed, u, cfg.select_by, score, " (best)" if best else "")
@@ -237,5 +238,8 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                              "flops_per_env_step": flops},
                    "training": {"updates_per_agent": updates, "env_steps_per_update": per_update,
                                 "agents": [f"{e}/seed{sd}" for e, sd in cfg.agents()], "precision": precision.name,
-                                "tf32": tf32, **compile_facts(rollout_step, ctx)}}
+                                "tf32": tf32, **compile_facts(rollout_step, ctx),
+                                "best_val": {"name": f"val_{cfg.select_by}", "higher_is_better": True, "per_agent": [
+                                    {"agent": f"{a.encoder}/seed{a.seed}", "update": (a.best or {}).get("update"),
+                                     "value": (a.best or {}).get("val_score")} for a in agents.agents]}}}
         return run.finish(summary, evaluate=final_evaluation)

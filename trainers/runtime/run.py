@@ -113,24 +113,24 @@ class Run:
     def should_eval(self, step: int, end_of_epoch: bool = False) -> bool:
         return (end_of_epoch if self.eval_every == 0 else step % self.eval_every == 0) or step == self.total_steps
 
-    def timing(self, phase: str):
-        """Time spent here is reported under `phase` and left out of the step throughput."""
+    def timing(self, phase: str):  # time spent here is reported under `phase`, left out of the step throughput
         return self.clock.timing(phase, after=self._update_reserve)
 
     def log_train(self, step: int, values: dict) -> None:
         """Record this step's training metrics; written by `step_done` with the window's throughput."""
         self.steps.record(step, values)
 
-    def evaluated(self, step: int, metric: float, initial: bool = False) -> bool:
-        """A validation result (lower is better, the same on every rank). `initial` marks the
-        untrained model's value. Returns True when it is the best so far."""
+    def evaluated(self, step: int, metric: float | None, initial: bool = False, improved: bool = False) -> bool:
+        """A validation result (lower is better, the same on every rank); `initial`: the untrained model's. True when
+        the best so far. None: a trainer that keeps its own bests (PPO's agents) says whether it `improved`."""
         if initial:
             self.val.untrained(step, metric, self.metric_name, self.log, self.metrics)
             return False
-        self.finite.watch(metric)
-        improved = self.val.update(step, metric, self.metric_name, self.log, self.metrics)
-        if self.val.early.should_stop:
-            self.stopper.request(StopReason.EARLY_STOP)
+        if metric is not None:
+            self.finite.watch(metric)
+            improved = self.val.update(step, metric, self.metric_name, self.log, self.metrics)
+            if self.val.early.should_stop:
+                self.stopper.request(StopReason.EARLY_STOP)
         self._metric_to_save = (step, metric, improved or self.cfg.ckpt_at_eval == "always")
         return improved
 
