@@ -6,7 +6,7 @@ import json
 import pytest
 
 from trainers.gnn.config import GnnConfig
-from trainers.gnn.size import CPU_NODES, MAX_AUTO_NODES, MIN_STEPS_PER_EPOCH, nodes_per_step, workload
+from trainers.gnn.size import CPU_NODES, MAX_AUTO_NODES, MIN_STEPS_PER_EPOCH, assumed_counts, nodes_per_step, workload
 from trainers.gnn.train import pin_from_saved
 
 GIB = 2**30
@@ -53,6 +53,26 @@ def test_the_plan_sizes_the_step_for_the_gpu_and_the_ranks_it_plans(tmp_path):
     big = workload(GnnConfig(data_dir=_dataset(tmp_path, 100_000_000)), measured=(100_000.0, 1.0, 1, []))
     assert big.shape["nodes_per_step"] == plan(big, h100, 1).shape["nodes_per_step"] == MAX_AUTO_NODES
     assert plan(big, DEVICES["t4"], 1).shape["nodes_per_step"] == 32768
+
+
+def test_with_no_dataset_yet_the_plan_sizes_the_step_for_the_graphs_it_assumes(tmp_path):
+    """A regression: the deploy shows the plan before its data phase, with no dataset yet. The plan then assumed the
+    deploy's 20,000 graphs for the job's length but not for its step: on 8 H200s it said 65,536 nodes a step (129
+    steps) where the run, its data written, takes 16,384 (516 steps)."""
+    from trainers.ops.devices import DEVICES
+    from trainers.ops.plan import plan
+
+    graphs, nodes, edges = assumed_counts(GnnConfig().seed)
+    written = tmp_path / "written"
+    written.mkdir()
+    (written / "metadata.json").write_text(json.dumps({"splits": {"train": {"graphs": graphs, "nodes": nodes,
+                                                                            "edges": edges}}}))
+    h200 = DEVICES["h200"]
+    for gpus in (1, 8):
+        before, after = (plan(workload(GnnConfig(data_dir=str(d))), h200, gpus).shape["nodes_per_step"]
+                         for d in (tmp_path / "none", written))
+        assert before == after, (gpus, before, after)
+    assert plan(workload(GnnConfig(data_dir=str(tmp_path / "none"))), h200, 8).shape["nodes_per_step"] == 16384
 
 
 def test_a_resume_keeps_the_folders_number_on_any_device_or_world_size(tmp_path):

@@ -5,6 +5,7 @@ drawn by the same generator `trainers gnn data` uses; the dataset's own counts a
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable
@@ -61,6 +62,17 @@ def dataset_counts(cfg: GnnConfig) -> tuple[int, int, int, str]:
         return 0, 0, 0, ""
 
 
+@functools.cache
+def assumed_counts(seed: int) -> tuple[int, int, int]:
+    """(graphs, nodes, undirected edges) of the training split the deploy generates: DEPLOY_GRAPHS graphs at the
+    mean of the plan's sample graphs."""
+    from trainers.gnn.graphs import random_graph
+
+    sample = [random_graph(i, seed, DEPLOY_MIN_NODES, DEPLOY_MAX_NODES) for i in range(SAMPLE_GRAPHS)]
+    return (DEPLOY_GRAPHS, int(DEPLOY_GRAPHS * sum(g.n for g in sample) / SAMPLE_GRAPHS),
+            int(DEPLOY_GRAPHS * sum(g.n_edges for g in sample) / SAMPLE_GRAPHS))
+
+
 def _sample(cfg: GnnConfig) -> tuple[list, Callable[[int], tuple]]:
     """The sample graphs and the model's inputs for the first b of them (on the CPU)."""
     import torch
@@ -115,10 +127,10 @@ def nodes_per_step(cfg: GnnConfig, memory_bytes: int | None, world_size: int, pe
         return cfg.nodes_per_batch
     if not memory_bytes:
         return CPU_NODES
-    most = MAX_AUTO_NODES
-    nodes = dataset_counts(cfg)[1]
-    if nodes:
-        most = min(most, nodes // (world_size * MIN_STEPS_PER_EPOCH))
+    # the training split's nodes; with no dataset yet (the deploy's plan runs before its data phase) the graphs the
+    # deploy generates, as the plan counts them: it sized 8 H200s' steps at 65,536 nodes, the run then at 16,384
+    nodes = dataset_counts(cfg)[1] or assumed_counts(cfg.seed)[1]
+    most = min(MAX_AUTO_NODES, nodes // (world_size * MIN_STEPS_PER_EPOCH))
     per_node = _measured(cfg)[0] if per_node is None else per_node
     most = min(most, int(memory_bytes * ACTIVATION_MEMORY_SHARE // max(per_node, 1.0)))
     return max(CPU_NODES, 1 << (max(most, 1).bit_length() - 1))
@@ -131,13 +143,10 @@ def workload(cfg: GnnConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
     measured = measured or _measured(cfg)
     per_node, flops_per_node, parameters, sample = measured
     nodes_per_batch = nodes_per_step(cfg, memory_bytes, world_size, per_node)
-    sample_nodes = sum(g.n for g in sample)
 
     graphs, nodes, edges, source = dataset_counts(cfg)
     if not graphs:
-        mean_nodes = sample_nodes / SAMPLE_GRAPHS
-        mean_edges = sum(g.n_edges for g in sample) / SAMPLE_GRAPHS
-        graphs, nodes, edges = DEPLOY_GRAPHS, int(DEPLOY_GRAPHS * mean_nodes), int(DEPLOY_GRAPHS * mean_edges)
+        graphs, nodes, edges = assumed_counts(cfg.seed)
         source = (f"ASSUMED: the deploy's {DEPLOY_GRAPHS:,} generated graphs of {DEPLOY_MIN_NODES}-{DEPLOY_MAX_NODES} "
                   f"nodes (no dataset in {cfg.data_dir} yet)")
     on_device = nodes * DEVICE_BYTES_PER_NODE + edges * DEVICE_BYTES_PER_EDGE  # the split lives on the GPU
