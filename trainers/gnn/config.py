@@ -18,8 +18,10 @@ class GnnConfig(RunOptions):
     run_dir: str = option("runs/gnn", "run folder (resumed if it holds a run)", resume_safe=True)
     data_dir: str = option("data/graphs", "graph dataset written by `trainers gnn data`", resume_safe=True)
     hidden: int = option(64, "hidden width", min=1)
-    layers: int = option(4, "message-passing layers", min=1)
-    max_colors: int = option(16, "most colors the model can offer (per graph: the greedy bound, capped)", min=2)
+    # ceilings: 100,000 layers hung the start, 100,000 colours asked 6 GiB of the plan's sample and were killed
+    layers: int = option(4, "message-passing layers", min=1, max=64)
+    max_colors: int = option(16, "most colors the model can offer (per graph: the greedy bound, capped)", min=2,
+                             max=1024)
     random_features: int = option(8, "random node features that break symmetry", min=0)
     fewer_colors: float = option(0.0, "training offers each graph its greedy bound minus a uniform share of it below "
                                       "this (0: the bound; 0.35: down to 0.65 of it)", min=0, lt=1)
