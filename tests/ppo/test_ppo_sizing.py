@@ -35,7 +35,8 @@ def test_a_cpu_keeps_todays_defaults_and_a_gpu_gets_thousands_of_environments_fo
 
 
 def test_a_job_keeps_its_updates_per_agent():
-    """The 8-GPU deploy's 504,000 env steps an agent: 1,024 environments would leave one update; 64 leave 15."""
+    """The 8-GPU deploy's 504,000 env steps an agent: 1,024 environments would leave one update; 64 leave 16 (the
+    last one short)."""
     deploy = PpoConfig(num_episodes=2000)
     assert env_batch(deploy, 80 * GIB, 8)[0] == CPU_ENVS
     assert env_batch(deploy, 80 * GIB, 1)[0] == 256  # 504,000 / (64 steps x 16 updates) = 492 -> 256
