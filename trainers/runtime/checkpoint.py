@@ -43,31 +43,13 @@ from typing import Any
 import torch
 
 from trainers.errors import UsageError
+from trainers.runtime.device import optimizer_steps_on_host
 from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_max, barrier, broadcast_object
 from trainers.runtime.files import atomic_write, atomic_write_json, sha256_file
 
 _META_RE = re.compile(r"^meta_(\d{8})\.json$")
 _STEP_FILE_RE = re.compile(r"^(model|rank\d{3}|meta|consolidated)_(\d{8})\.(pt|json)$")
 _SHARD_DIR_RE = re.compile(r"^shards_(\d{8})$")
-
-
-def optimizer_steps_on_host(loaded: Any) -> Any:
-    """`loaded` (a checkpoint as torch.load returns it) with every optimizer state dict's step counts on the
-    host. torch keeps a plain (not fused, not capturable) Adam's step there and reads it at every update
-    (`.item()`, per parameter), and its load_state_dict leaves a step where the load put it: loaded onto a
-    GPU, every update of a resumed run waited on the GPU once per parameter (PPO's Adam, the LSTM's alone).
-    A fused or capturable optimizer moves its steps back to the device itself as it loads them."""
-    if isinstance(loaded, dict):
-        if isinstance(loaded.get("state"), dict) and "param_groups" in loaded:
-            for per_param in loaded["state"].values():
-                if isinstance(per_param, dict) and torch.is_tensor(per_param.get("step")):
-                    per_param["step"] = per_param["step"].cpu()
-        for value in loaded.values():
-            optimizer_steps_on_host(value)
-    elif isinstance(loaded, (list, tuple)):
-        for value in loaded:
-            optimizer_steps_on_host(value)
-    return loaded
 
 
 def atomic_torch_save(path: Path, obj: Any) -> str:

@@ -15,6 +15,7 @@ import contextlib
 import os
 import platform
 import resource
+from typing import Any
 
 import torch
 
@@ -212,3 +213,22 @@ def facts(indices: range | None = None) -> dict:
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "n/a",
             "no_peer_access": [(i, j) for i in range(n) for j in range(n)
                                if i != j and not torch.cuda.can_device_access_peer(i, j)]}
+
+
+def optimizer_steps_on_host(loaded: Any) -> Any:
+    """`loaded` (a checkpoint as torch.load returns it) with every optimizer state dict's step counts on the
+    host. torch keeps a plain (not fused, not capturable) Adam's step there and reads it at every update
+    (`.item()`, per parameter), and its load_state_dict leaves a step where the load put it: loaded onto a
+    GPU, every update of a resumed run waited on the GPU once per parameter (PPO's Adam, the LSTM's alone).
+    A fused or capturable optimizer moves its steps back to the device itself as it loads them."""
+    if isinstance(loaded, dict):
+        if isinstance(loaded.get("state"), dict) and "param_groups" in loaded:
+            for per_param in loaded["state"].values():
+                if isinstance(per_param, dict) and torch.is_tensor(per_param.get("step")):
+                    per_param["step"] = per_param["step"].cpu()
+        for value in loaded.values():
+            optimizer_steps_on_host(value)
+    elif isinstance(loaded, (list, tuple)):
+        for value in loaded:
+            optimizer_steps_on_host(value)
+    return loaded
