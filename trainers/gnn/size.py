@@ -62,13 +62,18 @@ def dataset_counts(cfg: GnnConfig) -> tuple[int, int, int, str]:
         return 0, 0, 0, ""
 
 
+def sample_graphs(seed: int) -> list:
+    """The plan's SAMPLE_GRAPHS graphs, drawn as the deploy's generator draws them."""
+    from trainers.gnn.graphs import random_graph
+
+    return [random_graph(i, seed, DEPLOY_MIN_NODES, DEPLOY_MAX_NODES) for i in range(SAMPLE_GRAPHS)]
+
+
 @functools.cache
 def assumed_counts(seed: int) -> tuple[int, int, int]:
     """(graphs, nodes, undirected edges) of the training split the deploy generates: DEPLOY_GRAPHS graphs at the
     mean of the plan's sample graphs."""
-    from trainers.gnn.graphs import random_graph
-
-    sample = [random_graph(i, seed, DEPLOY_MIN_NODES, DEPLOY_MAX_NODES) for i in range(SAMPLE_GRAPHS)]
+    sample = sample_graphs(seed)
     return (DEPLOY_GRAPHS, int(DEPLOY_GRAPHS * sum(g.n for g in sample) / SAMPLE_GRAPHS),
             int(DEPLOY_GRAPHS * sum(g.n_edges for g in sample) / SAMPLE_GRAPHS))
 
@@ -78,9 +83,8 @@ def _sample(cfg: GnnConfig) -> tuple[list, Callable[[int], tuple]]:
     import torch
 
     from trainers.gnn.batch import make_batch
-    from trainers.gnn.graphs import random_graph
 
-    sample = [random_graph(i, cfg.seed, DEPLOY_MIN_NODES, DEPLOY_MAX_NODES) for i in range(SAMPLE_GRAPHS)]
+    sample = sample_graphs(cfg.seed)
 
     def inputs(b: int) -> tuple:
         batch = make_batch(sample[:b], cfg.max_colors, cfg.random_features, list(range(b)), torch.device("cpu"))
