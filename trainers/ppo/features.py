@@ -163,11 +163,11 @@ def build_trading_data(panel: Panel, num_stocks: int, window: int, val_frac: flo
         raise UsageError(f"--num-stocks {num_stocks} must be >= 2: a portfolio needs at least 2 stocks")
     chosen, info = pick_stocks(panel, num_stocks, dropped_by_ticker)
     close, high, low = (a[:, chosen] for a in (panel.close, panel.high, panel.low))
-    fingerprint = price_fingerprint([panel.tickers[i] for i in chosen],
-                                    [d.strftime("%Y-%m-%d") for d in panel.dates], close, high, low)
+    tickers, all_dates = [panel.tickers[i] for i in chosen], [d.strftime("%Y-%m-%d") for d in panel.dates]
+    fingerprint = price_fingerprint(tickers, all_dates, close, high, low)
     feats = indicators(close, high, low)[WARMUP:]
     close = close[WARMUP:]
-    dates = [d.strftime("%Y-%m-%d") for d in panel.dates[WARMUP:]]
+    dates = all_dates[WARMUP:]
     if len(dates) <= window + 2:
         raise UsageError(f"--window {window} is longer than the data ({len(dates)} dates after a {WARMUP}-day "
                          f"indicator warm-up); use a shorter window or more history")
@@ -181,7 +181,6 @@ def build_trading_data(panel: Panel, num_stocks: int, window: int, val_frac: flo
     mean, std = np.nanmean(train_rows, axis=0), np.nanstd(train_rows, axis=0)
     std = np.where(std > 1e-12, std, 1.0)
     norm = np.nan_to_num(np.clip((feats - mean) / std, -CLIP, CLIP), nan=0.0).astype(np.float32)
-    tickers = [panel.tickers[i] for i in chosen]
     data = TradingData(close=close.astype(np.float64), features=norm, dates=dates, tickers=tickers,
                        splits=dict(plan.ranges), embargo=plan.embargo, feature_mean=mean.tolist(),
                        feature_std=std.tolist(), fingerprint=fingerprint)
