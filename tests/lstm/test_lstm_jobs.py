@@ -180,10 +180,21 @@ def test_killing_torchruns_agent_still_leaves_the_summary_of_what_finished(tmp_p
         time.sleep(0.2)
     r = summarised()
     assert r is not None, (run_dir / "training.log").read_text()[-3000:]
+
+    def rows_match_the_folders() -> bool:
+        """A worker that finishes a symbol after rank 0 read the folders adds it to the summary itself (rank 0
+        cannot wait for it: the store is gone); it once stayed out of the summary."""
+        nonlocal r
+        r = summarised() or r
+        ok = {s for s, row in r["symbols"].items() if row["status"] == "ok"}
+        return ok == {p.parent.name for p in run_dir.glob("symbols/*/done.json")} and bool(ok)
+
+    deadline = time.monotonic() + 60
+    while not rows_match_the_folders() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rows_match_the_folders(), (r["symbols"], sorted(run_dir.glob("symbols/*/done.json")))
     time.sleep(1.0)  # let the other worker finish writing its checkpoint before the folders are compared
-    done = {p.parent.name for p in run_dir.glob("symbols/*/done.json")}
     rows = r["symbols"]
-    assert {s for s, row in rows.items() if row["status"] == "ok"} == done and done
     stopped = [s for s, row in rows.items() if row["status"] == "stopped"]
     assert r["training"]["symbols"]["failed"] == 0 and stopped  # symbols in training when the agent died
     for s in stopped:  # each stopped with a checkpoint at the step it reached: the next launch resumes it
@@ -274,3 +285,25 @@ def test_a_run_of_a_job_whose_budget_is_spent_already_says_so_and_how_to_go_on(t
     again = run_cli(args)
     assert again.returncode == 0
     assert "its budget is spent already" in again.stderr and "raise it to train the 2 symbol(s) left" in again.stderr
+
+
+def test_a_symbol_finished_after_the_summary_is_added_keeping_the_stop_that_skipped_the_evaluation(tmp_path):
+    """What a worker writes when the store is gone (trainers.lstm.worker): the rows read again, under the
+    summary's lock, and the stop that skipped the job's evaluation kept."""
+    from trainers.lstm.queue import write_marker
+    from trainers.lstm.summary import refresh_job_summary
+
+    job_dir = tmp_path / "job"
+    for s in ("A", "B"):
+        (job_dir / "symbols" / s).mkdir(parents=True)
+    stop = {"reason": "signal", "signal": "SIGTERM"}
+    before = {"training": {"stop_reason": "signal", "stopped_by": stop, "symbols": {"ok": 0}},
+              "symbols": {s: {"status": "pending", "planned_steps": 7} for s in ("A", "B")}}
+    (job_dir / "results.json").write_text(json.dumps(before))
+    write_marker(job_dir / "symbols" / "A", {"status": "ok", "seconds": 1.0})  # finished after rank 0 read
+    r = refresh_job_summary(job_dir, ["A", "B"], keep_stop=True)
+    assert r["symbols"]["A"]["status"] == "ok" and r["symbols"]["B"]["status"] == "pending"
+    assert r["training"]["symbols"] == {"ok": 1, "failed": 0, "stopped": 0, "pending": 1}
+    assert r["training"]["stop_reason"] == "signal" and "stopped by SIGTERM" in r["evaluation"]["skipped"]
+    assert "1 of 2 symbols succeeded" in (job_dir / "results.md").read_text()
+    assert "skipped" not in refresh_job_summary(job_dir, ["A", "B"])["evaluation"]  # (after `evaluate`: no stop)

@@ -13,7 +13,9 @@ symbol trained in a cohort of K counts its share, the cohort's time / K (trainer
 
 from __future__ import annotations
 
+import fcntl
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from trainers.lstm.queue import read_marker
@@ -98,8 +100,29 @@ def job_evaluation(job_dir: Path, rows: dict[str, dict], stop: dict | None) -> d
                                                 if r["test"]["long_flat_return"] > r["test"]["buy_and_hold_return"])}
 
 
+SUMMARY_LOCK = ".summary.lock"
+
+
+@contextmanager
+def summary_lock(job_dir: Path):
+    """One summary writer at a time, its folders read under the lock: when the store is gone, a worker that
+    finished a symbol after rank 0 read the folders rewrites the summary (trainers.lstm.worker), and whichever
+    writes second has read every marker written before it (the kernel drops the flock of a dead writer)."""
+    with open(Path(job_dir) / SUMMARY_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop: dict | None, log) -> dict:
     """The whole summary at the end of (or during) a training attempt."""
+    with summary_lock(job_dir):
+        return _job_summary(job_dir, cfg, plan, attempt, ctx, device, stop, log)
+
+
+def _job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop: dict | None, log) -> dict:
     rows = symbol_rows(job_dir, plan.symbols, plan.total_steps)
     counts = count_states(rows)
     wall = max(time.time() - attempt["started_at"], 1e-9)
@@ -145,13 +168,21 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
     return _write(job_dir, results, log)
 
 
-def refresh_job_summary(job_dir: Path, symbols: list[str] | None = None, log=None) -> dict:
-    """After `evaluate` or `export`: the symbol rows and the evaluation again; the training facts stay."""
+def refresh_job_summary(job_dir: Path, symbols: list[str] | None = None, log=None,
+                        keep_stop: bool = False) -> dict:
+    """After `evaluate` or `export`: the symbol rows and the evaluation again; the training facts stay
+    (`keep_stop`: so does the stop that skipped the evaluation, for a worker adding what it finished)."""
+    with summary_lock(job_dir):
+        return _refresh(job_dir, symbols, log, keep_stop)
+
+
+def _refresh(job_dir: Path, symbols: list[str] | None, log, keep_stop: bool) -> dict:
     previous = read_results(job_dir)
     rows_before = previous.get("symbols", {})
     symbols = symbols or list(rows_before)
     rows = symbol_rows(job_dir, symbols, {s: r.get("planned_steps") for s, r in rows_before.items()})
-    merged = dict(previous, symbols=rows, evaluation=job_evaluation(job_dir, rows, None),
+    stop = previous.get("training", {}).get("stopped_by") if keep_stop else None
+    merged = dict(previous, symbols=rows, evaluation=job_evaluation(job_dir, rows, stop),
                   runs={s: r["folder"] for s, r in rows.items() if r["status"] == "ok"})
     if "training" in merged:
         merged["training"] = dict(merged["training"], symbols=count_states(rows))

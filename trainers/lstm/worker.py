@@ -46,7 +46,7 @@ from trainers.lstm.export_behind import STALL_S, STOPPING_STALL_S, ExportsBehind
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
 from trainers.lstm.size import cohort_size
-from trainers.lstm.summary import write_job_summary
+from trainers.lstm.summary import refresh_job_summary, write_job_summary
 from trainers.lstm.wind_down import WindDown
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
@@ -682,6 +682,8 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         log.warning("the job's store is gone (%s): torchrun's agent died; stopped%s", queue.lost,
                     ", writing the summary of what is on disk" if ctx.is_main else "")
     if not ctx.is_main:
+        if queue.lost:  # rank 0 cannot wait for this worker: what it finished after rank 0 read the folders is added
+            refresh_job_summary(job_dir, plan.symbols, log, keep_stop=True)
         return 1 if device_lost else 0  # torchrun restarts the workers (with fresh contexts) on a non-zero exit
     signalled = worker.signalled is not None
     done = queue.wait_for_workers(ctx.world_size, time.monotonic() + jobqueue.GRACE_S if signalled else None)

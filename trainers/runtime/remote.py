@@ -290,13 +290,13 @@ class Mirror:
 
 
 def _not_mirrored(name: str) -> bool:
-    """Checkpoints (their own protocol), the lock, temp files of atomic writes, and a nested run's folder
-    (an LSTM job's symbols mirror themselves)."""
+    """Checkpoints (their own protocol), the locks (.lock, an LSTM job's .summary.lock), temp files of atomic
+    writes, and a nested run's folder (an LSTM job's symbols mirror themselves)."""
     base = name.rsplit("/", 1)[-1]
     if re.fullmatch(r"symbols/[^/]+/(done|device_lost)\.json", name):  # an LSTM job's marker of a finished symbol
         return False  # and its count of broken CUDA contexts: the job's
-    return name.startswith(("checkpoints/", "symbols/")) or "/checkpoints/" in name or base == ".lock" or \
-        (base.startswith(".") and base.endswith(".tmp")) or ".set-aside-" in name
+    return name.startswith(("checkpoints/", "symbols/")) or "/checkpoints/" in name or \
+        (base.startswith(".") and base.endswith((".lock", ".tmp"))) or ".set-aside-" in name
 
 
 def _fault_before_meta(step: int) -> None:
