@@ -3,6 +3,7 @@ and a corrupt newest checkpoint after a stop. (SIGKILL, SIGTERM, budgets and ref
 loop contract every trainer keeps: tests/e2e/test_loop_contract.py.)"""
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -209,7 +210,11 @@ def test_the_report_keeps_its_tables_when_the_pictures_cannot_be_drawn(reference
         raise OSError("libfreetype.so.6: cannot open shared object file")
 
     monkeypatch.setattr(report, "draw", broken)
-    report.write_report(tmp_path, results, series={})
+    heard = []
+    log = logging.getLogger("test-report")
+    monkeypatch.setattr(log, "warning", lambda fmt, *args: heard.append(fmt % args))
+    report.write_report(tmp_path, results, series={}, log=log)
+    assert heard and "libfreetype" in heard[0]  # the run's log says why, not a logger no file hears
     text = (tmp_path / "report.md").read_text()
     assert "No pictures: drawing them failed (OSError: libfreetype.so.6" in text and rank_ic in text
     monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: None)

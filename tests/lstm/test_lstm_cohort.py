@@ -518,6 +518,16 @@ def test_a_cohorts_members_draw_no_progress_bar(tmp_path, capfd):
     assert "it/s]" not in err and "in a cohort of 3" in err
 
 
+def test_each_member_of_a_cohort_logs_into_its_own_folder(tmp_path):
+    """One process opens K runs: they shared one logger, and every member's lines went to the training.log
+    of the member opened last."""
+    assert train(tmp_path / "cohort", "--cohort", "3", "--synthetic-tickers", "3", "--epochs", "1") == 0
+    for s in ("SYN000", "SYN001", "SYN002"):
+        log = (tmp_path / "cohort" / "symbols" / s / "training.log").read_text()
+        others = {"SYN000", "SYN001", "SYN002"} - {s}
+        assert f"lstm {s}: " in log and not any(f"lstm {o}: " in log for o in others), (s, log[:2000])
+
+
 def test_with_dropout_a_symbol_trains_the_same_whichever_symbols_share_its_cohort(tmp_path):
     """...and under --gpu-defaults (what a GPU deploy turns on: checkpoints written behind the loop)."""
     assert train(tmp_path / "two", "--symbols", "SYN000,SYN001", "--cohort", "2") == 0

@@ -233,6 +233,6 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto", t
             evaluation["checkpoint_step"] = step
             log_summary(log, evaluation)
             results = merge_results(Path(run_dir), {"evaluation": evaluation}, log.warning)
-            write_report(Path(run_dir), results, series)
+            write_report(Path(run_dir), results, series, log)
         barrier(ctx)
         return evaluation

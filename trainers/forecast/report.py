@@ -228,8 +228,9 @@ def draw(run_dir: Path, results: dict, series: dict) -> None:
     plt.close(fig)
 
 
-def write_report(run_dir: Path, results: dict, series: dict) -> None:
-    """The pictures (when matplotlib is there) and report.md."""
+def write_report(run_dir: Path, results: dict, series: dict, log: logging.Logger | None = None) -> None:
+    """The pictures (when matplotlib is there) and report.md; `log`: the run's (its training.log hears why a
+    picture is missing)."""
     run_dir = Path(run_dir)
     note = None
     if importlib.util.find_spec("matplotlib") is None:
@@ -240,6 +241,6 @@ def write_report(run_dir: Path, results: dict, series: dict) -> None:
         except Exception as exc:  # noqa: BLE001 - a picture must never cost the run its tables and metrics
             first = (str(exc).splitlines() or [""])[0]
             note = f"No pictures: drawing them failed ({type(exc).__name__}: {first}); the tables below are complete."
-            logging.getLogger("trainers.rank0").warning("report: %s", note)  # the report is rank 0's
+            (log or logging.getLogger("trainers")).warning("report: %s", note)
     text = markdown(results, note)
     write_result(run_dir / "report.md", lambda f: f.write(text), mode="w")

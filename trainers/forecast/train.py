@@ -208,7 +208,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
             evaluation, series = got
             evaluation["checkpoint_step"] = best
             log_summary(log, evaluation)
-            write_report(run_dir, {**read_results(run_dir), "evaluation": evaluation}, series)
+            write_report(run_dir, {**read_results(run_dir), "evaluation": evaluation}, series, log)
             return evaluation
 
         summary = {"data": data_info,

@@ -50,6 +50,7 @@ from trainers.lstm.worker import STOPPED_UNFINISHED, SymbolOutcome, Worker
 from trainers.runtime import device as device_mod
 from trainers.runtime import faults
 from trainers.runtime.budget import StopReason
+from trainers.runtime.logs import close_handlers
 from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
@@ -488,10 +489,9 @@ def _all_leave(members: list[Member], cohort: Cohort, exc: RuntimeError) -> None
 
 
 def _close(m: Member, cohort: Cohort | None = None) -> None:
-    if m.run is not None:
-        for handler in list(m.run.log.handlers):  # the next run opens its own training.log
-            handler.close()
     m.exit.close()
+    if m.run is not None:
+        close_handlers(m.run.log)  # its training.log closed: a worker opens hundreds of runs
     if cohort is not None:
         cohort.hold_signals()
 

@@ -34,6 +34,7 @@ from trainers.lstm.model import count_parameters, direction_loss
 from trainers.lstm.worker import SymbolOutcome, Worker, close_job_logger, run_job
 from trainers.runtime.budget import StopReason
 from trainers.runtime.dist import distributed
+from trainers.runtime.logs import close_handlers
 from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
@@ -137,6 +138,5 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
         finishing = time.perf_counter()
         results = run.finish(summary, evaluate=evaluate)
         worker.wind_down.ended(final_save_seconds + time.perf_counter() - finishing)
-    for handler in list(run.log.handlers):  # the next symbol's run opens its own training.log
-        handler.close()
+    close_handlers(run.log)  # its training.log closed: a worker opens hundreds of runs
     return SymbolOutcome(run.reason, run.signal_name, run.step, results, step_seconds)

@@ -20,8 +20,11 @@ from tqdm import tqdm
 
 
 def get_logger(rank: int, run_dir: Path | None, name: str = "trainers") -> logging.Logger:
-    logger = logging.getLogger(f"{name}.rank{rank}")
-    logger.handlers.clear()
+    """A logger per run folder: an LSTM cohort opens K runs in one process, and one logger shared by them
+    once sent every member's lines to the last member's training.log."""
+    where = "" if run_dir is None else f":{Path(run_dir).absolute()}"
+    logger = logging.getLogger(f"{name}.rank{rank}{where}")
+    close_handlers(logger)
     logger.propagate = False
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
     console = logging.StreamHandler(sys.stderr)
@@ -37,6 +40,13 @@ def get_logger(rank: int, run_dir: Path | None, name: str = "trainers") -> loggi
     else:
         logger.setLevel(logging.WARNING)
     return logger
+
+
+def close_handlers(logger: logging.Logger) -> None:
+    """Its files closed and its handlers gone (a job of 500 symbols must not keep 500 logs open)."""
+    for handler in list(logger.handlers):
+        handler.close()
+        logger.removeHandler(handler)
 
 
 def _jsonable(value: Any) -> Any:
