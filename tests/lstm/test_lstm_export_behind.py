@@ -363,7 +363,12 @@ def test_an_exporter_that_dies_leaves_export_errors_not_failed_symbols(tmp_path,
     assert r["training"]["symbols"]["ok"] == 3
     assert r["symbols"]["SYN001"]["export_error"] == done["SYN001"]["export_error"]
     assert any("the export process ended (exit code 3)" in line for line in log_lines(run_dir))
+    assert any("3 of 3 symbols succeeded (3 not exported" in line for line in log_lines(run_dir))
+    md = (run_dir / "results.md").read_text()  # it once said nothing of the missing ONNX files
+    assert "0 pending (3 not exported)" in md and "## Not exported" in md
+    assert "- SYN001: the export process ended (exit code 3)" in md
     assert main(["lstm", "export", "--run-dir", str(run_dir)]) == 0
+    assert "Not exported" not in (run_dir / "results.md").read_text()
     assert all((run_dir / "symbols" / s / "model.onnx").is_file() for s in SYMBOLS)
     after = markers(run_dir)  # the markers say what the export is now (they kept the ended exporter's error)
     for s in SYMBOLS:

@@ -87,6 +87,11 @@ def count_states(rows: dict[str, dict]) -> dict[str, int]:
     return counts
 
 
+def not_exported(rows: dict[str, dict]) -> dict[str, str]:
+    """Trained symbols whose export failed: {symbol: why}."""
+    return {s: r["export_error"] for s, r in rows.items() if r["status"] == "ok" and r.get("export_error")}
+
+
 def job_evaluation(job_dir: Path, rows: dict[str, dict], stop: dict | None) -> dict:
     not_evaluated = [s for s, r in rows.items() if r["status"] in ("stopped", "pending") and "test" not in r]
     if stop and stop.get("reason") == "signal" and not_evaluated:
@@ -216,8 +221,10 @@ def markdown(results: dict) -> str:
     counts = count_states(rows)
     data = results.get("data", {})
     synthetic = " (SYNTHETIC data)" if data.get("synthetic") else ""
+    unexported = not_exported(rows)
     lines = [f"# lstm: {counts['ok']} of {len(rows)} symbols succeeded, {counts['failed']} failed, "
-             f"{counts['stopped']} stopped, {counts['pending']} pending{synthetic}", ""]
+             f"{counts['stopped']} stopped, {counts['pending']} pending"
+             f"{f' ({len(unexported)} not exported)' if unexported else ''}{synthetic}", ""]
     if t:
         p = t.get("packing", {})
         lines += [f"Stop reason: {t.get('stop_reason')}" + (f" ({t['signal']})" if t.get("signal") else "") +
@@ -269,6 +276,13 @@ def markdown(results: dict) -> str:
                   f"(the job's training.log has the traceback): " +
                   "; ".join(f"{s} ({error})" for s, error in list(alone.items())[:20]) +
                   (f"; ... ({len(alone)} symbols)" if len(alone) > 20 else "") + ".", ""]
+    if unexported:  # trained, so the job succeeded; their ONNX files are missing all the same
+        lines += ["## Not exported", "",
+                  f"{len(unexported)} trained symbol(s) have no ONNX file: their export failed. `trainers lstm export "
+                  f"--run-dir <this folder>` tries again (it exits 1 while one still fails):", ""]
+        lines += [f"- {s}: {error}" for s, error in list(unexported.items())[:50]]
+        lines += [f"- ... ({len(unexported)} symbols)"] if len(unexported) > 50 else []
+        lines.append("")
     failed = {s: r for s, r in rows.items() if r["status"] == "failed"}
     if failed:
         lines += ["## Failed", ""] + [f"- {s}: {r.get('error')} ({r.get('tries')} tries)" for s, r in failed.items()]

@@ -46,7 +46,7 @@ from trainers.lstm.export_behind import STALL_S, STOPPING_STALL_S, ExportsBehind
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
 from trainers.lstm.size import cohort_size
-from trainers.lstm.summary import refresh_job_summary, write_job_summary
+from trainers.lstm.summary import not_exported, refresh_job_summary, write_job_summary
 from trainers.lstm.wind_down import WindDown
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
@@ -693,8 +693,10 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
                     f" within {jobqueue.GRACE_S:.0f} s of the signal" if signalled and not queue.lost else "")
     results = mirror.finish(cfg.remote_wait_s, summary())
     counts = results["training"]["symbols"]
-    log.info("lstm: %d of %d symbols succeeded, %d failed, %d stopped, %d pending; stop reason %s; %s",
-             counts["ok"], len(plan.symbols), counts["failed"], counts["stopped"], counts["pending"],
+    unexported = not_exported(results["symbols"])
+    log.info("lstm: %d of %d symbols succeeded%s, %d failed, %d stopped, %d pending; stop reason %s; %s",
+             counts["ok"], len(plan.symbols), f" ({len(unexported)} not exported: `trainers lstm export` tries "
+             f"again)" if unexported else "", counts["failed"], counts["stopped"], counts["pending"],
              results["training"]["stop_reason"], job_dir / "results.md")
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ  # (symbols left pending by no stop: a failure that
     incomplete = results["training"]["stop_reason"] == "incomplete"  # could not be recorded, on any worker)
