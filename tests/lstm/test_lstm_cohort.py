@@ -565,6 +565,23 @@ def test_a_cohort_stopped_by_a_signal_resumes_alone_or_in_another_cohort(tmp_pat
         assert "SYN001: resumed from checkpoint step" in log
 
 
+@pytest.mark.parametrize("env", [{}, {"TRAINERS_ON_HANGUP": "ignore"}])
+def test_a_hangup_stops_every_member_of_a_cohort_or_none_of_a_detached_job(tmp_path, env):
+    """SIGHUP (the terminal of a foreground job went away) stops the run like SIGTERM: it once stopped only the
+    member whose run had installed its handler last, and the others trained on. A detached job ignores it."""
+    before = signal.getsignal(signal.SIGHUP)
+    assert train(tmp_path / "job", "--symbols", "SYN000,SYN001,SYN003", "--patience", "0", "--cohort", "3",
+                 env={"TRAINERS_FAULT": "sighup@rank0:step3", **env}) == 0
+    assert signal.getsignal(signal.SIGHUP) == before  # (the job gives the caller its handler back)
+    job = json.loads((tmp_path / "job" / "results.json").read_text())["training"]
+    reasons = {s: r["training"]["stop_reason"] for s, r in symbol_results(tmp_path / "job").items()}
+    if env:
+        assert job["stop_reason"] == "completed" and set(reasons.values()) == {"completed"}, reasons
+    else:
+        assert (job["stop_reason"], job["signal"], job["symbols"]["stopped"]) == ("signal", "SIGHUP", 3), job
+        assert reasons == dict.fromkeys(("SYN000", "SYN001", "SYN003"), "signal")
+
+
 @pytest.mark.parametrize("cohort", ["1", "4"])
 def test_a_symbol_killed_after_its_early_stop_finishes_where_it_stopped(tmp_path, cohort):
     """A cohort's member writes its done.json only when the whole cohort has finished (a symbol alone: after

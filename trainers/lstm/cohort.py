@@ -54,6 +54,7 @@ from trainers.runtime.logs import close_handlers
 from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
+from trainers.runtime.stops import HANDLED_SIGNALS, stop_signals
 
 STEP, EVALUATION = "training step", "evaluation"  # the two kinds of stacked pass, each with its own memory
 # The parts of a cohort's loop, timed on the host (the job's packing.sum_phase_seconds): opening the members' runs,
@@ -136,9 +137,9 @@ class Cohort:
 
     def hold_signals(self) -> None:
         """A run gives back, when it closes, the handler it found when it opened (another member's run's):
-        the cohort's handler takes SIGTERM and SIGINT back after every member's close."""
+        the cohort's handler takes the stop signals back after every member's close."""
         if self.on_signal is not None:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in stop_signals():
                 signal.signal(sig, self.on_signal)
 
 
@@ -357,7 +358,7 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
             raise
         worker.smaller_cohorts(len(datas), exc)
         return {data.symbol: exc.with_traceback(None) for data in datas}
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    handlers = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
     try:
         def on_signal(signum, _frame):  # every member stops at its next step, with a checkpoint
             worker.signalled = signal.Signals(signum).name

@@ -38,12 +38,13 @@ from trainers.runtime.logs import close_handlers
 from trainers.runtime.run import Run
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
+from trainers.runtime.stops import HANDLED_SIGNALS
 
 
 def train(cfg: LstmConfig) -> int:
     started_at = time.time()
     cfg.validate()
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    handlers = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
     try:
         # A gloo group on the CPU, whatever the device: it carries one broadcast (the attempt's queue);
         # NCCL would refuse two workers on one GPU (--jobs-per-gpu).

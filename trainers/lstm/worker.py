@@ -59,7 +59,7 @@ from trainers.runtime.remote import start_mirror
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import read_results
 from trainers.runtime.rundir import take_run_folder
-from trainers.runtime.stops import RESERVE_FACTOR
+from trainers.runtime.stops import HANDLED_SIGNALS, RESERVE_FACTOR, stop_signals
 
 SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often while it trains
 # A symbol a stop ended before its last step: not exported, not marked; a new run resumes it
@@ -182,13 +182,13 @@ class Worker:
         symbol's run the run's own handler takes over and gives this one back after."""
         def on_signal(signum, _frame):
             self.signalled = signal.Signals(signum).name
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, on_signal)
+        for sig in HANDLED_SIGNALS:  # (a detached job's SIGHUP ignored, between symbols too)
+            signal.signal(sig, on_signal if sig in stop_signals() else signal.SIG_IGN)
 
     def hear_signals_inside(self) -> None:
         """Inside a symbol's run the run's handler takes the signal; chain this worker's flag to it, so
         an error raised while the job is being stopped is not mistaken for the symbol's failure."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in stop_signals():
             run_handler = signal.getsignal(sig)
 
             def both(signum, frame, run_handler=run_handler):

@@ -43,7 +43,7 @@ import re
 import signal
 from collections.abc import Iterator
 
-_SPEC = re.compile(r"^(sigkill|sigterm)@rank(\d+):step(\d+)$")
+_SPEC = re.compile(r"^(sigkill|sigterm|sighup)@rank(\d+):step(\d+)$")
 _RAISE = re.compile(r"^([^@,\s]+)@step(\d+):(always|once|lost)$")
 RAISE_ENV = "TRAINERS_FAULT_RAISE"
 MEMORY_ENV = "TRAINERS_FAULT_MEMORY"
@@ -74,7 +74,7 @@ def maybe_inject(rank: int, step: int, restart_count: int) -> None:
     kind, fault_rank, fault_step = m.group(1), int(m.group(2)), int(m.group(3))
     me = _worker_rank if _worker_rank is not None else rank
     if me == fault_rank and step == fault_step:
-        os.kill(os.getpid(), signal.SIGKILL if kind == "sigkill" else signal.SIGTERM)
+        os.kill(os.getpid(), {"sigkill": signal.SIGKILL, "sigterm": signal.SIGTERM, "sighup": signal.SIGHUP}[kind])
 
 
 def raise_requests() -> dict[str, tuple[int, str]]:

@@ -23,6 +23,16 @@ from trainers.runtime.dist import DistContext, all_reduce_max
 
 RESERVE_FACTOR = 2.0
 EXIT_ALLOWANCE_S = 2.0  # results.json and leaving the process (torch takes a while)
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def stop_signals() -> tuple[signal.Signals, ...]:
+    """The signals that stop a run with a checkpoint: SIGTERM, SIGINT, and SIGHUP unless the job is detached
+    (TRAINERS_ON_HANGUP=ignore: ignored). Every handler of a stop (a run's, an LSTM worker's, a cohort's)
+    takes these, so a hangup stops all of a cohort's members, not the one whose run installed its handler last."""
+    if os.environ.get("TRAINERS_ON_HANGUP", "stop") == "ignore":
+        return signal.SIGTERM, signal.SIGINT
+    return HANDLED_SIGNALS
 
 
 class StopAgreement:
@@ -79,11 +89,9 @@ class StopAgreement:
         """SIGTERM and SIGINT stop the run (checkpoint, results, exit 0). SIGHUP — the terminal went
         away — stops it too when the job runs in the foreground of that terminal, and is ignored by
         a detached job (TRAINERS_ON_HANGUP=ignore, set by the deploy kit), which must outlive it."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
-        on_hangup = os.environ.get("TRAINERS_ON_HANGUP", "stop")
-        self._previous_handlers[signal.SIGHUP] = signal.signal(
-            signal.SIGHUP, signal.SIG_IGN if on_hangup == "ignore" else self._on_signal)
+        for sig in HANDLED_SIGNALS:
+            self._previous_handlers[sig] = signal.signal(sig, self._on_signal if sig in stop_signals() else
+                                                         signal.SIG_IGN)
 
     def restore_signal_handlers(self) -> None:
         for sig, handler in self._previous_handlers.items():
