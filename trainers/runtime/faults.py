@@ -1,6 +1,6 @@
 """Fault injection for the fault-tolerance tests (never set outside tests):
 
-    TRAINERS_FAULT=sigkill@rank1:step25                     a rank signals itself at an optimizer step
+    TRAINERS_FAULT=sigkill@rank1:step25                     a rank signals itself at an optimizer step (sigterm, sighup)
     TRAINERS_FAULT_RAISE=SYN001@step2:always,SYN002@step2:once   a named piece of work raises
     TRAINERS_FAULT_RAISE=SYN001@step2:lost                  ... a CUDA error that breaks the process's device
     TRAINERS_FAULT_RAISE=worker1@step2:lost                 ... in whatever worker 1 trains (`as_worker`)
@@ -8,7 +8,7 @@
 
 `TRAINERS_FAULT`: the named rank sends the signal to itself when it reaches that optimizer step, on
 the first attempt only (TORCHELASTIC_RESTART_COUNT=0), so a restarted job runs through. It exercises
-the real paths: SIGKILL gives no chance to clean up, SIGTERM goes through the signal handler. The
+the real paths: SIGKILL gives no chance to clean up, SIGTERM and SIGHUP go through the signal handlers. The
 run boundary calls `maybe_inject` at every step with its context's rank.
 
 Which rank. A process that runs single-process runs of its own (the LSTM: each torchrun worker
