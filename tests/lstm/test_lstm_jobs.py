@@ -203,6 +203,21 @@ def test_killing_torchruns_agent_still_leaves_the_summary_of_what_finished(tmp_p
     assert "the job's store is gone" in (run_dir / "training.log").read_text()
 
 
+def test_a_retry_of_a_failed_symbol_stopped_by_a_signal_is_stopped_not_the_old_failure(tmp_path):
+    """A new launch tries a failed symbol again; SIGTERM during that retry once left the old failure's record,
+    so the summary said failed and the job exited 1 for a run that was only stopped."""
+    run_dir = tmp_path / "job"
+    args = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--run-dir", str(run_dir)]
+    assert run_cli(args, env={"TRAINERS_FAULT_RAISE": "SYN001@step2:always"}).returncode == 1
+    stopped = run_cli(args, env={"TRAINERS_FAULT": "sigterm@rank0:step3"})  # the retry of SYN001, stopped
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    r = json.loads((run_dir / "results.json").read_text())
+    assert r["symbols"]["SYN001"]["status"] == "stopped" and r["training"]["symbols"]["failed"] == 0
+    assert "RuntimeError" in (run_dir / "symbols" / "SYN001" / "failed_before.json").read_text()  # (kept)
+    assert run_cli(args).returncode == 0  # the next launch resumes and finishes it
+    assert json.loads((run_dir / "results.json").read_text())["training"]["symbols"]["ok"] == 2
+
+
 def test_a_launch_killed_outright_still_finds_the_summary_of_what_earlier_ones_finished(tmp_path):
     """A launch SIGKILLed with all its processes writes nothing at its end: what earlier launches
     finished is summarised when a launch starts."""

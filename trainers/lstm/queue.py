@@ -45,6 +45,7 @@ from trainers.runtime.files import atomic_write_json
 POLL_S = 0.5
 GRACE_S = 2.0
 DONE = "done.json"
+FAILED_BEFORE = "failed_before.json"  # a failed symbol's record, set aside as a new launch tries it again
 LOST = "device_lost.json"  # in a symbol's folder: how many times a CUDA context broke while it was being trained
 
 
@@ -69,6 +70,15 @@ def read_marker(symbol_dir: Path) -> dict | None:
 
 def write_marker(symbol_dir: Path, marker: dict) -> None:
     atomic_write_json(symbol_dir / DONE, marker)
+
+
+def set_aside_failure(symbol_dir: Path) -> None:
+    """A symbol that failed, tried again by a new launch: its failure record is moved aside (FAILED_BEFORE) as its
+    retry starts, so a retry that the job's stop interrupts shows as stopped (the next run resumes it), not as the
+    old failure with the job's exit 1."""
+    marker = read_marker(symbol_dir)
+    if marker is not None and marker["status"] == "failed":
+        os.replace(symbol_dir / DONE, symbol_dir / FAILED_BEFORE)
 
 
 def times_lost(symbol_dir: Path) -> int:

@@ -583,6 +583,10 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
             for index, symbol in claims:
                 log.info("%s: claimed (%d of %d pending)%s", symbol, index + 1, len(queue.pending),
                          f" in a cohort of {len(claims)}" if len(claims) > 1 else "")
+                try:
+                    jobqueue.set_aside_failure(symbol_dir(job_dir, symbol))
+                except OSError as exc:  # (its folder read-only): the retry goes on; a stop would show the old failure
+                    log.warning("%s: its failure record could not be set aside (%s)", symbol, first_line(exc))
             try:
                 if len(claims) == 1:
                     outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
