@@ -13,7 +13,7 @@ import pytest
 
 from trainers.cli import build_parser, main
 from trainers.registry import TRAINERS, trainer_module
-from trainers.runtime.config import FLOAT_MAX, INT_MAX, with_ceiling
+from trainers.runtime.config import FLOAT_MAX, INT_MAX, PATH_SUFFIXES, with_ceiling
 
 # Numeric options that may be negative on purpose (a lower bound below 0; every other one's is 0 or more).
 NEGATIVE_ALLOWED = {"--synthetic-momentum"}
@@ -178,4 +178,21 @@ def test_huge_values_and_negative_zero_are_refused_in_one_line_or_read_as_what_t
         except (UsageError, SystemExit) as exc:  # another rule of the command (e.g. a product of two sizes)
             raise AssertionError(f"{flag}={value} passes the number rule but not the parse: {exc}") from None
         assert parsed == number and math.copysign(1.0, parsed) == 1.0, (flag, value, parsed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def path_flags() -> list[tuple[str, str]]:
+    """(trainer, flag) for every option of a trainer's config naming a file or folder."""
+    return [(t, "--" + f.name.replace("_", "-")) for t in TRAINERS
+            for f in dataclasses.fields(trainer_module(t, "cli").CONFIG) if f.name.endswith(PATH_SUFFIXES)]
+
+
+@pytest.mark.parametrize("trainer,flag", path_flags(), ids=[f"{t} {f}" for t, f in path_flags()])
+def test_an_empty_path_is_one_line_exit_2_and_writes_nothing(trainer, flag, tmp_path, capsys, monkeypatch):
+    """`--run-dir ""` once trained into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    for value in ("", "  "):
+        assert run([trainer, "train", f"{flag}={value}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{flag} {value!r} is empty" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == []

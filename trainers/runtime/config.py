@@ -125,6 +125,9 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+PATH_SUFFIXES = ("_dir", "_file", "_path")  # options naming a file or folder (--run-dir, --tickers-file, ...)
+
+
 def check_values(cfg: Any) -> None:
     """Every field's value against its type, bounds and choices; the first problem as a UsageError
     naming the flag, the value and what would be accepted (one line)."""
@@ -141,6 +144,9 @@ def check_values(cfg: Any) -> None:
             bounds = with_ceiling(tp, f.metadata.get("bounds", {}))
             if number_problem(value, tp, bounds):
                 raise UsageError(f"{flag_of(f.name)} {value} is not allowed: need {describe_bounds(tp, bounds)}")
+        if f.name.endswith(PATH_SUFFIXES) and isinstance(value, str) and not value.strip():
+            raise UsageError(f"{flag_of(f.name)} {value!r} is empty: give a path (an empty one would write into, or "
+                             f"read, the current folder)")
         if f.metadata.get("date"):
             problem = date_problem(value)
             if problem:
