@@ -55,7 +55,13 @@ def test_bad_files_are_refused_before_anything_is_written(tmp_path, capsys):
     mixed = tmp_path / "d.csv"
     pd.concat([pd.read_csv(bars_file(tmp_path / "d1.csv", ["BTC-USD"])[5:]),
                pd.read_csv(bars_file(tmp_path / "d2.csv", ["ETH-USD"], freq="D")[5:])]).to_csv(mixed, index=False)
-    cases.append((f"file:{mixed}", "different bar intervals (1d, 1h)"))
+    cases.append((f"file:{mixed}", "different bar intervals (1d, 1h): 1d: ETH-USD; 1h: BTC-USD;"))
+    invalid = tmp_path / "e.csv"  # a named symbol whose every bar fails validation: why, not "no bars"
+    pd.concat([pd.read_csv(bars_file(tmp_path / "e1.csv", ["BTC-USD"], periods=24 * 40)[5:]),
+               pd.read_csv(bars_file(tmp_path / "e2.csv", ["BAD"], periods=24 * 40)[5:]).assign(close=-1.0)]
+              ).to_csv(invalid, index=False)
+    cases.append((f"file:{invalid} --symbols BTC-USD,BAD", "no valid bar in --source file:"))
+    cases.append((f"file:{invalid} --symbols BTC-USD,BAD", "BAD (only 0 valid bars, need 1; rows dropped: 960"))
     names = tmp_path / "symbols.txt"
     names.write_text("BTC-USD\n# a comment\n../up\n")
     cases.append(("synthetic --tickers-file " + str(names), "malformed symbol(s) '../up'"))
@@ -65,6 +71,24 @@ def test_bad_files_are_refused_before_anything_is_written(tmp_path, capsys):
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], (source, lines)
         assert not run_dir.exists()
+
+
+def test_a_symbol_of_the_source_without_a_valid_bar_is_named_not_dropped_silently(tmp_path, capsys):
+    """Every symbol of a file: one whose bars all fail validation is left out (the others train), named in a
+    warning and in results.md; it once vanished, said only by a count deep in results.json."""
+    import numpy as np
+
+    ts = pd.date_range("2023-01-01", periods=24 * 40, freq="h")
+    close = 100 * np.exp(np.cumsum(np.random.default_rng(0).normal(0, 0.004, len(ts))))
+    path = tmp_path / "bars.csv"
+    pd.concat([pd.DataFrame({"date": ts, "ticker": "BTC-USD", "close": close}),
+               pd.DataFrame({"date": ts, "ticker": "BAD", "close": -close})]).to_csv(path, index=False)
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", "--run-dir", str(run_dir), "--source", f"file:{path}", "--window", "16",
+                 "--hidden", "8", "--epochs", "1", "--no-export", "--device", "cpu"]) == 0
+    assert "left out, no valid bar: BAD (only 0 valid bars" in capsys.readouterr().out
+    md = (run_dir / "results.md").read_text()
+    assert "1 of 1 symbols succeeded" in md and "Symbols left out, no valid bar in the data (1): BAD (" in md
 
 
 def test_blank_ticker_cells_are_refused_not_trained_as_a_symbol_named_nan(tmp_path, capsys):

@@ -125,6 +125,18 @@ def data_request(cfg: LstmConfig, wanted: list[str] | None) -> DataRequest:
                        synthetic_seed=cfg.data_seed, synthetic_momentum=cfg.synthetic_momentum, keep_time=file)
 
 
+def failed_validation(report: dict, wanted: list[str] | None) -> list[str]:
+    """"SYMBOL (why)" for each symbol (of `wanted`; None: all) that validation left without a bar: the checks
+    that dropped its rows, so a user sees what to fix in the file."""
+    out = []
+    for s, reason in (report.get("excluded") or {}).items():
+        if wanted is None or s in wanted:
+            checks = (report.get("dropped_by_ticker") or {}).get(s, {})
+            dropped = ", ".join(f"{n} {check}" for check, n in checks.items())
+            out.append(f"{s} ({reason}{'; rows dropped: ' + dropped if dropped else ''})")
+    return out
+
+
 def load_bars(cfg: LstmConfig, log=print) -> tuple[dict[str, Bars], dict]:
     """{symbol: Bars} in the order asked for (or sorted), and the source's info. Unknown symbols,
     malformed names and mixed bar intervals are refused before anything is written. Columns a source
@@ -133,8 +145,17 @@ def load_bars(cfg: LstmConfig, log=print) -> tuple[dict[str, Bars], dict]:
     frame, info = load_source(data_request(cfg, wanted), log=log)
     frame["ticker"] = frame["ticker"].astype(str)
     have = sorted(frame["ticker"].unique().tolist())
+    invalid = failed_validation(info.get("validation") or {}, wanted)
     if wanted is None:
         wanted = unique_symbols(have, f"--source {cfg.source}")  # names from a source become folders
+    if invalid and named_symbols(cfg):  # named, so it must train: say why it cannot (not "no bars")
+        raise UsageError(f"symbol(s) with no valid bar in --source {cfg.source}: {'; '.join(invalid[:5])}; fix "
+                         f"the data or leave them out of --symbols / --tickers-file")
+    if invalid:  # every symbol of the source: the others train, and these are named, not dropped silently
+        log(f"warning: {len(invalid)} symbol(s) of --source {cfg.source} left out, no valid bar: "
+            f"{'; '.join(invalid[:10])}{' ...' if len(invalid) > 10 else ''}")
+        info["symbols_failed_validation"] = invalid
+        wanted = [s for s in wanted if s not in set(info["validation"]["excluded"])]
     unknown = [s for s in wanted if s not in set(have)]
     if unknown and not named_symbols(cfg):  # a universe's members Yahoo no longer serves: reported, not fatal
         log(f"warning: {len(unknown)} symbol(s) of --universe {cfg.universe} have no bars: {', '.join(unknown[:10])}"
@@ -157,9 +178,13 @@ def load_bars(cfg: LstmConfig, log=print) -> tuple[dict[str, Bars], dict]:
             ts = pd.DatetimeIndex(ts).normalize().to_numpy()
         cols = {c: rows[c].to_numpy(dtype=np.float64) for c in ("open", "high", "low", "close", "volume")}
         out[symbol] = Bars(symbol, ts, **cols, base=base, calendar=calendar_of(ts))
-    bases = {b.base.label for b in out.values()}
-    if len(bases) > 1:
-        raise UsageError(f"the symbols have different bar intervals ({', '.join(sorted(bases))}); train each "
-                         f"interval as its own job")
+    bases: dict[str, list[str]] = {}
+    for s, b in out.items():
+        bases.setdefault(b.base.label, []).append(s)
+    if len(bases) > 1:  # each interval with the symbols that have it: the user sees which to move out
+        which = "; ".join(f"{label}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+                          for label, names in sorted(bases.items()))
+        raise UsageError(f"the symbols have different bar intervals ({', '.join(sorted(bases))}): {which}; train "
+                         f"each interval as its own job")
     info = {k: v for k, v in info.items() if k != "tickers_used"}
     return {s: out[s] for s in wanted}, info

@@ -245,6 +245,10 @@ def markdown(results: dict) -> str:
               f"over the same bars (the strategy is long when P(up) > 0.5, net of --cost-bps). "
               f"A model has skill only if its log loss beats the base rate's and its AUC clears 0.5 by 1.96 "
               f"standard errors.", ""]
+    invalid = data.get("symbols_failed_validation") or []
+    if invalid:  # symbols of the source that are not in the table at all
+        lines += [f"Symbols left out, no valid bar in the data ({len(invalid)}): " + "; ".join(invalid[:20]) +
+                  (" ..." if len(invalid) > 20 else "") + ".", ""]
     left_out = data.get("features_left_out") or {}
     if left_out:  # a close-only file: say which inputs the models never had
         lines += ["Features left out (the data lacks the columns they need): " +
