@@ -322,3 +322,26 @@ def test_a_symbol_finished_after_the_summary_is_added_keeping_the_stop_that_skip
     assert r["training"]["stop_reason"] == "signal" and "stopped by SIGTERM" in r["evaluation"]["skipped"]
     assert "1 of 2 symbols succeeded" in (job_dir / "results.md").read_text()
     assert "skipped" not in refresh_job_summary(job_dir, ["A", "B"])["evaluation"]  # (after `evaluate`: no stop)
+
+
+def test_a_launch_on_other_symbols_keeps_the_jobs_earlier_ones_in_its_summary(tmp_path):
+    """`--symbols` may change between launches (the job grows): a launch on SYN002 once wrote a summary of SYN002
+    alone, and `evaluate` and `export` then refused SYN000 ("not in this job"). Its stop reason and exit code are
+    still its own: an earlier symbol that failed is shown, not counted against it."""
+    from trainers.cli import main
+
+    run_dir = tmp_path / "job"
+    train = ["lstm", "train", *TINY, "--no-export", "--run-dir", str(run_dir)]
+    os.environ["TRAINERS_FAULT_RAISE"] = "SYN001@step2:always"
+    try:
+        assert main([*train, "--symbols", "SYN000,SYN001"]) == 1
+    finally:
+        del os.environ["TRAINERS_FAULT_RAISE"]
+    assert main([*train, "--symbols", "SYN002"]) == 0
+    r = json.loads((run_dir / "results.json").read_text())
+    assert {s: row["status"] for s, row in r["symbols"].items()} == {"SYN002": "ok", "SYN000": "ok",
+                                                                      "SYN001": "failed"}
+    assert r["training"]["stop_reason"] == "completed" and r["training"]["symbols_asked"]["ok"] == 1
+    assert r["training"]["symbols"] == {"ok": 2, "failed": 1, "stopped": 0, "pending": 0}
+    assert main(["lstm", "export", "--run-dir", str(run_dir), "--symbols", "SYN000"]) == 0
+    assert main(["lstm", "evaluate", "--run-dir", str(run_dir), "--symbols", "SYN000"]) == 0

@@ -127,9 +127,20 @@ def write_job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop
         return _job_summary(job_dir, cfg, plan, attempt, ctx, device, stop, log)
 
 
+def earlier_symbols(job_dir: Path, asked: list[str]) -> list[str]:
+    """The job's symbols this launch was not asked for (an earlier launch's --symbols): their folders hold a run.
+    A launch on a subset once wrote a summary without them, and `evaluate`/`export` then refused them."""
+    folder = Path(job_dir) / "symbols"
+    found = sorted(p.name for p in folder.iterdir() if p.is_dir() and ((p / "config.json").is_file() or
+                                                                        read_marker(p) is not None)) \
+        if folder.is_dir() else []
+    return [s for s in found if s not in set(asked)]
+
+
 def _job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop: dict | None, log) -> dict:
-    rows = symbol_rows(job_dir, plan.symbols, plan.total_steps)
+    rows = symbol_rows(job_dir, plan.symbols + earlier_symbols(job_dir, plan.symbols), plan.total_steps)
     counts = count_states(rows)
+    asked = count_states({s: rows[s] for s in plan.symbols})  # this launch's: its stop reason and exit code
     wall = max(time.time() - attempt["started_at"], 1e-9)
     elapsed = attempt["elapsed_before_s"] + wall
     this_attempt = [r for r in rows.values() if r["attempt_token"] == attempt["token"] and r["seconds"]]
@@ -139,7 +150,7 @@ def _job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop: dic
     phase_seconds = {k: float(sum(p.get(k) or 0.0 for p in phases)) for k in sorted({k for p in phases for k in p})}
     if stop and stop.get("reason") in STOPPED:
         reason = stop["reason"]
-    elif counts["ok"] + counts["failed"] == len(rows):
+    elif asked["ok"] + asked["failed"] == len(plan.symbols):
         reason = "completed"
     else:
         reason = "incomplete"
@@ -149,7 +160,7 @@ def _job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop: dic
                 "trained_alone_after_a_failed_cohort": sorted(s for s, r in rows.items() if r.get("cohort_failed")),
                 "steps": sum(r["steps"] for r in rows.values()),
                 "total_steps": sum(r["planned_steps"] or 0 for r in rows.values()),
-                "symbols": counts, "restarts": ctx.restart_count, "world_size": ctx.world_size,
+                "symbols": counts, "symbols_asked": asked, "restarts": ctx.restart_count, "world_size": ctx.world_size,
                 "devices": attempt["devices"], "jobs_per_gpu": cfg.jobs_per_gpu if device.type == "cuda" else None,
                 "device": device.type, "device_name": device_name(device),
                 "wall_time_s_this_attempt": wall, "elapsed_s_all_attempts": elapsed,

@@ -696,8 +696,8 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
                     ctx.world_size - done, ctx.world_size,
                     f" within {jobqueue.GRACE_S:.0f} s of the signal" if signalled and not queue.lost else "")
     results = mirror.finish(cfg.remote_wait_s, summary())
-    counts = results["training"]["symbols"]
-    unexported = not_exported(results["symbols"])
+    counts = results["training"]["symbols_asked"]  # (the job's symbols from earlier launches are in the summary too)
+    unexported = not_exported({s: results["symbols"][s] for s in plan.symbols})
     log.info("lstm: %d of %d symbols succeeded%s, %d failed, %d stopped, %d pending; stop reason %s; %s",
              counts["ok"], len(plan.symbols), f" ({len(unexported)} not exported: `trainers lstm export` tries "
              f"again)" if unexported else "", counts["failed"], counts["stopped"], counts["pending"],
