@@ -213,7 +213,7 @@ def test_a_retry_of_a_failed_symbol_stopped_by_a_signal_is_stopped_not_the_old_f
     assert stopped.returncode == 0, stopped.stderr[-2000:]
     r = json.loads((run_dir / "results.json").read_text())
     assert r["symbols"]["SYN001"]["status"] == "stopped" and r["training"]["symbols"]["failed"] == 0
-    assert "RuntimeError" in (run_dir / "symbols" / "SYN001" / "failed_before.json").read_text()  # (kept)
+    assert "RuntimeError" in (run_dir / "symbols" / "SYN001" / "done_before.json").read_text()  # (kept)
     assert run_cli(args).returncode == 0  # the next launch resumes and finishes it
     assert json.loads((run_dir / "results.json").read_text())["training"]["symbols"]["ok"] == 2
 
@@ -345,3 +345,35 @@ def test_a_launch_on_other_symbols_keeps_the_jobs_earlier_ones_in_its_summary(tm
     assert r["training"]["symbols"] == {"ok": 2, "failed": 1, "stopped": 0, "pending": 0}
     assert main(["lstm", "export", "--run-dir", str(run_dir), "--symbols", "SYN000"]) == 0
     assert main(["lstm", "evaluate", "--run-dir", str(run_dir), "--symbols", "SYN000"]) == 0
+
+
+def test_restart_trains_a_finished_job_again_once_and_a_retry_resumes(tmp_path):
+    """`--restart` on a finished job once did nothing (every symbol was done). Now every symbol asked for starts
+    over (its old marker and checkpoints set aside); a retry after an error resumes that run's checkpoint instead
+    of starting over again; and torchrun's restart of the workers (same arguments) starts nothing over."""
+    from trainers.cli import main
+
+    run_dir = tmp_path / "job"
+    train = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--ckpt-every", "2", "--run-dir", str(run_dir)]
+    assert main(train) == 0
+    first = json.loads((run_dir / "results.json").read_text())
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = "1"  # as in a worker torchrun restarted: --restart was the first's
+    try:
+        assert main([*train, "--restart"]) == 0
+    finally:
+        del os.environ["TORCHELASTIC_RESTART_COUNT"]
+    assert not list(run_dir.glob("symbols/*/done_before.json")) and not list(run_dir.glob("symbols/*/checkpoints.*"))
+    os.environ["TRAINERS_FAULT_RAISE"] = "SYN001@step3:once"
+    try:
+        assert main([*train, "--restart"]) == 0
+    finally:
+        del os.environ["TRAINERS_FAULT_RAISE"]
+    for s in ("SYN000", "SYN001"):
+        folder = run_dir / "symbols" / s
+        assert (folder / "done_before.json").is_file() and list(folder.glob("checkpoints*aside*")), \
+            sorted(p.name for p in folder.iterdir())
+        assert "--restart: starting over from step 0" in (folder / "training.log").read_text()
+    assert "SYN001: resumed from checkpoint step 2" in (run_dir / "training.log").read_text()  # try 2, not over
+    again = json.loads((run_dir / "results.json").read_text())
+    assert again["training"]["symbols"]["ok"] == 2
+    assert again["symbols"]["SYN000"]["best_val_loss"] == first["symbols"]["SYN000"]["best_val_loss"]  # (same seed)

@@ -391,7 +391,7 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
 
 
 def _enter(m: Member, states: dict, cfg: LstmConfig, worker: Worker) -> None:
-    m.run = m.exit.enter_context(Run(m.cfg, single_process_context(str(worker.device)), "lstm", states,
+    m.run = m.exit.enter_context(Run(worker.once(m.cfg), single_process_context(str(worker.device)), "lstm", states,
                                      m.total_steps, unit="samples", metric_name="loss", eval_every=cfg.eval_every))
     worker.quiet_console(m.run.log)
     m.run.quiet_progress()  # one bar per symbol would fill the terminal

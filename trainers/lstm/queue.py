@@ -45,7 +45,7 @@ from trainers.runtime.files import atomic_write_json
 POLL_S = 0.5
 GRACE_S = 2.0
 DONE = "done.json"
-FAILED_BEFORE = "failed_before.json"  # a failed symbol's record, set aside as a new launch tries it again
+DONE_BEFORE = "done_before.json"  # a symbol's marker, set aside as it is trained again (a failed one's retry)
 LOST = "device_lost.json"  # in a symbol's folder: how many times a CUDA context broke while it was being trained
 
 
@@ -72,13 +72,12 @@ def write_marker(symbol_dir: Path, marker: dict) -> None:
     atomic_write_json(symbol_dir / DONE, marker)
 
 
-def set_aside_failure(symbol_dir: Path) -> None:
-    """A symbol that failed, tried again by a new launch: its failure record is moved aside (FAILED_BEFORE) as its
-    retry starts, so a retry that the job's stop interrupts shows as stopped (the next run resumes it), not as the
-    old failure with the job's exit 1."""
-    marker = read_marker(symbol_dir)
-    if marker is not None and marker["status"] == "failed":
-        os.replace(symbol_dir / DONE, symbol_dir / FAILED_BEFORE)
+def set_aside_marker(symbol_dir: Path) -> None:
+    """A symbol trained again (a failed one by a new launch, any one under --restart): its old marker is moved aside
+    (DONE_BEFORE) as its training starts, so a retry that the job's stop interrupts shows as stopped (the next run
+    resumes it), not as the old failure with the job's exit 1."""
+    if read_marker(symbol_dir) is not None:
+        os.replace(symbol_dir / DONE, symbol_dir / DONE_BEFORE)
 
 
 def times_lost(symbol_dir: Path) -> int:
@@ -90,13 +89,14 @@ def times_lost(symbol_dir: Path) -> int:
     return count if isinstance(count, int) and count > 0 else 0
 
 
-def pending_symbols(job_dir: Path, symbols: list[str], retry_failed: bool) -> tuple[list[str], dict]:
+def pending_symbols(job_dir: Path, symbols: list[str], retry_failed: bool, restart: bool = False
+                    ) -> tuple[list[str], dict]:
     """Symbols to train in this attempt and the counts by state: in the job's order, except that a symbol in
     training when a CUDA context broke comes after the others (the fewer times the sooner): if it is the cause,
-    it breaks the next attempt only once everything else is done."""
+    it breaks the next attempt only once everything else is done. `restart` (--restart): every one, from step 0."""
     pending, counts = [], {"ok": 0, "failed": 0, "pending": 0}
     for s in symbols:
-        marker = read_marker(job_dir / "symbols" / s)
+        marker = None if restart else read_marker(job_dir / "symbols" / s)
         state = "pending" if marker is None or (marker["status"] == "failed" and retry_failed) else marker["status"]
         counts[state] += 1
         if state == "pending":

@@ -70,8 +70,8 @@ def train_symbol(cfg: LstmConfig, data: SymbolData, worker: Worker, attempt: int
     pos_weight = torch.tensor(data.pos_weight, device=device)
     symbol = data.symbol
 
-    with Run(cfg, single_process_context(str(device)), "lstm", {"model": model, "optimizer": optimizer}, total_steps,
-             unit="samples", metric_name="loss", eval_every=cfg.eval_every) as run:
+    with Run(worker.once(cfg), single_process_context(str(device)), "lstm", {"model": model, "optimizer": optimizer},
+             total_steps, unit="samples", metric_name="loss", eval_every=cfg.eval_every) as run:
         worker.hear_signals_inside()
         worker.quiet_console(run.log)
         if worker.world_size > 1:  # one progress bar per worker would interleave on the terminal

@@ -24,6 +24,7 @@ worker that sees it publishes a stop record in the store, the others read it bet
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -128,6 +129,15 @@ class Worker:
         self.max_cohort: int | None = None
         self.exports: ExportsBehind | None = None  # its exporter process (--export-behind), else exports in line
         self.wind_down = WindDown()  # what the end of the job's budget keeps free for this worker's ends
+        self.started_over: set[str] = set()  # --restart: the symbols whose run this worker has started over
+
+    def once(self, scfg: LstmConfig) -> LstmConfig:
+        """A symbol's run options as its run opens: --restart starts it over the first time only (a retry after an
+        error, alone or out of a failed cohort, resumes from that run's checkpoint, as without --restart)."""
+        if not scfg.restart or scfg.symbols not in self.started_over:
+            self.started_over.add(scfg.symbols)
+            return scfg
+        return dataclasses.replace(scfg, restart=False)
 
     def smaller_cohorts(self, size: int, error: BaseException) -> None:
         """A cohort of `size` symbols ran out of device memory beyond what smaller passes cure (its data, its
@@ -584,9 +594,9 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
                 log.info("%s: claimed (%d of %d pending)%s", symbol, index + 1, len(queue.pending),
                          f" in a cohort of {len(claims)}" if len(claims) > 1 else "")
                 try:
-                    jobqueue.set_aside_failure(symbol_dir(job_dir, symbol))
-                except OSError as exc:  # (its folder read-only): the retry goes on; a stop would show the old failure
-                    log.warning("%s: its failure record could not be set aside (%s)", symbol, first_line(exc))
+                    jobqueue.set_aside_marker(symbol_dir(job_dir, symbol))
+                except OSError as exc:  # (its folder read-only): the retry goes on; a stop would show the old marker
+                    log.warning("%s: its old done marker could not be set aside (%s)", symbol, first_line(exc))
             try:
                 if len(claims) == 1:
                     outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
@@ -634,7 +644,8 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         if not (job_dir / "config.json").exists():
             atomic_write_json(job_dir / "config.json", cfgmod.to_dict(cfg))
         # a new launch tries failed symbols again; a torchrun restart within one launch does not
-        pending, counts = jobqueue.pending_symbols(job_dir, plan.symbols, retry_failed=ctx.restart_count == 0)
+        pending, counts = jobqueue.pending_symbols(job_dir, plan.symbols, retry_failed=ctx.restart_count == 0,
+                                                   restart=cfg.for_attempt(ctx.restart_count).restart)
         previous = read_results(job_dir).get("training", {})
         attempt = {"token": uuid.uuid4().hex[:12], "pending": pending, "counts": counts, "started_at": started_at,
                    "elapsed_before_s": float(previous.get("elapsed_s_all_attempts") or 0.0), "devices": max(devices, 1)}

@@ -127,7 +127,7 @@ def train(cfg: PpoConfig) -> dict | None:
     started_at = time.time()
     cfg.validate()
     with distributed(cfg.device, cfg.collective_timeout_s) as ctx:
-        return _train(cfg, ctx, started_at)
+        return _train(cfg.for_attempt(ctx.restart_count), ctx, started_at)  # (its schedule reads --restart too)
 
 
 def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:

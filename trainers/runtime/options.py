@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from trainers.runtime.budget import Budget
@@ -84,3 +85,8 @@ class RunOptions:
 
     def budget(self, billed_devices: int) -> Budget:
         return Budget(self.max_hours, self.budget_usd, self.usd_per_gpu_hour, billed_devices)
+
+    def for_attempt(self, restart_count: int):
+        """The options of torchrun's attempt `restart_count`: --restart starts over on the first only. torchrun
+        restarts failed workers with the same arguments, and each restart once set the run's progress aside again."""
+        return dataclasses.replace(self, restart=False) if self.restart and restart_count else self

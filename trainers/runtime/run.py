@@ -48,11 +48,11 @@ class Run:
                  flops_per_item: float | None = None, started_at: float | None = None,
                  data_fingerprint: str | None = None, sharded_states: dict[str, Stateful] | None = None,
                  budget_includes_startup: bool = False):
-        self.cfg, self.ctx, self.trainer, self.total_steps = cfg, ctx, trainer, total_steps
+        self.cfg, self.ctx, self.trainer = cfg.for_attempt(ctx.restart_count), ctx, trainer  # (--restart: once)
         # read at resume and at each save: a loop may fill them after entering (a check-only start builds nothing)
         self.states, self.sharded_states = states, sharded_states if sharded_states is not None else {}
         self.metric_name, self.eval_every, self.data_fingerprint = metric_name, eval_every, data_fingerprint
-        self.run_dir = Path(cfg.run_dir)
+        self.total_steps, self.run_dir = total_steps, Path(cfg.run_dir)
         self.clock = ThroughputClock(unit, ctx.device, ctx.world_size, flops_per_item, started_at or time.time())
         self.budget_from = self.clock.started_at if budget_includes_startup else None  # the budget's clock starts there
         self.step, self.reason, self._metric_to_save = 0, StopReason.NONE, None  # (step, value, save it at that step)
