@@ -140,8 +140,10 @@ class LstmConfig(RunOptions):
     test_frac: float = option(0.15, "share of usable bars for test", gt=0, lt=1)
     min_split_bars: int = option(20, "fewest anchor bars each split may have", min=1)
     # model
-    hidden: int = option(64, "LSTM hidden size", min=1)
-    layers: int = option(2, "stacked LSTM layers", min=1)
+    # (ceilings: a per-symbol direction model of hidden 4096 x 16 layers is ~2 billion parameters already; above,
+    # every symbol was tried twice and failed out of memory, where the user wants one line before anything runs)
+    hidden: int = option(64, "LSTM hidden size", min=1, max=4096)
+    layers: int = option(2, "stacked LSTM layers", min=1, max=16)
     dropout: float = option(0.1, "dropout between LSTM layers and before the head", min=0, lt=1)
     # optimisation
     epochs: int = option(20, "passes over each symbol's training split", min=1)
