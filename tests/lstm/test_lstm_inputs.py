@@ -143,6 +143,19 @@ def test_evaluate_and_export_pick_only_symbols_the_job_has():
         job_symbols(job, "")
 
 
+def test_export_refuses_a_checkpoint_that_is_no_checkpoint_once_exit_2(tmp_path, capsys):
+    """`lstm export --checkpoint foo` once failed every symbol in turn, exit 1 (evaluate says it once, exit 2)."""
+    run_dir = tmp_path / "job"
+    assert main(["lstm", "train", "--run-dir", str(run_dir), *TINY, "--symbols", "SYN000", "--epochs", "1",
+                 "--no-export"]) == 0
+    capsys.readouterr()
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
+    assert main(["lstm", "export", "--run-dir", str(run_dir), "--checkpoint", "foo"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["error: --checkpoint 'foo' is not best, latest or a step number"], lines
+    assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
+
+
 def test_the_deploys_check_only_start_passes_and_writes_nothing(tmp_path, monkeypatch, capsys):
     """deploy_8gpu.sh runs training once with TRAINERS_CHECK_ONLY=1 before torchrun. The LSTM's
     per-symbol error handler once caught the CheckPassed signal as each symbol's failure, wrote the
