@@ -131,6 +131,19 @@ def test_jobs_per_gpu_binds_k_workers_to_each_gpu(monkeypatch):
     assert worker_device(LstmConfig(device="cpu"), 5).type == "cpu"
 
 
+def test_the_budget_bills_every_gpu_the_workers_use():
+    """3 workers at --jobs-per-gpu 2 use GPUs 0 and 1: world // K billed one, and the job's --budget-usd let it
+    spend twice what it was given."""
+    import torch
+
+    from trainers.lstm.worker import billed_devices
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert billed_devices(3, 3, 2, cuda) == 2 and billed_devices(8, 8, 2, cuda) == 4
+    assert billed_devices(6, 3, 2, cuda) == 4  # two nodes of 3 workers: 2 GPUs each
+    assert billed_devices(5, 5, 1, cuda) == 5 and billed_devices(3, 3, 2, cpu) == 3
+
+
 def test_evaluate_and_export_pick_only_symbols_the_job_has():
     from trainers.errors import UsageError
     from trainers.lstm.config import job_symbols

@@ -633,11 +633,20 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
                 next_summary = time.monotonic() + SUMMARY_EVERY_S
 
 
+def billed_devices(world_size: int, local_world_size: int, jobs_per_gpu: int, device: torch.device) -> int:
+    """The devices the job's budget bills: on CUDA the GPUs its workers use (worker r of a node on GPU
+    r // jobs_per_gpu, so a node's last GPU counts when it holds fewer than K workers: world // K undercounted it)."""
+    if device.type != "cuda":
+        return world_size
+    nodes = max(1, world_size // max(1, local_world_size))
+    return nodes * -(-local_world_size // jobs_per_gpu)
+
+
 def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol,
              train_cohort: TrainCohort | None, plan: JobPlan, device: torch.device, mirror) -> int:
     """One torchrun attempt of the job, its folder locked: the pending list, the claims, the summary."""
     job_dir = Path(cfg.run_dir)
-    devices = ctx.world_size // cfg.jobs_per_gpu if device.type == "cuda" else ctx.world_size
+    devices = billed_devices(ctx.world_size, ctx.local_world_size, cfg.jobs_per_gpu, device)
     attempt = None
     if ctx.is_main:
         (job_dir / "symbols").mkdir(parents=True, exist_ok=True)
