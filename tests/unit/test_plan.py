@@ -486,7 +486,7 @@ def test_the_lstm_jobs_held_bests_take_the_h200s_measured_saving_off():
     saving = ways["improved"]["step_done_s"] - ways["held"]["step_done_s"]
     assert 500 * 4 * HELD_SAVES_PER_EVAL_S == pytest.approx(saving, rel=0.01)
     saved = {"5": 500 * 4 * HELD_SAVES_PER_EVAL_S, "1": 0.0}
-    for epochs, cadence in (("5", []), ("1", []), ("5", ["--ckpt-every", "7"])):  # 7 steps an epoch: each evaluation's
+    for epochs, cadence in (("5", []), ("1", []), ("5", ["--ckpt-every", "6"])):  # 6 steps an epoch: each evaluation's
         job = ["--epochs", epochs, "--synthetic-tickers", "500", "--no-export", *cadence]
         for cohort in ([], ["--cohort", "1"]):
             held = load_workload("lstm", [*job, *cohort])  # the default
@@ -496,10 +496,10 @@ def test_the_lstm_jobs_held_bests_take_the_h200s_measured_saving_off():
                     saved[epochs] if not cadence else 0.0)
                 assert "held" not in " ".join(written.notes)
             assert ("held until its next checkpoint" in " ".join(held.notes)) == (epochs == "5" and not cadence)
-    one_epoch = ["--epochs", "1", "--eval-every", "2", "--synthetic-tickers", "500", "--no-export"]  # 2, 4, 6, 7
+    one_epoch = ["--epochs", "1", "--eval-every", "2", "--synthetic-tickers", "500", "--no-export"]  # 2, 4, 6
     every_other = load_workload("lstm", one_epoch)
     improved = load_workload("lstm", [*one_epoch, "--ckpt-at-eval", "improved"])
-    assert improved.outside_steps_s - every_other.outside_steps_s == pytest.approx(500 * 3 * HELD_SAVES_PER_EVAL_S)
+    assert improved.outside_steps_s - every_other.outside_steps_s == pytest.approx(500 * 2 * HELD_SAVES_PER_EVAL_S)
     as_run = load_workload("lstm", ["--epochs", "5", "--synthetic-tickers", "500", "--no-export"])
     planned = plan(as_run, DEVICES["h200"], 1).time["hours"] * 3600
     assert planned < ways["held"]["job_wall_s"] < ways["improved"]["job_wall_s"]  # (fitted on a faster H200)
@@ -649,3 +649,28 @@ def test_the_plan_sizes_what_the_run_leaves_to_the_device_for_the_planned_gpu_an
     assert eight.shape["cohort"] == 63  # 500 symbols over 8 workers: 63 each, one cohort apiece
     assert eight.time["outside_steps_s"] == pytest.approx(
         COHORT_RUN_S + 500 * (COHORT_SYMBOL_RUN_S - 4 * HELD_SAVES_PER_EVAL_S) / 8)
+
+
+def test_the_lstm_plan_counts_the_jobs_symbols_and_windows_as_the_job_finds_them(tmp_path):
+    """The plan once counted three symbols for yfinance, a tickers file or a price file (a 500-symbol job priced as
+    three), and calendar days x (1 - val - test) training windows where the job's split (window, lookback, higher
+    timeframes, two embargoes) trains fewer."""
+    import pandas as pd
+
+    from trainers.lstm.config import LstmConfig
+    from trainers.lstm.features import build_symbol_data
+    from trainers.lstm.job import prepare_job, symbol_config
+    from trainers.lstm.size import symbols_of, train_samples
+    from trainers.market.universe import load_universe
+
+    assert symbols_of(LstmConfig(source="yfinance")) == len(load_universe("sp500")) > 400
+    names = tmp_path / "names.txt"
+    names.write_text("AAPL\nMSFT\nNVDA\nAMZN\n")
+    assert symbols_of(LstmConfig(source="yfinance", tickers_file=str(names))) == 4
+    prices = tmp_path / "p.csv"
+    pd.DataFrame({"date": ["2020-01-02"] * 5, "ticker": list("ABCDE"), "close": 1.0}).to_csv(prices, index=False)
+    assert symbols_of(LstmConfig(source=f"file:{prices}")) == 5
+    cfg = LstmConfig(symbols="SYN000", synthetic_days=900, window=32)
+    plan = prepare_job(cfg, log=lambda *_: None)
+    data = build_symbol_data(plan.bars["SYN000"], symbol_config(cfg, "SYN000"), plan.timeframes)
+    assert train_samples(cfg, 900) == len(data.ids["train"]) < int(900 * (1 - cfg.val_frac - cfg.test_frac))

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
-from trainers.lstm.config import LstmConfig, n_features
+from trainers.errors import UsageError
+from trainers.lstm.config import LstmConfig, Timeframe, n_features
 from trainers.lstm.export_behind import exports_behind
 from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes_per_item
 
-DEFAULT_SYMBOLS = 3  # the seed's BTC-USD, ETH-USD, SOL-USD when none are named
+TRADING_DAYS = 252  # daily bars a year (yfinance, the cache)
 SMALL_STEP_S = 0.003  # an eager step of a small model on a GPU: launches and Python, not FLOPs (assumed)
 # A symbol's own run outside its steps (folder and lock, evaluations and checkpoints, the final evaluation
 # and baselines, results): on the H100 (bench/results/gpu_h100/lstm_cohort_h100.json, 21fae23) 500 symbols
@@ -39,10 +41,12 @@ COHORT_SYMBOL_RUN_S = 0.072
 # the same off SYMBOL_RUN_S, which was measured writing every evaluation's checkpoint (always, the default then).
 HELD_SAVES_PER_EVAL_S = (26.636 - 17.247) / 500 / (5 - 1)
 # The stacked step: the 500-symbol job's stacked steps (2 cohorts x 30) took 10.12 s for 500 symbols of 5 epochs,
-# 2.3 us a sample as the plan counts samples (1,764 a symbol and epoch at the synthetic default; the job trained 6
-# full batches of 256, 1,536) of the default model (hidden 64, 2 layers, window 64); scaled by FLOPs for another
-# shape, an assumption. Smaller cohorts use the card less well: the 64-symbol job's steps took 2.33 s, this says 1.3.
-STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1764)
+# 2.9 us a sample as the plan counts samples (1,391 a symbol and epoch at the synthetic default: the job's own split
+# of 2,520 bars, train_samples; the job trained 6 batches of 256 an epoch) of the default model (hidden 64, 2 layers,
+# window 64); scaled by FLOPs for another shape, an assumption. Smaller cohorts use the card less well: the
+# 64-symbol job's steps took 2.33 s, this says 1.3. (Fitted to 1,764 a symbol and epoch, 2.3 us, while the plan
+# counted days x (1 - val - test).)
+STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1391)
 # The ONNX export of each finished symbol (--export, the default; the constants above are --no-export jobs'), on the
 # worker's host CPU. A worker's first symbol is a torch.onnx.export (with torch.onnx's warm-up) and the CPU latency
 # measurement, its second one more export that works out how the graph is reused; every symbol after gets the graph
@@ -89,9 +93,8 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
                    "flops": 3 * forward_flops(model, (torch.randn(1, cfg.window, n_in),)),
                    "default_flops": 3 * forward_flops(default, (torch.randn(1, LstmConfig().window, n_in),))}
     c = counted
-    symbols = symbols_of(cfg)
-    days = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * 365)
-    per_epoch = int(days * (1 - cfg.val_frac - cfg.test_frac))  # a symbol's training samples an epoch
+    symbols = c.setdefault("symbols", symbols_of(cfg))  # (counted once: it may read a file)
+    per_epoch = train_samples(cfg, history_bars(cfg))  # a symbol's training samples an epoch
     samples = per_epoch * symbols * cfg.epochs
     k = max(1, cfg.jobs_per_gpu or 1)
     per_worker = math.ceil(symbols / max(1, workers))  # a worker claims its share of the symbols (worker.py)
@@ -144,9 +147,47 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
 
 
 def symbols_of(cfg: LstmConfig) -> int:
-    """The symbols the job trains: those named, the synthetic count, else the seed's three."""
-    return (len(cfg.symbols.split(",")) if cfg.symbols else cfg.synthetic_tickers if cfg.source == "synthetic"
-            else DEFAULT_SYMBOLS)
+    """The symbols the job trains, as the job finds them (trainers.lstm.bars.requested_symbols): those named
+    (--symbols, --tickers-file), the synthetic count, the universe's members for yfinance (503 for sp500), else
+    every symbol of the file or the cache. It once planned the seed's three for all but --symbols and synthetic:
+    a 500-symbol yfinance job was priced as three."""
+    from trainers.lstm.bars import requested_symbols
+
+    if cfg.source == "synthetic" and cfg.symbols is None and cfg.tickers_file is None:
+        return cfg.synthetic_tickers
+    wanted = requested_symbols(cfg)
+    if wanted is not None:
+        return len(wanted)
+    if cfg.source.startswith("file:"):
+        from trainers.market.sources import read_user_file
+
+        return int(read_user_file(cfg.source[len("file:"):])["ticker"].nunique())
+    from trainers.market.fetch import PriceCache
+
+    cached = len(PriceCache(Path(cfg.cache_dir)).metadata().get("tickers") or {})
+    if not cached:
+        raise UsageError(f"--cache-dir {cfg.cache_dir} holds no cached prices: nothing to plan (name --symbols, or "
+                         f"plan --source yfinance)")
+    return cached
+
+
+def history_bars(cfg: LstmConfig) -> int:
+    """A symbol's bars over --years of daily history: trading days, not calendar days (synthetic: its own count)."""
+    return cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * TRADING_DAYS)
+
+
+def train_samples(cfg: LstmConfig, bars: int) -> int:
+    """A symbol's training windows an epoch, as the job splits its bars (window, lookback, horizon, embargoes);
+    days x (1 - val - test) counted 490 where the job trains 217."""
+    from trainers.lstm.config import resolve_timeframes
+    from trainers.lstm.features import plan_symbol_splits
+
+    timeframes = resolve_timeframes(cfg.timeframes, Timeframe(1, "d"))
+    try:
+        start, end = plan_symbol_splits("plan", bars, cfg, timeframes).ranges["train"]
+    except UsageError:
+        return 0
+    return end - start
 
 
 def cohort_seconds(cohorts_of: list[int], steps: int, step_s: float, held_each: float) -> list[float]:
