@@ -309,8 +309,9 @@ def test_a_symbol_finished_after_the_summary_is_added_keeping_the_stop_that_skip
     from trainers.lstm.summary import refresh_job_summary
 
     job_dir = tmp_path / "job"
-    for s in ("A", "B"):
+    for s in ("A", "B", "OLD"):
         (job_dir / "symbols" / s).mkdir(parents=True)
+    write_marker(job_dir / "symbols" / "OLD", {"status": "ok", "seconds": 1.0})  # an earlier launch's symbol
     stop = {"reason": "signal", "signal": "SIGTERM"}
     before = {"training": {"stop_reason": "signal", "stopped_by": stop, "symbols": {"ok": 0}},
               "symbols": {s: {"status": "pending", "planned_steps": 7} for s in ("A", "B")}}
@@ -318,9 +319,10 @@ def test_a_symbol_finished_after_the_summary_is_added_keeping_the_stop_that_skip
     write_marker(job_dir / "symbols" / "A", {"status": "ok", "seconds": 1.0})  # finished after rank 0 read
     r = refresh_job_summary(job_dir, ["A", "B"], keep_stop=True)
     assert r["symbols"]["A"]["status"] == "ok" and r["symbols"]["B"]["status"] == "pending"
-    assert r["training"]["symbols"] == {"ok": 1, "failed": 0, "stopped": 0, "pending": 1}
+    assert r["symbols"]["OLD"]["status"] == "ok" and "OLD" in r["runs"]  # (the worker's rows once dropped it)
+    assert r["training"]["symbols"] == {"ok": 2, "failed": 0, "stopped": 0, "pending": 1}
     assert r["training"]["stop_reason"] == "signal" and "stopped by SIGTERM" in r["evaluation"]["skipped"]
-    assert "1 of 2 symbols succeeded" in (job_dir / "results.md").read_text()
+    assert "2 of 3 symbols succeeded" in (job_dir / "results.md").read_text()
     assert "skipped" not in refresh_job_summary(job_dir, ["A", "B"])["evaluation"]  # (after `evaluate`: no stop)
 
 
@@ -377,3 +379,18 @@ def test_restart_trains_a_finished_job_again_once_and_a_retry_resumes(tmp_path):
     again = json.loads((run_dir / "results.json").read_text())
     assert again["training"]["symbols"]["ok"] == 2
     assert again["symbols"]["SYN000"]["best_val_loss"] == first["symbols"]["SYN000"]["best_val_loss"]  # (same seed)
+
+
+def test_a_failed_export_over_an_older_file_is_listed_not_exported(tmp_path):
+    """A symbol trained again (--restart) whose new export failed keeps its old model.onnx, marked stale: the row
+    once showed that file and said nothing of the failure."""
+    from trainers.lstm.queue import write_marker
+    from trainers.lstm.summary import not_exported, symbol_row
+
+    folder = tmp_path / "job" / "symbols" / "A"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"export": {"path": "model.onnx", "sha256": "0" * 64,
+                                                                "parity": {"max_abs_error": 0.0}, "stale": True}}))
+    write_marker(folder, {"status": "ok", "export_error": "RuntimeError: boom"})
+    row = symbol_row(tmp_path / "job", "A", 5)
+    assert row["export"]["stale"] and not_exported({"A": row}) == {"A": "RuntimeError: boom"}

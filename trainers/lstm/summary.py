@@ -71,7 +71,7 @@ def symbol_row(job_dir: Path, symbol: str, planned_steps: int | None) -> dict:
     if export:
         row["export"] = {"path": f"symbols/{symbol}/{export['path']}", "sha256": export["sha256"],
                          "max_abs_error": export["parity"]["max_abs_error"], "stale": export.get("stale")}
-    elif marker.get("export_error"):
+    if marker.get("export_error"):  # its newest export failed (`lstm export` clears it): an older file is stale
         row["export_error"] = marker["export_error"]
     return row
 
@@ -196,6 +196,7 @@ def _refresh(job_dir: Path, symbols: list[str] | None, log, keep_stop: bool) -> 
     previous = read_results(job_dir)
     rows_before = previous.get("symbols", {})
     symbols = symbols or list(rows_before)
+    symbols = symbols + earlier_symbols(job_dir, symbols)  # (a worker passes its launch's: the job's others stay)
     rows = symbol_rows(job_dir, symbols, {s: r.get("planned_steps") for s, r in rows_before.items()})
     stop = previous.get("training", {}).get("stopped_by") if keep_stop else None
     merged = dict(previous, symbols=rows, evaluation=job_evaluation(job_dir, rows, stop),
