@@ -394,3 +394,19 @@ def test_a_failed_export_over_an_older_file_is_listed_not_exported(tmp_path):
     write_marker(folder, {"status": "ok", "export_error": "RuntimeError: boom"})
     row = symbol_row(tmp_path / "job", "A", 5)
     assert row["export"]["stale"] and not_exported({"A": row}) == {"A": "RuntimeError: boom"}
+
+
+def test_a_failed_symbols_log_file_is_closed(tmp_path):
+    """A worker trains hundreds of symbols: a symbol whose run raised kept its training.log open (its handler was
+    closed only when the run returned), one file a failure, until the process ran out of them."""
+    from trainers.cli import main
+
+    run_dir = tmp_path / "job"
+    os.environ["TRAINERS_FAULT_RAISE"] = "SYN001@step2:always"
+    try:
+        assert main(["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--run-dir", str(run_dir)]) == 1
+    finally:
+        del os.environ["TRAINERS_FAULT_RAISE"]
+    open_files = {os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                  if os.path.exists(f"/proc/self/fd/{fd}")}
+    assert not [f for f in open_files if f.startswith(str(run_dir.resolve()))], open_files

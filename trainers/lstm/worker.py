@@ -56,6 +56,7 @@ from trainers.runtime.budget import Budget, StopReason
 from trainers.runtime.device import device_count, set_device
 from trainers.runtime.dist import DistContext, broadcast_object, pick_device
 from trainers.runtime.files import atomic_write_json
+from trainers.runtime.logs import close_handlers, logger_name
 from trainers.runtime.remote import start_mirror
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import read_results
@@ -273,6 +274,8 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
             outcome = train_symbol(scfg, data, worker, attempt)
             break
         except Exception as exc:  # noqa: BLE001 - any error of one symbol must not stop the others
+            close_handlers(logging.getLogger(logger_name(0, folder)))  # (its run, if it opened: train_symbol's end
+            # closes them only when it returns)
             if device_mod.context_lost(exc, worker.device):  # a try in this process would fail the same
                 raise DeviceLost([symbol], exc, alone=True) from None
             error = f"{type(exc).__name__}: {exc}"

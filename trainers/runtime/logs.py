@@ -22,8 +22,7 @@ from tqdm import tqdm
 def get_logger(rank: int, run_dir: Path | None, name: str = "trainers") -> logging.Logger:
     """A logger per run folder: an LSTM cohort opens K runs in one process, and one logger shared by them
     once sent every member's lines to the last member's training.log."""
-    where = "" if run_dir is None else f":{Path(run_dir).absolute()}"
-    logger = logging.getLogger(f"{name}.rank{rank}{where}")
+    logger = logging.getLogger(logger_name(rank, run_dir, name))
     close_handlers(logger)
     logger.propagate = False
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
@@ -40,6 +39,10 @@ def get_logger(rank: int, run_dir: Path | None, name: str = "trainers") -> loggi
     else:
         logger.setLevel(logging.WARNING)
     return logger
+
+
+def logger_name(rank: int, run_dir: Path | None, name: str = "trainers") -> str:
+    return f"{name}.rank{rank}" if run_dir is None else f"{name}.rank{rank}:{Path(run_dir).absolute()}"
 
 
 def close_handlers(logger: logging.Logger) -> None:
