@@ -213,7 +213,8 @@ def test_a_retry_of_a_failed_symbol_stopped_by_a_signal_is_stopped_not_the_old_f
     assert stopped.returncode == 0, stopped.stderr[-2000:]
     r = json.loads((run_dir / "results.json").read_text())
     assert r["symbols"]["SYN001"]["status"] == "stopped" and r["training"]["symbols"]["failed"] == 0
-    assert "RuntimeError" in (run_dir / "symbols" / "SYN001" / "done_before.json").read_text()  # (kept)
+    retrying = json.loads((run_dir / "symbols" / "SYN001" / "done.json").read_text())  # over the old: the mirror
+    assert retrying["status"] == "retrying" and "RuntimeError" in retrying["before"]["error"]  # uploads it (kept)
     assert run_cli(args).returncode == 0  # the next launch resumes and finishes it
     assert json.loads((run_dir / "results.json").read_text())["training"]["symbols"]["ok"] == 2
 
@@ -364,7 +365,8 @@ def test_restart_trains_a_finished_job_again_once_and_a_retry_resumes(tmp_path):
         assert main([*train, "--restart"]) == 0
     finally:
         del os.environ["TORCHELASTIC_RESTART_COUNT"]
-    assert not list(run_dir.glob("symbols/*/done_before.json")) and not list(run_dir.glob("symbols/*/checkpoints.*"))
+    assert all(json.loads(p.read_text())["status"] == "ok" for p in run_dir.glob("symbols/*/done.json"))
+    assert not list(run_dir.glob("symbols/*/checkpoints*aside*"))
     os.environ["TRAINERS_FAULT_RAISE"] = "SYN001@step3:once"
     try:
         assert main([*train, "--restart"]) == 0
@@ -372,8 +374,7 @@ def test_restart_trains_a_finished_job_again_once_and_a_retry_resumes(tmp_path):
         del os.environ["TRAINERS_FAULT_RAISE"]
     for s in ("SYN000", "SYN001"):
         folder = run_dir / "symbols" / s
-        assert (folder / "done_before.json").is_file() and list(folder.glob("checkpoints*aside*")), \
-            sorted(p.name for p in folder.iterdir())
+        assert list(folder.glob("checkpoints*aside*")), sorted(p.name for p in folder.iterdir())
         assert "--restart: starting over from step 0" in (folder / "training.log").read_text()
     assert "SYN001: resumed from checkpoint step 2" in (run_dir / "training.log").read_text()  # try 2, not over
     again = json.loads((run_dir / "results.json").read_text())

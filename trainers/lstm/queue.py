@@ -45,7 +45,7 @@ from trainers.runtime.files import atomic_write_json
 POLL_S = 0.5
 GRACE_S = 2.0
 DONE = "done.json"
-DONE_BEFORE = "done_before.json"  # a symbol's marker, set aside as it is trained again (a failed one's retry)
+RETRYING = "retrying"  # a done.json's status while its symbol is trained again: not done (set_aside_marker)
 LOST = "device_lost.json"  # in a symbol's folder: how many times a CUDA context broke while it was being trained
 
 
@@ -73,11 +73,14 @@ def write_marker(symbol_dir: Path, marker: dict) -> None:
 
 
 def set_aside_marker(symbol_dir: Path) -> None:
-    """A symbol trained again (a failed one by a new launch, any one under --restart): its old marker is moved aside
-    (DONE_BEFORE) as its training starts, so a retry that the job's stop interrupts shows as stopped (the next run
-    resumes it), not as the old failure with the job's exit 1."""
-    if read_marker(symbol_dir) is not None:
-        os.replace(symbol_dir / DONE, symbol_dir / DONE_BEFORE)
+    """A symbol trained again (a failed one by a new launch, any one under --restart): as its training starts its
+    marker becomes {"status": "retrying", "before": the old one}, which marks nothing done, so a retry that the job's
+    stop interrupts shows as stopped (the next run resumes it), not as the old failure with the job's exit 1. It is
+    written over, not moved: the job's mirror uploads it over the remote's copy (a mirror never deletes), where a
+    pod lost in the retry would otherwise find the old failure again."""
+    marker = read_marker(symbol_dir)
+    if marker is not None:
+        write_marker(symbol_dir, {"status": RETRYING, "before": marker})
 
 
 def times_lost(symbol_dir: Path) -> int:
