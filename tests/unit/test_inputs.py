@@ -196,3 +196,33 @@ def test_an_empty_path_is_one_line_exit_2_and_writes_nothing(trainer, flag, tmp_
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{flag} {value!r} is empty" in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def command_path_flags() -> list[tuple[list[str], str]]:
+    """(command words, flag) for every path option of every command (their own argparse options too)."""
+    import argparse
+
+    from trainers.runtime.config import PATH_DESTS
+
+    out = []
+
+    def walk(parser, words):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*words, name])
+            elif action.option_strings and action.nargs != 0 and (action.dest.endswith(PATH_SUFFIXES)
+                                                                   or action.dest in PATH_DESTS):
+                out.append((words, action.option_strings[0]))
+    walk(build_parser(), [])
+    return out
+
+
+@pytest.mark.parametrize("words,flag", command_path_flags(), ids=[f"{' '.join(w)} {f}" for w, f in command_path_flags()])
+def test_every_commands_empty_path_is_one_line_exit_2_and_writes_nothing(words, flag, tmp_path, capsys, monkeypatch):
+    """`package --run-dir ""` packed the current folder and `fetch-sp500 --cache-dir ""` fetched into it."""
+    monkeypatch.chdir(tmp_path)
+    assert run([*words, *required_args(words, tmp_path), f"{flag}="]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{flag} '' is empty" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -166,8 +166,22 @@ def check_product(cfg: Any, names: tuple[str, ...], limit: int, what: str) -> No
         raise UsageError(f"{flags} = {math.prod(values):,} {what}: more than the {limit:,} allowed; use smaller values")
 
 
+PATH_DESTS = ("out", "output", "json", "plan_json", "file", "prices")  # the commands' own path options
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (`error: argument --lr: ...`) and exit code 2."""
+    """argparse, but a usage error is one line (`error: argument --lr: ...`) and exit code 2; an empty path is one
+    (`package --run-dir ""` packed the current folder, `fetch-sp500 --cache-dir ""` fetched into it)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extra = super().parse_known_args(args, namespace)
+        for dest, value in vars(parsed).items():
+            if dest.endswith(PATH_SUFFIXES) or dest in PATH_DESTS:
+                for v in value if isinstance(value, list) else [value]:
+                    if isinstance(v, str) and not v.strip():
+                        self.error(f"--{dest.replace('_', '-')} {v!r} is empty: give a path (an empty one would write "
+                                   f"into, or read, the current folder)")
+        return parsed, extra
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
