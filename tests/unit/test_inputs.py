@@ -218,7 +218,10 @@ def command_path_flags() -> list[tuple[list[str], str]]:
     return out
 
 
-@pytest.mark.parametrize("words,flag", command_path_flags(), ids=[f"{' '.join(w)} {f}" for w, f in command_path_flags()])
+COMMAND_PATH_FLAGS = command_path_flags()
+
+
+@pytest.mark.parametrize("words,flag", COMMAND_PATH_FLAGS, ids=[f"{' '.join(w)} {f}" for w, f in COMMAND_PATH_FLAGS])
 def test_every_commands_empty_path_is_one_line_exit_2_and_writes_nothing(words, flag, tmp_path, capsys, monkeypatch):
     """`package --run-dir ""` packed the current folder and `fetch-sp500 --cache-dir ""` fetched into it."""
     monkeypatch.chdir(tmp_path)
