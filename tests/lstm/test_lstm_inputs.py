@@ -163,9 +163,10 @@ def test_export_refuses_a_checkpoint_that_is_no_checkpoint_once_exit_2(tmp_path,
                  "--no-export"]) == 0
     capsys.readouterr()
     before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*"))
-    assert main(["lstm", "export", "--run-dir", str(run_dir), "--checkpoint", "foo"]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert lines == ["error: --checkpoint 'foo' is not best, latest or a step number"], lines
+    for bad in ("foo", "²"):  # (a digit to str.isdigit, not to int())
+        assert main(["lstm", "export", "--run-dir", str(run_dir), "--checkpoint", bad]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert lines == [f"error: --checkpoint {bad!r} is not best, latest or a step number"], lines
     assert sorted(p.relative_to(run_dir) for p in run_dir.rglob("*")) == before
 
 

@@ -345,6 +345,7 @@ def test_a_launch_on_other_symbols_keeps_the_jobs_earlier_ones_in_its_summary(tm
     assert {s: row["status"] for s, row in r["symbols"].items()} == {"SYN002": "ok", "SYN000": "ok",
                                                                       "SYN001": "failed"}
     assert r["training"]["stop_reason"] == "completed" and r["training"]["symbols_asked"]["ok"] == 1
+    assert r["training"]["failed_asked"] == []  # (what the deploy's verdict counts)
     assert r["training"]["symbols"] == {"ok": 2, "failed": 1, "stopped": 0, "pending": 0}
     assert main(["lstm", "export", "--run-dir", str(run_dir), "--symbols", "SYN000"]) == 0
     assert main(["lstm", "evaluate", "--run-dir", str(run_dir), "--symbols", "SYN000"]) == 0
@@ -411,3 +412,67 @@ def test_a_failed_symbols_log_file_is_closed(tmp_path):
     open_files = {os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
                   if os.path.exists(f"/proc/self/fd/{fd}")}
     assert not [f for f in open_files if f.startswith(str(run_dir.resolve()))], open_files
+
+
+def test_a_restart_stopped_early_goes_on_after_a_lost_pod_without_the_old_models(tmp_path):
+    """--restart stopped at its first symbol's third step, then the pod lost: a launch without --restart on a
+    fresh folder once resumed SYN000 from the remote's old final checkpoint (step 8, the model from before the
+    restart) and left SYN001, never reached, with its old model. Every symbol asked for is marked to start over
+    as the launch starts, until its done marker; the remote's old checkpoints go as a run restarts."""
+    from trainers.cli import main
+
+    run_dir, remote = tmp_path / "job", f"file://{tmp_path / 'remote'}"
+    train = ["lstm", "train", *TINY, "--symbols", "SYN000,SYN001", "--ckpt-every", "2", "--run-dir", str(run_dir),
+             "--remote", remote]
+    assert main(train) == 0
+    os.environ["TRAINERS_FAULT"] = "sigterm@rank0:step3"
+    try:
+        assert main([*train, "--restart"]) == 0
+    finally:
+        del os.environ["TRAINERS_FAULT"]
+    marked = {p.parent.name: json.loads(p.read_text()) for p in run_dir.glob("symbols/*/done.json")}
+    assert all(m["status"] == "retrying" and m["restart"] for m in marked.values()) and len(marked) == 2
+    on_remote = sorted(p.name for p in (tmp_path / "remote" / "symbols" / "SYN000" / "checkpoints").glob("meta_*"))
+    assert on_remote and "meta_00000008.json" not in on_remote, on_remote  # the old run's, gone from there too
+    import shutil
+
+    shutil.rmtree(run_dir)  # the pod is gone; the next launch pulls the job from the remote
+    assert main(train) == 0
+    log = (run_dir / "training.log").read_text()
+    assert "resumed from checkpoint step 8" not in log, log[-3000:]
+    for s in ("SYN000", "SYN001"):
+        assert "--restart: starting over from step 0" in (run_dir / "symbols" / s / "training.log").read_text(), s
+        assert json.loads((run_dir / "symbols" / s / "done.json").read_text())["status"] == "ok"
+
+
+def test_restart_starts_the_jobs_budget_over(tmp_path):
+    """--max-hours and --budget-usd count every launch of a job; --restart starts the job over, budget included
+    (it once found the old launches' time spent already and trained nothing, exit 0)."""
+    from trainers.cli import main
+
+    run_dir = tmp_path / "job"
+    train = ["lstm", "train", *TINY, "--symbols", "SYN000", "--run-dir", str(run_dir), "--max-hours", "1"]
+    assert main(train) == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    results["training"]["elapsed_s_all_attempts"] = 10_000.0  # as if earlier launches had spent the hour
+    (run_dir / "results.json").write_text(json.dumps(results))
+    assert main([*train, "--restart"]) == 0
+    after = json.loads((run_dir / "results.json").read_text())["training"]
+    assert after["stop_reason"] == "completed" and after["elapsed_s_all_attempts"] < 3600
+    assert "--restart: starting over" in (run_dir / "symbols" / "SYN000" / "training.log").read_text()
+
+
+def test_the_deploys_verdict_counts_the_launchs_own_failures(tmp_path):
+    """A launch on other --symbols keeps an earlier launch's failed symbol in the summary: the deploy's verdict
+    (trainers/lstm/deploy.sh) once failed every later deploy of the job on it."""
+    from pathlib import Path
+
+    script = (Path(__file__).parents[2] / "trainers/lstm/deploy.sh").read_text()
+    verdict = script.split("<<'EOF_PY'\n", 1)[1].split("\nEOF_PY", 1)[0]
+    rows = {"SYN000": {"status": "ok"}, "SYN001": {"status": "failed"}, "SYN002": {"status": "ok"}}
+    for failed_asked, code in (([], 0), (["SYN001"], 1), (None, 1)):  # (None: a summary from before the field)
+        training = {} if failed_asked is None else {"failed_asked": failed_asked}
+        (tmp_path / "results.json").write_text(json.dumps({"symbols": rows, "training": training}))
+        proc = subprocess.run([sys.executable, "-", str(tmp_path / "results.json")], input=verdict, text=True,
+                              capture_output=True)
+        assert proc.returncode == code, (failed_asked, proc.stdout, proc.stderr)

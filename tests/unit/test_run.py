@@ -400,3 +400,17 @@ def test_a_non_finite_validation_metric_is_a_divergence_too(tmp_path):
     t = json.loads((tmp_path / "run" / "results.json").read_text())["training"]
     assert t["stop_reason"] == "diverged" and t["steps"] == 6  # the evaluation at 6 (NaN) is an agreement
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("meta_*")) == ["meta_00000003.json"]
+
+
+def test_restart_starts_over_on_torchruns_first_attempt_only(tmp_path, monkeypatch):
+    """torchrun restarts failed workers with the same arguments: with --restart each restart once set the run's
+    progress aside again and began at step 0 (RunOptions.for_attempt)."""
+    toy_loop(cfg_for(tmp_path, patience=0), total_steps=4)
+    toy_loop(cfg_for(tmp_path, patience=0, restart=True), total_steps=6, signal_at=3)
+    asides = sorted(p.name for p in (tmp_path / "run").glob("checkpoints*aside*"))
+    assert len(asides) == 1  # the first attempt set the old run aside
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # torchrun's restart of that attempt
+    again, _ = toy_loop(cfg_for(tmp_path, patience=0, restart=True), total_steps=6)
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoints*aside*")) == asides  # nothing set aside
+    assert again["training"]["steps"] == 6
+    assert "resumed from checkpoint step 3" in (tmp_path / "run" / "training.log").read_text()

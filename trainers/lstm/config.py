@@ -180,6 +180,11 @@ class LstmConfig(RunOptions):
     jobs_per_gpu: int = option(1, "workers sharing one GPU: start torchrun with K x GPUs workers per node "
                                "(deploy_8gpu.sh does); worker r uses GPU r // K", resume_safe=True, min=1)
 
+    def for_attempt(self, restart_count: int) -> "LstmConfig":
+        """A symbol's run restarts as its marker says (trainers.lstm.queue.mark_restart, Worker.once), on any
+        attempt: the job marks its symbols once, on torchrun's first attempt."""
+        return self
+
     def validate(self) -> None:
         """Cheap checks that need no data; run before anything touches the disk."""
         self.validate_run_options()  # every field's type, range and choices

@@ -69,7 +69,9 @@ trainer_verdict() {  # the deploy's exit code says whether every symbol succeede
   "$PY" - "$RUN_DIR/results.json" <<'EOF_PY'
 import json, sys
 results = json.load(open(sys.argv[1]))
-failed = sorted(s for s, r in (results.get("symbols") or {}).items() if r.get("status") == "failed")
+failed = results.get("training", {}).get("failed_asked")  # this launch's symbols (earlier launches' are shown)
+if failed is None:
+    failed = sorted(s for s, r in (results.get("symbols") or {}).items() if r.get("status") == "failed")
 print(f"symbols failed: {len(failed)}" + (f" ({', '.join(failed)})" if failed else ""))
 sys.exit(1 if failed else 0)
 EOF_PY

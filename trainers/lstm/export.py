@@ -136,7 +136,7 @@ def export_run(run_dir: Path, symbols: str | None = None, checkpoint: str = "bes
     """`trainers lstm export`: every finished symbol of the job (or the ones named) whose export is
     missing or stale; the job summary is rewritten after."""
     check_tolerance(tolerance)
-    if checkpoint not in ("best", "latest") and not checkpoint.isdigit():  # (once, not a failure per symbol)
+    if checkpoint not in ("best", "latest") and not (checkpoint.isascii() and checkpoint.isdigit()):  # (once)
         raise UsageError(f"--checkpoint {checkpoint!r} is not best, latest or a step number")
     run_dir = Path(run_dir)
     job = read_results(run_dir)

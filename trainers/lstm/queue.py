@@ -83,6 +83,25 @@ def set_aside_marker(symbol_dir: Path) -> None:
         write_marker(symbol_dir, {"status": RETRYING, "before": marker})
 
 
+def mark_restart(symbol_dir: Path) -> None:
+    """--restart, as the launch starts: the symbol (one that has a folder) is to start over, whichever launch or
+    process opens its run next: {"status": "retrying", "restart": true, "before": its old marker or None}. Marked
+    at once for every symbol asked for: a restart stopped before a symbol's turn once left it with its old model,
+    and the next launch (without --restart) trained nothing; and a pod lost then resumed the old run's newest
+    checkpoint from the remote. Cleared only by its done marker: a run stopped after its restart starts over
+    again (its progress since the restart is lost, never the old model taken for the new one)."""
+    if symbol_dir.is_dir():
+        write_marker(symbol_dir, {"status": RETRYING, "restart": True, "before": read_marker(symbol_dir)})
+
+
+def restart_marked(symbol_dir: Path) -> bool:
+    try:
+        marker = json.loads((symbol_dir / DONE).read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(marker, dict) and marker.get("status") == RETRYING and marker.get("restart") is True
+
+
 def times_lost(symbol_dir: Path) -> int:
     """How many times a CUDA context broke while the symbol was being trained (trainers.lstm.worker.remember_lost)."""
     try:
@@ -92,14 +111,13 @@ def times_lost(symbol_dir: Path) -> int:
     return count if isinstance(count, int) and count > 0 else 0
 
 
-def pending_symbols(job_dir: Path, symbols: list[str], retry_failed: bool, restart: bool = False
-                    ) -> tuple[list[str], dict]:
+def pending_symbols(job_dir: Path, symbols: list[str], retry_failed: bool) -> tuple[list[str], dict]:
     """Symbols to train in this attempt and the counts by state: in the job's order, except that a symbol in
     training when a CUDA context broke comes after the others (the fewer times the sooner): if it is the cause,
-    it breaks the next attempt only once everything else is done. `restart` (--restart): every one, from step 0."""
+    it breaks the next attempt only once everything else is done."""
     pending, counts = [], {"ok": 0, "failed": 0, "pending": 0}
     for s in symbols:
-        marker = None if restart else read_marker(job_dir / "symbols" / s)
+        marker = read_marker(job_dir / "symbols" / s)
         state = "pending" if marker is None or (marker["status"] == "failed" and retry_failed) else marker["status"]
         counts[state] += 1
         if state == "pending":

@@ -161,6 +161,9 @@ def _job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop: dic
                 "steps": sum(r["steps"] for r in rows.values()),
                 "total_steps": sum(r["planned_steps"] or 0 for r in rows.values()),
                 "symbols": counts, "symbols_asked": asked, "restarts": ctx.restart_count, "world_size": ctx.world_size,
+                # the launch's own failures (the deploy's verdict): a symbol an earlier launch failed is shown, not
+                # counted against a launch that was not asked for it
+                "failed_asked": sorted(s for s in plan.symbols if rows[s]["status"] == "failed"),
                 "devices": attempt["devices"], "jobs_per_gpu": cfg.jobs_per_gpu if device.type == "cuda" else None,
                 "device": device.type, "device_name": device_name(device),
                 "wall_time_s_this_attempt": wall, "elapsed_s_all_attempts": elapsed,

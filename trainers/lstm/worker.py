@@ -133,12 +133,12 @@ class Worker:
         self.started_over: set[str] = set()  # --restart: the symbols whose run this worker has started over
 
     def once(self, scfg: LstmConfig) -> LstmConfig:
-        """A symbol's run options as its run opens: --restart starts it over the first time only (a retry after an
-        error, alone or out of a failed cohort, resumes from that run's checkpoint, as without --restart)."""
-        if not scfg.restart or scfg.symbols not in self.started_over:
-            self.started_over.add(scfg.symbols)
-            return scfg
-        return dataclasses.replace(scfg, restart=False)
+        """A symbol's run options as its run opens: a symbol marked to start over (--restart, jobqueue.mark_restart)
+        starts over the first time this process opens its run (a retry after an error, alone or out of a failed
+        cohort, resumes from that run's checkpoint, as without --restart)."""
+        restart = scfg.symbols not in self.started_over and jobqueue.restart_marked(Path(scfg.run_dir))
+        self.started_over.add(scfg.symbols)
+        return dataclasses.replace(scfg, restart=restart)
 
     def smaller_cohorts(self, size: int, error: BaseException) -> None:
         """A cohort of `size` symbols ran out of device memory beyond what smaller passes cure (its data, its
@@ -656,11 +656,14 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         if not (job_dir / "config.json").exists():
             atomic_write_json(job_dir / "config.json", cfgmod.to_dict(cfg))
         # a new launch tries failed symbols again; a torchrun restart within one launch does not
-        pending, counts = jobqueue.pending_symbols(job_dir, plan.symbols, retry_failed=ctx.restart_count == 0,
-                                                   restart=cfg.for_attempt(ctx.restart_count).restart)
+        if cfg.restart and ctx.restart_count == 0:  # (torchrun's restarts of this launch: not again)
+            for symbol in plan.symbols:
+                jobqueue.mark_restart(symbol_dir(job_dir, symbol))
+        pending, counts = jobqueue.pending_symbols(job_dir, plan.symbols, retry_failed=ctx.restart_count == 0)
         previous = read_results(job_dir).get("training", {})
         attempt = {"token": uuid.uuid4().hex[:12], "pending": pending, "counts": counts, "started_at": started_at,
-                   "elapsed_before_s": float(previous.get("elapsed_s_all_attempts") or 0.0), "devices": max(devices, 1)}
+                   "elapsed_before_s": 0.0 if cfg.restart and ctx.restart_count == 0 else  # (--restart: a new budget)
+                   float(previous.get("elapsed_s_all_attempts") or 0.0), "devices": max(devices, 1)}
     attempt = broadcast_object(ctx, attempt)
     queue = jobqueue.JobQueue(jobqueue.open_store(ctx, cfg.collective_timeout_s), attempt["token"], attempt["pending"])
     log = job_logger(job_dir, ctx.rank, device)

@@ -167,6 +167,11 @@ class Mirror:
                              "local folder has everything", self.url, lag["pending_uploads"], wait_s, lag["last_error"])
         return lag
 
+    def forget_checkpoints(self) -> None:
+        """--restart: the remote's checkpoints removed (the local ones are set aside, kept) before the new run's
+        first upload: the jobs run in order."""
+        self._put("forget", None)
+
     def put_now(self, name: str) -> None:
         """One direct upload of a file of the run folder, after `close` (its final version), at most
         FINAL_CALL_S long (a store that hangs must not hold the process after a SIGTERM); a failure is
@@ -226,6 +231,8 @@ class Mirror:
             return
         if kind == "sync":
             self._sync()
+        elif kind == "forget":
+            self._forget_checkpoints()
         else:  # (the rest of the folder follows at the next heartbeat: a sync per checkpoint re-sent the
             self._upload_checkpoint(arg)  # growing metrics and logs every few steps, for nothing)
 
@@ -273,6 +280,14 @@ class Mirror:
         put_bytes(self.fs, f"{self.root}/checkpoints/{meta_path.name}", meta_bytes)  # complete on the remote now
         self.mirrored_step = step if self.mirrored_step is None else max(self.mirrored_step, step)
         self._prune_remote(step, {int(m.group(1)) for p in folder.iterdir() if (m := META_RE.match(p.name))})
+
+    def _forget_checkpoints(self) -> None:
+        """Every remote checkpoint, the metas first (never a complete-looking half)."""
+        if not self.fs.exists(f"{self.root}/checkpoints"):
+            return
+        names = [p.rsplit("/", 1)[-1] for p in self.fs.ls(f"{self.root}/checkpoints", detail=False)]
+        for n in sorted(names, key=lambda n: not META_RE.match(n)):
+            self.fs.rm(f"{self.root}/checkpoints/{n}", recursive=True)
 
     def _prune_remote(self, uploaded: int, keep: set[int]) -> None:
         """Remote checkpoints older than the one just uploaded and not kept locally, the meta first (never a
@@ -346,6 +361,9 @@ class NoMirror:
         pass
 
     def sync(self) -> None:
+        pass
+
+    def forget_checkpoints(self) -> None:
         pass
 
     def lag(self) -> None:

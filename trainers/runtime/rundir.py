@@ -127,7 +127,7 @@ def resolve_checkpoint(ckpt: CheckpointManager, which: str) -> int:
     if which == "best":
         best = ckpt.best_step()
         return steps[0] if best is None else best
-    if not which.isdigit() or int(which) not in steps:
+    if not (which.isascii() and which.isdigit()) or int(which) not in steps:  # ("²" is a digit to isdigit)
         raise UsageError(f"--checkpoint {which!r} is not best, latest or one of the steps {sorted(steps)}")
     return int(which)
 
@@ -187,8 +187,12 @@ class Heartbeat:
             return float(beat)
         return checkpoint_elapsed
 
-    def clear(self) -> None:
+    def restart(self) -> None:
+        """--restart: the old run's elapsed time forgotten, and its checkpoints on the remote (a pod lost in the
+        new run would have resumed the old run's newest step from there, a higher one than the new run's)."""
         self.path.unlink(missing_ok=True)
+        if self.mirror is not None:
+            self.mirror.forget_checkpoints()
 
 
 def check_data_unchanged(run_dir: Path, fingerprint: str | None, restart: bool = False) -> None:
