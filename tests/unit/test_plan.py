@@ -653,24 +653,35 @@ def test_the_plan_sizes_what_the_run_leaves_to_the_device_for_the_planned_gpu_an
 
 def test_the_lstm_plan_counts_the_jobs_symbols_and_windows_as_the_job_finds_them(tmp_path):
     """The plan once counted three symbols for yfinance, a tickers file or a price file (a 500-symbol job priced as
-    three), and calendar days x (1 - val - test) training windows where the job's split (window, lookback, higher
-    timeframes, two embargoes) trains fewer."""
+    three), and calendar days x (1 - val - test) of daily bars for every source, where the job's split (window,
+    lookback, higher timeframes, two embargoes) of the bars it has trains other counts: fewer for daily bars, far
+    more for an hourly file."""
+    import numpy as np
     import pandas as pd
 
     from trainers.lstm.config import LstmConfig
     from trainers.lstm.features import build_symbol_data
     from trainers.lstm.job import prepare_job, symbol_config
-    from trainers.lstm.size import symbols_of, train_samples
+    from trainers.lstm.size import job_shape, train_samples
     from trainers.market.universe import load_universe
 
-    assert symbols_of(LstmConfig(source="yfinance")) == len(load_universe("sp500")) > 400
+    def trained(cfg) -> int:  # the job's own count: its split of the first symbol's bars
+        plan = prepare_job(cfg, log=lambda *_: None)
+        s = plan.symbols[0]
+        return len(build_symbol_data(plan.bars[s], symbol_config(cfg, s), plan.timeframes).ids["train"])
+
+    assert job_shape(LstmConfig(source="yfinance"))[0] == len(load_universe("sp500")) > 400
     names = tmp_path / "names.txt"
     names.write_text("AAPL\nMSFT\nNVDA\nAMZN\n")
-    assert symbols_of(LstmConfig(source="yfinance", tickers_file=str(names))) == 4
-    prices = tmp_path / "p.csv"
-    pd.DataFrame({"date": ["2020-01-02"] * 5, "ticker": list("ABCDE"), "close": 1.0}).to_csv(prices, index=False)
-    assert symbols_of(LstmConfig(source=f"file:{prices}")) == 5
-    cfg = LstmConfig(symbols="SYN000", synthetic_days=900, window=32)
-    plan = prepare_job(cfg, log=lambda *_: None)
-    data = build_symbol_data(plan.bars["SYN000"], symbol_config(cfg, "SYN000"), plan.timeframes)
-    assert train_samples(cfg, 900) == len(data.ids["train"]) < int(900 * (1 - cfg.val_frac - cfg.test_frac))
+    assert job_shape(LstmConfig(source="yfinance", tickers_file=str(names)))[0] == 4
+    synthetic = LstmConfig(symbols="SYN000", synthetic_days=900, window=32)
+    assert train_samples(synthetic, *job_shape(synthetic)[1:]) == trained(synthetic) < int(900 * 0.7)
+    ts = pd.date_range("2023-01-02", periods=6000, freq="h")
+    close = 100 * np.exp(np.cumsum(np.random.default_rng(0).normal(0, 0.003, (5, len(ts))), axis=1))
+    prices = tmp_path / "hourly.csv"
+    pd.concat([pd.DataFrame({"date": ts, "ticker": t, "close": close[i]}) for i, t in enumerate("ABCDE")]
+              ).to_csv(prices, index=False)
+    hourly = LstmConfig(source=f"file:{prices}", window=32)
+    symbols, bars, base = job_shape(hourly)
+    assert (symbols, bars, base.label) == (5, 6000, "1h")
+    assert train_samples(hourly, bars, base) == trained(hourly) > 2 * 1391

@@ -93,8 +93,10 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
                    "flops": 3 * forward_flops(model, (torch.randn(1, cfg.window, n_in),)),
                    "default_flops": 3 * forward_flops(default, (torch.randn(1, LstmConfig().window, n_in),))}
     c = counted
-    symbols = c.setdefault("symbols", symbols_of(cfg))  # (counted once: it may read a file)
-    per_epoch = train_samples(cfg, history_bars(cfg))  # a symbol's training samples an epoch
+    if "symbols" not in c:  # (counted once: it may read a file)
+        c["symbols"], c["bars"], c["base"] = job_shape(cfg)
+    symbols = c["symbols"]
+    per_epoch = train_samples(cfg, c["bars"], c["base"])  # a symbol's training samples an epoch
     samples = per_epoch * symbols * cfg.epochs
     k = max(1, cfg.jobs_per_gpu or 1)
     per_worker = math.ceil(symbols / max(1, workers))  # a worker claims its share of the symbols (worker.py)
@@ -146,45 +148,50 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
                f"{held}{exported}"])
 
 
-def symbols_of(cfg: LstmConfig) -> int:
-    """The symbols the job trains, as the job finds them (trainers.lstm.bars.requested_symbols): those named
+def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
+    """(symbols, bars a symbol, the base bars' interval) as the job finds them (trainers.lstm.bars): those named
     (--symbols, --tickers-file), the synthetic count, the universe's members for yfinance (503 for sp500), else
-    every symbol of the file or the cache. It once planned the seed's three for all but --symbols and synthetic:
-    a 500-symbol yfinance job was priced as three."""
-    from trainers.lstm.bars import requested_symbols
+    every symbol of the file or the cache; --years of daily bars (252 trading days a year), or what a file holds
+    (the median symbol's bars, at its own interval). The plan once counted the seed's three symbols for all but
+    --symbols and synthetic (a 500-symbol yfinance job priced as three) and calendar days of daily bars for
+    every source (a 6,000-bar hourly file as 2,520 days). --start/--end on a file are not counted."""
+    from trainers.lstm.bars import base_timeframe, requested_symbols
 
+    daily = Timeframe(1, "d")
     if cfg.source == "synthetic" and cfg.symbols is None and cfg.tickers_file is None:
-        return cfg.synthetic_tickers
+        return cfg.synthetic_tickers, cfg.synthetic_days, daily
     wanted = requested_symbols(cfg)
-    if wanted is not None:
-        return len(wanted)
     if cfg.source.startswith("file:"):
         from trainers.market.sources import read_user_file
 
-        return int(read_user_file(cfg.source[len("file:"):])["ticker"].nunique())
+        frame = read_user_file(cfg.source[len("file:"):], keep_time=True)
+        if wanted is not None:
+            frame = frame[frame["ticker"].isin(wanted)]
+        if frame.empty:
+            raise UsageError(f"--source {cfg.source} holds no bars of the symbols asked for: nothing to plan")
+        counts = frame.groupby("ticker", observed=True).size()
+        longest = frame[frame["ticker"] == counts.idxmax()]["date"].sort_values().to_numpy(dtype="datetime64[ns]")
+        return len(wanted or counts), int(counts.median()), base_timeframe(longest, str(counts.idxmax()))
+    bars = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * TRADING_DAYS)
+    if wanted is not None:
+        return len(wanted), bars, daily
     from trainers.market.fetch import PriceCache
 
     cached = len(PriceCache(Path(cfg.cache_dir)).metadata().get("tickers") or {})
     if not cached:
         raise UsageError(f"--cache-dir {cfg.cache_dir} holds no cached prices: nothing to plan (name --symbols, or "
                          f"plan --source yfinance)")
-    return cached
+    return cached, bars, daily
 
 
-def history_bars(cfg: LstmConfig) -> int:
-    """A symbol's bars over --years of daily history: trading days, not calendar days (synthetic: its own count)."""
-    return cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * TRADING_DAYS)
-
-
-def train_samples(cfg: LstmConfig, bars: int) -> int:
-    """A symbol's training windows an epoch, as the job splits its bars (window, lookback, horizon, embargoes);
-    days x (1 - val - test) counted 490 where the job trains 217."""
+def train_samples(cfg: LstmConfig, bars: int, base: Timeframe) -> int:
+    """A symbol's training windows an epoch, as the job splits its bars (window, lookback, the higher timeframes'
+    history, horizon, two embargoes); days x (1 - val - test) counted 1,764 where the job trains 1,391."""
     from trainers.lstm.config import resolve_timeframes
     from trainers.lstm.features import plan_symbol_splits
 
-    timeframes = resolve_timeframes(cfg.timeframes, Timeframe(1, "d"))
     try:
-        start, end = plan_symbol_splits("plan", bars, cfg, timeframes).ranges["train"]
+        start, end = plan_symbol_splits("plan", bars, cfg, resolve_timeframes(cfg.timeframes, base)).ranges["train"]
     except UsageError:
         return 0
     return end - start
