@@ -74,7 +74,7 @@ class CheckpointManager:
         self.ctx = ctx
         self.keep_last = keep_last
         self.log = logger
-        self.on_commit = None  # rank 0: called with the step of each checkpoint made complete (the remote mirror)
+        self.mirror = None  # rank 0's remote mirror (--remote): told of each checkpoint made complete, and of set_aside
 
     # ---- names -------------------------------------------------------------------------------
     def model_path(self, step: int) -> Path:
@@ -186,8 +186,8 @@ class CheckpointManager:
         keep = broadcast_object(self.ctx, self._keep_set() if self.ctx.is_main else None)
         if self.ctx.is_main:
             self._prune(keep)
-            if self.on_commit is not None:
-                self.on_commit(step)
+            if self.mirror is not None:
+                self.mirror.checkpoint(step)
         barrier(self.ctx)
 
     def _save_sharded(self, step: int, sharded: dict[str, Any]) -> dict[str, str]:
@@ -234,7 +234,9 @@ class CheckpointManager:
             os.replace(meta, meta.with_name(meta.name + ".unusable"))
 
     def set_aside(self) -> Path | None:
-        """`--restart`: move the whole checkpoints folder aside (kept), so a run starts fresh."""
+        """`--restart`: the checkpoints folder moved aside (kept), so a run starts fresh; the remote's removed."""
+        if self.mirror is not None:
+            self.mirror.forget_checkpoints()
         if not self.dir.is_dir():
             return None
         target = self.dir.with_name(f"{self.dir.name}.set-aside-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -79,7 +79,7 @@ class Mirror:
     def attach(self, log: logging.Logger, manager) -> None:
         """Log to the run's log, upload each checkpoint `manager` commits, and the folder as it is now."""
         self.log = log
-        manager.on_commit = self.checkpoint
+        manager.mirror = self  # (its checkpoint and forget_checkpoints)
         self.sync()
 
     def finish(self, wait_s: float, merged: dict | None) -> dict | None:
@@ -168,8 +168,9 @@ class Mirror:
         return lag
 
     def forget_checkpoints(self) -> None:
-        """--restart: the remote's checkpoints removed (the local ones are set aside, kept) before the new run's
-        first upload: the jobs run in order."""
+        """--restart (CheckpointManager.set_aside): the remote's checkpoints removed (the local ones are set aside,
+        kept) before the new run's first upload (the jobs run in order). Kept, they were the old run's and of higher
+        steps than the new run's: a pod lost in the new run resumed the old run's newest from there."""
         self._put("forget", None)
 
     def put_now(self, name: str) -> None:
@@ -361,9 +362,6 @@ class NoMirror:
         pass
 
     def sync(self) -> None:
-        pass
-
-    def forget_checkpoints(self) -> None:
         pass
 
     def lag(self) -> None:

@@ -94,8 +94,8 @@ class Run:
 
     def resume(self) -> Start:
         """Collective: the newest checkpoint into `states`, the counters, this rank's RNG (fresh: seeded); Start.ended."""
-        if self.cfg.restart:  # its elapsed time and the remote's checkpoints are the old run's
-            self.heartbeat.restart()
+        if self.cfg.restart:  # its elapsed time is the old run's
+            self.heartbeat.clear()
         start, saved = self.ckpt.resume(self.states, self.sharded_states, self.cfg.restart, self.cfg.seed, self.log)
         if saved is not None:
             self.stopper.elapsed_before_s = self.heartbeat.elapsed_including_lost_time(saved["elapsed_s"], self.log)

@@ -187,12 +187,8 @@ class Heartbeat:
             return float(beat)
         return checkpoint_elapsed
 
-    def restart(self) -> None:
-        """--restart: the old run's elapsed time forgotten, and its checkpoints on the remote (a pod lost in the
-        new run would have resumed the old run's newest step from there, a higher one than the new run's)."""
+    def clear(self) -> None:
         self.path.unlink(missing_ok=True)
-        if self.mirror is not None:
-            self.mirror.forget_checkpoints()
 
 
 def check_data_unchanged(run_dir: Path, fingerprint: str | None, restart: bool = False) -> None:
