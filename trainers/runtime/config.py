@@ -128,6 +128,14 @@ def flag_of(name: str) -> str:
 PATH_SUFFIXES = ("_dir", "_file", "_path")  # options naming a file or folder (--run-dir, --tickers-file, ...)
 
 
+def empty_path(flag: str, value) -> str | None:
+    """What is wrong with a path option's value when it is empty (else None): it would read or write the current
+    folder (`--run-dir ""` trained into it)."""
+    if isinstance(value, str) and not value.strip():
+        return f"{flag} {value!r} is empty: give a path (an empty one would write into, or read, the current folder)"
+    return None
+
+
 def check_values(cfg: Any) -> None:
     """Every field's value against its type, bounds and choices; the first problem as a UsageError
     naming the flag, the value and what would be accepted (one line)."""
@@ -144,9 +152,9 @@ def check_values(cfg: Any) -> None:
             bounds = with_ceiling(tp, f.metadata.get("bounds", {}))
             if number_problem(value, tp, bounds):
                 raise UsageError(f"{flag_of(f.name)} {value} is not allowed: need {describe_bounds(tp, bounds)}")
-        if f.name.endswith(PATH_SUFFIXES) and isinstance(value, str) and not value.strip():
-            raise UsageError(f"{flag_of(f.name)} {value!r} is empty: give a path (an empty one would write into, or "
-                             f"read, the current folder)")
+        problem = empty_path(flag_of(f.name), value) if f.name.endswith(PATH_SUFFIXES) else None
+        if problem:
+            raise UsageError(problem)
         if f.metadata.get("date"):
             problem = date_problem(value)
             if problem:
@@ -178,9 +186,9 @@ class OneLineParser(argparse.ArgumentParser):
         for dest, value in vars(parsed).items():
             if dest.endswith(PATH_SUFFIXES) or dest in PATH_DESTS:
                 for v in value if isinstance(value, list) else [value]:
-                    if isinstance(v, str) and not v.strip():
-                        self.error(f"--{dest.replace('_', '-')} {v!r} is empty: give a path (an empty one would write "
-                                   f"into, or read, the current folder)")
+                    problem = empty_path(flag_of(dest), v)
+                    if problem:
+                        self.error(problem)
         return parsed, extra
 
     def error(self, message: str):
