@@ -58,14 +58,20 @@ def open_store(ctx: DistContext, timeout_s: float):
                          timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
-def read_marker(symbol_dir: Path) -> dict | None:
-    """The done marker, or None (absent or unreadable: a half-written marker never counts as done)."""
-    path = symbol_dir / DONE
+def _read_done(symbol_dir: Path) -> dict:
+    """done.json as written, whatever its status ({} when absent or unreadable)."""
     try:
-        marker = json.loads(path.read_text())
+        marker = json.loads((symbol_dir / DONE).read_text())
     except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return marker if isinstance(marker, dict) and marker.get("status") in ("ok", "failed") else None
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def read_marker(symbol_dir: Path) -> dict | None:
+    """The done marker, or None (absent or unreadable: a half-written marker never counts as done; nor does a
+    symbol being trained again, RETRYING)."""
+    marker = _read_done(symbol_dir)
+    return marker if marker.get("status") in ("ok", "failed") else None
 
 
 def write_marker(symbol_dir: Path, marker: dict) -> None:
@@ -73,8 +79,8 @@ def write_marker(symbol_dir: Path, marker: dict) -> None:
 
 
 def set_aside_marker(symbol_dir: Path) -> None:
-    """A symbol trained again (a failed one by a new launch, any one under --restart): as its training starts its
-    marker becomes {"status": "retrying", "before": the old one}, which marks nothing done, so a retry that the job's
+    """A failed symbol tried again by a new launch (--restart marked its symbols already: mark_restart): as its
+    training starts its marker becomes {"status": "retrying", "before": the old one}, which marks nothing done, so a retry that the job's
     stop interrupts shows as stopped (the next run resumes it), not as the old failure with the job's exit 1. It is
     written over, not moved: the job's mirror uploads it over the remote's copy (a mirror never deletes), where a
     pod lost in the retry would otherwise find the old failure again."""
@@ -95,11 +101,8 @@ def mark_restart(symbol_dir: Path) -> None:
 
 
 def restart_marked(symbol_dir: Path) -> bool:
-    try:
-        marker = json.loads((symbol_dir / DONE).read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(marker, dict) and marker.get("status") == RETRYING and marker.get("restart") is True
+    marker = _read_done(symbol_dir)
+    return marker.get("status") == RETRYING and marker.get("restart") is True
 
 
 def times_lost(symbol_dir: Path) -> int:
