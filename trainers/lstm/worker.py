@@ -655,14 +655,15 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         (job_dir / "symbols").mkdir(parents=True, exist_ok=True)
         if not (job_dir / "config.json").exists():
             atomic_write_json(job_dir / "config.json", cfgmod.to_dict(cfg))
-        # a new launch tries failed symbols again; a torchrun restart within one launch does not
-        if cfg.restart and ctx.restart_count == 0:  # (torchrun's restarts of this launch: not again)
+        starting_over = cfg.restart and ctx.restart_count == 0  # (torchrun's restarts of this launch: not again)
+        if starting_over:
             for symbol in plan.symbols:
                 jobqueue.mark_restart(symbol_dir(job_dir, symbol))
+        # a new launch tries failed symbols again; a torchrun restart within one launch does not
         pending, counts = jobqueue.pending_symbols(job_dir, plan.symbols, retry_failed=ctx.restart_count == 0)
         previous = read_results(job_dir).get("training", {})
         attempt = {"token": uuid.uuid4().hex[:12], "pending": pending, "counts": counts, "started_at": started_at,
-                   "elapsed_before_s": 0.0 if cfg.restart and ctx.restart_count == 0 else  # (--restart: a new budget)
+                   "elapsed_before_s": 0.0 if starting_over else  # (--restart: a new budget)
                    float(previous.get("elapsed_s_all_attempts") or 0.0), "devices": max(devices, 1)}
     attempt = broadcast_object(ctx, attempt)
     queue = jobqueue.JobQueue(jobqueue.open_store(ctx, cfg.collective_timeout_s), attempt["token"], attempt["pending"])
