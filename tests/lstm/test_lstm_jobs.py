@@ -327,6 +327,61 @@ def test_a_symbol_finished_after_the_summary_is_added_keeping_the_stop_that_skip
     assert "skipped" not in refresh_job_summary(job_dir, ["A", "B"])["evaluation"]  # (after `evaluate`: no stop)
 
 
+def test_the_mirrors_last_word_in_the_summary_waits_for_a_late_workers_rewrite(tmp_path):
+    """--remote: rank 0's mirror merges its state into results.json at the end while a worker left without a
+    store may be rewriting it (above); unlocked, the mirror's merge of a stale read could drop that worker's
+    symbol. It takes the job's summary lock, as the worker does, and keeps both."""
+    import logging
+    import threading
+
+    from trainers.lstm.summary import summary_lock
+    from trainers.runtime.remote import Mirror
+    from trainers.runtime.results import merge_results
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "results.json").write_text(json.dumps({"symbols": {"A": {"status": "pending"}}}))
+    mirror = Mirror(f"file://{tmp_path / 'bucket'}", job_dir, logging.getLogger("test")).start()
+    merged = {}
+    with summary_lock(job_dir):  # a late worker's rewrite in progress
+        finishing = threading.Thread(target=lambda: merged.update(
+            mirror.finish(5, None, results_lock=lambda: summary_lock(job_dir))))
+        finishing.start()
+        finishing.join(timeout=1.0)
+        assert finishing.is_alive(), "the mirror rewrote results.json under a worker's rewrite"
+        merge_results(job_dir, {"symbols": {"A": {"status": "ok"}}})
+    finishing.join(timeout=10)
+    on_disk = json.loads((job_dir / "results.json").read_text())
+    assert on_disk["symbols"]["A"]["status"] == "ok" and on_disk["remote"]["caught_up"] is True
+    assert merged == on_disk
+
+
+def test_an_lstm_job_hands_the_mirror_its_summary_lock(tmp_path, monkeypatch):
+    """The wiring of the test above: the job's own `mirror.finish` merges holding `<job>/.summary.lock`."""
+    import contextlib
+    import fcntl
+
+    from trainers.cli import main
+    from trainers.runtime.remote import Mirror
+
+    job_dir, held, original = tmp_path / "job", [], Mirror.finish
+
+    def finish(self, wait_s, merged, results_lock=contextlib.nullcontext):
+        if self.run_dir == job_dir:  # (each symbol's run mirrors its own folder, whose results are its own)
+            with results_lock(), open(job_dir / ".summary.lock", "a") as other:  # another open file: flocks conflict
+                try:
+                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held.append(False)
+                except BlockingIOError:
+                    held.append(True)
+        return original(self, wait_s, merged, results_lock)
+
+    monkeypatch.setattr(Mirror, "finish", finish)
+    args = ["lstm", "train", *TINY[:1], "2", *TINY[2:], "--remote", f"file://{tmp_path / 'volume'}/job"]
+    assert main([*args, "--run-dir", str(job_dir)]) == 0
+    assert held == [True]
+
+
 def test_a_launch_on_other_symbols_keeps_the_jobs_earlier_ones_in_its_summary(tmp_path):
     """`--symbols` may change between launches (the job grows): a launch on SYN002 once wrote a summary of SYN002
     alone, and `evaluate` and `export` then refused SYN000 ("not in this job"). Its stop reason and exit code are

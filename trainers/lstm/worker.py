@@ -47,7 +47,7 @@ from trainers.lstm.export_behind import STALL_S, STOPPING_STALL_S, ExportsBehind
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
 from trainers.lstm.size import cohort_size
-from trainers.lstm.summary import not_exported, refresh_job_summary, write_job_summary
+from trainers.lstm.summary import not_exported, refresh_job_summary, summary_lock, write_job_summary
 from trainers.lstm.wind_down import WindDown
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
@@ -722,7 +722,7 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
         log.warning("%d of %d workers did not report done%s; the summary shows what is on disk",
                     ctx.world_size - done, ctx.world_size,
                     f" within {jobqueue.GRACE_S:.0f} s of the signal" if signalled and not queue.lost else "")
-    results = mirror.finish(cfg.remote_wait_s, summary())
+    results = mirror.finish(cfg.remote_wait_s, summary(), results_lock=lambda: summary_lock(job_dir))
     counts = results["training"]["symbols_asked"]  # (the job's symbols from earlier launches are in the summary too)
     unexported = not_exported({s: results["symbols"][s] for s in plan.symbols})
     log.info("lstm: %d of %d symbols succeeded%s, %d failed, %d stopped, %d pending; stop reason %s; %s",

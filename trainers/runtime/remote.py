@@ -22,6 +22,7 @@ results.json what is still missing. A fresh machine resumes from the remote: tra
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -82,14 +83,16 @@ class Mirror:
         manager.mirror = self  # (its checkpoint and forget_checkpoints)
         self.sync()
 
-    def finish(self, wait_s: float, merged: dict | None) -> dict | None:
+    def finish(self, wait_s: float, merged: dict | None, results_lock=contextlib.nullcontext) -> dict | None:
         """The end of the run: the folder synced, at most `wait_s` for the mirror to catch up, then its
-        state in results.json (uploaded last). The merged results."""
+        state in results.json (uploaded last). The merged results. `results_lock`: held while results.json is
+        read and rewritten, where another process may rewrite it too (an LSTM job's late worker)."""
         from trainers.runtime.results import merge_results
 
         self.sync()
         lag = self.close(wait_s)
-        merged = merge_results(self.run_dir, {"remote": lag}, self.log.warning)
+        with results_lock():
+            merged = merge_results(self.run_dir, {"remote": lag}, self.log.warning)
         self.put_now("results.json")
         return merged
 
@@ -367,5 +370,5 @@ class NoMirror:
     def lag(self) -> None:
         return None
 
-    def finish(self, wait_s: float, merged: dict | None) -> dict | None:
+    def finish(self, wait_s: float, merged: dict | None, results_lock=None) -> dict | None:
         return merged
