@@ -679,9 +679,14 @@ def test_the_lstm_plan_counts_the_jobs_symbols_and_windows_as_the_job_finds_them
     ts = pd.date_range("2023-01-02", periods=6000, freq="h")
     close = 100 * np.exp(np.cumsum(np.random.default_rng(0).normal(0, 0.003, (5, len(ts))), axis=1))
     prices = tmp_path / "hourly.csv"
-    pd.concat([pd.DataFrame({"date": ts, "ticker": t, "close": close[i]}) for i, t in enumerate("ABCDE")]
+    broken = pd.DataFrame({"date": ts, "ticker": "F", "close": -1.0})  # no valid bar: the job leaves it out
+    pd.concat([*(pd.DataFrame({"date": ts, "ticker": t, "close": close[i]}) for i, t in enumerate("ABCDE")), broken]
               ).to_csv(prices, index=False)
     hourly = LstmConfig(source=f"file:{prices}", window=32)
     symbols, bars, base = job_shape(hourly)
     assert (symbols, bars, base.label) == (5, 6000, "1h")
     assert train_samples(hourly, bars, base) == trained(hourly) > 2 * 1391
+    later = LstmConfig(source=f"file:{prices}", window=32, start=str(ts[3000].date()))  # the job reads from there
+    symbols, bars, base = job_shape(later)
+    assert symbols == 5 and bars == len(prepare_job(later, log=lambda *_: None).bars["A"].ts) < 3100
+    assert train_samples(later, bars, base) == trained(later)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
+import sys
 from pathlib import Path
 
 from trainers.errors import UsageError
@@ -152,26 +154,21 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
     """(symbols, bars a symbol, the base bars' interval) as the job finds them (trainers.lstm.bars): those named
     (--symbols, --tickers-file), the synthetic count, the universe's members for yfinance (503 for sp500), else
     every symbol of the file or the cache; --years of daily bars (252 trading days a year), or what a file holds
-    (the median symbol's bars, at its own interval). The plan once counted the seed's three symbols for all but
-    --symbols and synthetic (a 500-symbol yfinance job priced as three) and calendar days of daily bars for
-    every source (a 6,000-bar hourly file as 2,520 days). --start/--end on a file are not counted."""
-    from trainers.lstm.bars import base_timeframe, requested_symbols
+    as the job loads it (validated, within --start/--end: the median symbol's bars, at its own interval). The plan
+    once counted the seed's three symbols for all but --symbols and synthetic (a 500-symbol yfinance job priced as
+    three), calendar days of daily bars for every source (a 6,000-bar hourly file as 2,520 days), and a file's raw
+    rows (symbols the job leaves out for bad bars, bars outside --start/--end)."""
+    from trainers.lstm.bars import requested_symbols
 
     daily = Timeframe(1, "d")
     if cfg.source == "synthetic" and cfg.symbols is None and cfg.tickers_file is None:
         return cfg.synthetic_tickers, cfg.synthetic_days, daily
     wanted = requested_symbols(cfg)
-    if cfg.source.startswith("file:"):
-        from trainers.market.sources import read_user_file
+    if cfg.source.startswith("file:"):  # read as the job reads it: validated, within --start/--end
+        from trainers.lstm.bars import load_bars
 
-        frame = read_user_file(cfg.source[len("file:"):], keep_time=True)
-        if wanted is not None:
-            frame = frame[frame["ticker"].isin(wanted)]
-        if frame.empty:
-            raise UsageError(f"--source {cfg.source} holds no bars of the symbols asked for: nothing to plan")
-        counts = frame.groupby("ticker", observed=True).size()
-        longest = frame[frame["ticker"] == counts.idxmax()]["date"].sort_values().to_numpy(dtype="datetime64[ns]")
-        return len(wanted or counts), int(counts.median()), base_timeframe(longest, str(counts.idxmax()))
+        bars, _ = load_bars(cfg, log=lambda line: print(line, file=sys.stderr))
+        return len(bars), int(statistics.median(len(b.ts) for b in bars.values())), next(iter(bars.values())).base
     bars = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * TRADING_DAYS)
     if wanted is not None:
         return len(wanted), bars, daily
