@@ -690,3 +690,31 @@ def test_the_lstm_plan_counts_the_jobs_symbols_and_windows_as_the_job_finds_them
     symbols, bars, base = job_shape(later)
     assert symbols == 5 and bars == len(prepare_job(later, log=lambda *_: None).bars["A"].ts) < 3100
     assert train_samples(later, bars, base) == trained(later)
+
+
+def test_the_lstm_plan_counts_daily_bars_between_the_dates_and_sp500_pit_members_over_their_membership(tmp_path):
+    """Daily bars: the plan counted ten years whatever --start/--end said, and every sp500-pit member with the whole
+    range's bars, where the job cuts each to its membership (trainers.lstm.job.point_in_time). Against the job's own
+    cut of a file of those members' weekday bars (the estimate counts a year's 252 trading days of 261 weekdays)."""
+    import numpy as np
+    import pandas as pd
+
+    from trainers.lstm.config import LstmConfig
+    from trainers.lstm.job import prepare_job
+    from trainers.lstm.size import job_shape
+
+    year = job_shape(LstmConfig(source="yfinance", start="2020-01-01", end="2021-01-01"))
+    assert year[0] == 503 and 250 <= year[1] <= 254  # (NYSE 2020: 253 sessions)
+    dates = dict(start="2015-01-01", end="2024-01-01")
+    names = "ABMD,ANET,AMG"  # joined 2018-05-31, left 2022-12-22; joined 2018-08-28; left 2019-12-23
+    symbols, estimate, _ = job_shape(LstmConfig(source="yfinance", universe="sp500-pit", symbols=names, **dates))
+    days = pd.bdate_range(dates["start"], dates["end"], inclusive="left")
+    close = 100 * np.exp(np.cumsum(np.random.default_rng(1).normal(0, 0.01, (3, len(days))), axis=1))
+    prices = tmp_path / "daily.csv"
+    pd.concat([pd.DataFrame({"date": days, "ticker": t, "close": close[i]}) for i, t in enumerate(names.split(","))]
+              ).to_csv(prices, index=False)
+    from_file = LstmConfig(source=f"file:{prices}", universe="sp500-pit", **dates)
+    job = prepare_job(from_file, log=lambda *_: None)
+    cut = np.mean([len(b.ts) for b in job.bars.values()])
+    assert job_shape(from_file) == (3, int(cut), job.bars["ANET"].base)
+    assert symbols == 3 and abs(estimate / cut - 1) < 0.05 and cut < 0.7 * len(days)

@@ -10,12 +10,15 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from trainers.errors import UsageError
 from trainers.lstm.config import LstmConfig, Timeframe, n_features
 from trainers.lstm.export_behind import exports_behind
 from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes_per_item
 
 TRADING_DAYS = 252  # daily bars a year (yfinance, the cache)
+WEEKDAYS = 365.25 * 5 / 7  # of which a year has about 261: the other 9 are exchange holidays
 SMALL_STEP_S = 0.003  # an eager step of a small model on a GPU: launches and Python, not FLOPs (assumed)
 # A symbol's own run outside its steps (folder and lock, evaluations and checkpoints, the final evaluation
 # and baselines, results): on the H100 (bench/results/gpu_h100/lstm_cohort_h100.json, 21fae23) 500 symbols
@@ -151,14 +154,16 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
 
 
 def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
-    """(symbols, bars a symbol, the base bars' interval) as the job finds them (trainers.lstm.bars): those named
-    (--symbols, --tickers-file), the synthetic count, the universe's members for yfinance (503 for sp500), else
-    every symbol of the file or the cache; --years of daily bars (252 trading days a year), or what a file holds
-    as the job loads it (validated, within --start/--end: the median symbol's bars, at its own interval). The plan
-    once counted the seed's three symbols for all but --symbols and synthetic (a 500-symbol yfinance job priced as
-    three), calendar days of daily bars for every source (a 6,000-bar hourly file as 2,520 days), and a file's raw
-    rows (symbols the job leaves out for bad bars, bars outside --start/--end)."""
+    """(symbols, bars a symbol on average, the base bars' interval) as the job finds them (trainers.lstm.bars):
+    those named (--symbols, --tickers-file), the synthetic count, the universe's members for yfinance (503 for
+    sp500), else every symbol of the file or the cache. Daily bars: the trading days between --start and --end
+    (else --years back from today); sp500-pit cuts each symbol to its membership (member_bars). A file: what it
+    holds as the job loads it (validated, within --start/--end, at its own interval). The plan once counted the
+    seed's three symbols for all but --symbols and synthetic (a 500-symbol yfinance job priced as three), calendar
+    days for every source (a 6,000-bar hourly file as 2,520 days), ten years whatever --start/--end said, a file's
+    raw rows (symbols the job leaves out for bad bars), and every sp500-pit member's whole history."""
     from trainers.lstm.bars import requested_symbols
+    from trainers.market.sources import DataRequest
 
     daily = Timeframe(1, "d")
     if cfg.source == "synthetic" and cfg.symbols is None and cfg.tickers_file is None:
@@ -166,10 +171,22 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
     wanted = requested_symbols(cfg)
     if cfg.source.startswith("file:"):  # read as the job reads it: validated, within --start/--end
         from trainers.lstm.bars import load_bars
+        from trainers.lstm.config import resolve_timeframes
+        from trainers.lstm.job import point_in_time
 
-        bars, _ = load_bars(cfg, log=lambda line: print(line, file=sys.stderr))
-        return len(bars), int(statistics.median(len(b.ts) for b in bars.values())), next(iter(bars.values())).base
-    bars = cfg.synthetic_days if cfg.source == "synthetic" else int((cfg.years or 10) * TRADING_DAYS)
+        warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
+        bars, _ = load_bars(cfg, log=warn)
+        base = next(iter(bars.values())).base
+        if cfg.universe == "sp500-pit":  # each symbol cut to its membership, as the job cuts it
+            bars, _ = point_in_time(bars, cfg, resolve_timeframes(cfg.timeframes, base), log=warn)
+        return len(bars), int(statistics.mean(len(b.ts) for b in bars.values())), base
+    if cfg.source == "synthetic":
+        return len(wanted), cfg.synthetic_days, daily
+    start, end = DataRequest(start=cfg.start, end=cfg.end, years=cfg.years).date_range()
+    if wanted is not None and cfg.universe == "sp500-pit":
+        symbols, bars = member_bars(cfg, wanted, start, end)
+        return symbols, bars, daily
+    bars = round(int(np.busday_count(start[:10], end[:10])) * TRADING_DAYS / WEEKDAYS)
     if wanted is not None:
         return len(wanted), bars, daily
     from trainers.market.fetch import PriceCache
@@ -179,6 +196,32 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
         raise UsageError(f"--cache-dir {cfg.cache_dir} holds no cached prices: nothing to plan (name --symbols, or "
                          f"plan --source yfinance)")
     return cached, bars, daily
+
+
+def member_bars(cfg: LstmConfig, symbols: list[str], start: str, end: str) -> tuple[int, int]:
+    """--universe sp500-pit on daily bars not yet fetched: (the symbols that were members between the dates, the
+    mean of their bars) as trainers.lstm.job.point_in_time will cut them: its membership's trading days, the history
+    its first sample reads before it and the horizon after, within the dates. The plan once counted every member
+    over ten years with the whole ten years of bars (862 symbols, most of them in the index for part of it)."""
+    import pandas as pd
+
+    from trainers.lstm.config import resolve_timeframes
+    from trainers.lstm.features import higher_history_bars
+    from trainers.market.pit import load_history, membership_mask
+    from trainers.market.windows import LOOKBACK
+
+    days = pd.bdate_range(start[:10], end[:10], inclusive="left")
+    member = membership_mask(load_history(), days, symbols)
+    inside = member.any(axis=0)
+    if not inside.any():
+        raise UsageError(f"--universe sp500-pit: none of the {len(symbols)} symbol(s) was in the S&P 500 between "
+                         f"{start[:10]} and {end[:10]}: nothing to plan")
+    first = member.argmax(axis=0)[inside]
+    last = len(days) - 1 - member[::-1].argmax(axis=0)[inside]
+    to_bars = TRADING_DAYS / WEEKDAYS  # weekdays to trading days
+    reach = cfg.window - 1 + LOOKBACK + higher_history_bars(resolve_timeframes(cfg.timeframes, Timeframe(1, "d")))
+    spans = np.minimum(np.round((last - first + 1) * to_bars) + reach + cfg.horizon, round(len(days) * to_bars))
+    return int(inside.sum()), int(spans.mean())
 
 
 def train_samples(cfg: LstmConfig, bars: int, base: Timeframe) -> int:
