@@ -718,3 +718,37 @@ def test_the_lstm_plan_counts_daily_bars_between_the_dates_and_sp500_pit_members
     cut = np.mean([len(b.ts) for b in job.bars.values()])
     assert job_shape(from_file) == (3, int(cut), job.bars["ANET"].base)
     assert symbols == 3 and abs(estimate / cut - 1) < 0.05 and cut < 0.7 * len(days)
+
+
+def test_the_forecasters_plan_counts_the_samples_of_the_tickers_and_dates_asked_for(tmp_path):
+    """It once counted 25 years of the 503 members for every real source: a two-ticker job, a two-year job or a
+    file were priced as the whole index's quarter century. A file is counted as the job loads it; yfinance, before
+    its fetch, from the trading days between the dates and the tickers asked for."""
+    import numpy as np
+    import pandas as pd
+
+    from trainers.forecast.config import ForecastConfig
+    from trainers.forecast.data import load_store
+    from trainers.forecast.size import training_samples, yfinance_shape
+    from trainers.market.windows import plan_splits
+
+    def train_dates(dates: int, cfg) -> int:
+        lo, hi = plan_splits(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1).ranges["train"]
+        return hi - lo
+
+    two = ForecastConfig(source="yfinance", tickers="AAPL,MSFT", start="2010-01-01", end="2020-01-01")
+    assert yfinance_shape(two)[1] == 2 and 2510 <= yfinance_shape(two)[0] <= 2530  # (NYSE: 2,516 sessions)
+    assert training_samples(two) == 2 * train_dates(yfinance_shape(two)[0], two)
+    index = ForecastConfig(source="yfinance", start="2010-01-01", end="2020-01-01")
+    assert training_samples(index) == 503 * train_dates(yfinance_shape(two)[0], index)
+    _, members = yfinance_shape(ForecastConfig(source="yfinance", universe="sp500-pit", start="2015-01-01",
+                                               end="2020-01-01"))
+    assert 480 < members < 510  # the index's members on an average day, not everyone who was ever in it
+    days = pd.bdate_range("2015-01-01", periods=900)
+    close = 100 * np.exp(np.cumsum(np.random.default_rng(2).normal(0, 0.01, (6, len(days))), axis=1))
+    prices = tmp_path / "daily.csv"
+    pd.concat([pd.DataFrame({"date": days, "ticker": t, "close": close[i]}) for i, t in enumerate("ABCDEF")]
+              ).to_csv(prices, index=False)
+    from_file = ForecastConfig(source=f"file:{prices}", window=20, horizon=5)
+    assert training_samples(from_file) == load_store(from_file, log=lambda *_: None)[0].stats["train"] > 0
+    assert training_samples(from_file) < 6 * train_dates(6300, from_file)  # (what it counted: 25 years)

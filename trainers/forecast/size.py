@@ -4,11 +4,12 @@ model.py, and the bytes autograd saves for backward, counted per sample (tested 
 
 from __future__ import annotations
 
+import sys
+
 from trainers.forecast.config import PRESETS, ForecastConfig, feature_names
+from trainers.market.sources import trading_days
 from trainers.market.windows import plan_splits
 from trainers.ops.plan import Workload
-
-SP500_MEMBERS = 503  # the shipped universe (trainers/market/sp500.csv)
 
 
 def activation_bytes_per_sample(window: int, n_features: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
@@ -34,14 +35,42 @@ def activation_bytes_per_sample(window: int, n_features: int, d_model: int, n_la
 
 
 def training_samples(cfg: ForecastConfig) -> int:
-    """About how many samples one epoch has (the real count depends on each ticker's history)."""
+    """The samples of one epoch. Data on this machine (a file, the cache) is loaded as the job loads it (validated,
+    within the dates, the point-in-time universe) and its training samples counted; yfinance, not fetched yet, is
+    estimated: the trading days between the dates (else --years back from today) times the tickers asked for (for
+    sp500-pit, the index's members on an average day of them). It once counted 25 years of the 503 members for every
+    real source, whatever --tickers or the dates said."""
     if cfg.source == "synthetic":
         dates, tickers = cfg.synthetic_days, cfg.synthetic_tickers
+    elif cfg.source == "cache" or cfg.source.startswith("file:"):
+        from dataclasses import replace
+
+        from trainers.forecast.data import load_store
+
+        store, _ = load_store(replace(cfg), log=lambda line: print(line, file=sys.stderr))  # (it pins features)
+        return store.stats["train"]
     else:
-        dates, tickers = int((cfg.years or 25.0) * 252), SP500_MEMBERS
+        dates, tickers = yfinance_shape(cfg)
     split = plan_splits(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1)
     start, stop = split.ranges["train"]
-    return (stop - start) * tickers
+    return round((stop - start) * tickers)
+
+
+def yfinance_shape(cfg: ForecastConfig) -> tuple[int, float]:
+    """(trading days, tickers a day) of a yfinance job before its fetch (see training_samples)."""
+    from trainers.forecast.data import data_request
+
+    request = data_request(cfg)
+    start, end = request.date_range()
+    dates = trading_days(start, end)
+    if cfg.universe != "sp500-pit":
+        return dates, len(request.tickers)
+    import pandas as pd
+
+    from trainers.market.pit import load_history, membership_mask
+
+    days = pd.bdate_range(start[:10], end[:10], inclusive="left")
+    return dates, float(membership_mask(load_history(), days, request.tickers).sum(axis=1).mean())
 
 
 def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
@@ -66,5 +95,5 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
         flops_per_item=model_flops(cfg, n_features),
         activation_bytes=lambda micro, _checkpointing: per_sample * micro, kind="transformer", strategies=("ddp",),
         items_total=float(samples * cfg.epochs), shape={"preset": cfg.preset, **vars(shape), "window": cfg.window},
-        notes=[f"one epoch is about {samples:,} samples ({'synthetic' if cfg.source == 'synthetic' else 'S&P 500'}"
-               f" data: the exact count depends on each ticker's history)"])
+        notes=[f"one epoch is {samples:,} samples" + (" (estimated before the fetch: the exact count depends on each "
+                                                      "ticker's history)" if cfg.source == "yfinance" else "")])

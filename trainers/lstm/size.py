@@ -17,8 +17,6 @@ from trainers.lstm.config import LstmConfig, Timeframe, n_features
 from trainers.lstm.export_behind import exports_behind
 from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes_per_item
 
-TRADING_DAYS = 252  # daily bars a year (yfinance, the cache)
-WEEKDAYS = 365.25 * 5 / 7  # of which a year has about 261: the other 9 are exchange holidays
 SMALL_STEP_S = 0.003  # an eager step of a small model on a GPU: launches and Python, not FLOPs (assumed)
 # A symbol's own run outside its steps (folder and lock, evaluations and checkpoints, the final evaluation
 # and baselines, results): on the H100 (bench/results/gpu_h100/lstm_cohort_h100.json, 21fae23) 500 symbols
@@ -163,7 +161,7 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
     days for every source (a 6,000-bar hourly file as 2,520 days), ten years whatever --start/--end said, a file's
     raw rows (symbols the job leaves out for bad bars), and every sp500-pit member's whole history."""
     from trainers.lstm.bars import requested_symbols
-    from trainers.market.sources import DataRequest
+    from trainers.market.sources import DataRequest, trading_days
 
     daily = Timeframe(1, "d")
     if cfg.source == "synthetic" and cfg.symbols is None and cfg.tickers_file is None:
@@ -186,7 +184,7 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
     if wanted is not None and cfg.universe == "sp500-pit":
         symbols, bars = member_bars(cfg, wanted, start, end)
         return symbols, bars, daily
-    bars = round(int(np.busday_count(start[:10], end[:10])) * TRADING_DAYS / WEEKDAYS)
+    bars = trading_days(start, end)
     if wanted is not None:
         return len(wanted), bars, daily
     from trainers.market.fetch import PriceCache
@@ -208,6 +206,7 @@ def member_bars(cfg: LstmConfig, symbols: list[str], start: str, end: str) -> tu
     from trainers.lstm.config import resolve_timeframes
     from trainers.lstm.features import higher_history_bars
     from trainers.market.pit import load_history, membership_mask
+    from trainers.market.sources import TRADING_DAYS, WEEKDAYS_A_YEAR
     from trainers.market.windows import LOOKBACK
 
     days = pd.bdate_range(start[:10], end[:10], inclusive="left")
@@ -218,7 +217,7 @@ def member_bars(cfg: LstmConfig, symbols: list[str], start: str, end: str) -> tu
                          f"{start[:10]} and {end[:10]}: nothing to plan")
     first = member.argmax(axis=0)[inside]
     last = len(days) - 1 - member[::-1].argmax(axis=0)[inside]
-    to_bars = TRADING_DAYS / WEEKDAYS  # weekdays to trading days
+    to_bars = TRADING_DAYS / WEEKDAYS_A_YEAR  # weekdays to sessions
     reach = cfg.window - 1 + LOOKBACK + higher_history_bars(resolve_timeframes(cfg.timeframes, Timeframe(1, "d")))
     spans = np.minimum(np.round((last - first + 1) * to_bars) + reach + cfg.horizon, round(len(days) * to_bars))
     return int(inside.sum()), int(spans.mean())

@@ -36,6 +36,8 @@ from trainers.market.validate import validate_long_table
 
 SOURCES = ("synthetic", "yfinance", "cache", "file:PATH")
 DEFAULT_YEARS = 25.0
+TRADING_DAYS = 252  # sessions a year of a US exchange (daily bars of yfinance, the cache)
+WEEKDAYS_A_YEAR = 365.25 * 5 / 7  # about 261, of which about 9 are exchange holidays
 
 
 def check_source(source: str) -> None:
@@ -67,6 +69,12 @@ class DataRequest:
         if start >= end:
             raise UsageError(f"--start {start} must be before --end {end}")
         return start, end
+
+
+def trading_days(start: str, end: str) -> int:
+    """About how many daily bars a US exchange has in [start, end) (the planner's count, before any fetch): the
+    weekdays less the year's holidays, pro rata."""
+    return round(len(pd.bdate_range(start[:10], end[:10], inclusive="left")) * TRADING_DAYS / WEEKDAYS_A_YEAR)
 
 
 def pin_date_range(cfg, saved: dict | None, request: Callable[[], DataRequest]) -> None:
