@@ -752,3 +752,26 @@ def test_the_forecasters_plan_counts_the_samples_of_the_tickers_and_dates_asked_
     from_file = ForecastConfig(source=f"file:{prices}", window=20, horizon=5)
     assert training_samples(from_file) == load_store(from_file, log=lambda *_: None)[0].stats["train"] > 0
     assert training_samples(from_file) < 6 * train_dates(6300, from_file)  # (what it counted: 25 years)
+
+
+def test_the_lstm_plan_counts_a_caches_symbols_and_bars_as_the_job_loads_them(tmp_path):
+    """The cache was counted as every ticker its index lists with ten years of bars each, however few it held."""
+    import dataclasses
+
+    from trainers.errors import UsageError
+    from trainers.lstm.config import LstmConfig
+    from trainers.lstm.job import fix_date_range, prepare_job
+    from trainers.lstm.size import job_shape
+    from trainers.market.fetch import PriceCache, fill_cache
+    from trainers.market.synthetic import synthetic_market
+
+    cache = PriceCache(tmp_path / "cache")
+    fill_cache(synthetic_market(3, 700, seed=1), cache, "synthetic(seed=1)", 100)
+    cfg = LstmConfig(source="cache", cache_dir=str(cache.root), window=16, start="2000-06-01", end="2003-01-01")
+    job_cfg = dataclasses.replace(cfg)
+    fix_date_range(job_cfg, None)  # what the job's first run does
+    job = prepare_job(job_cfg, log=lambda *_: None)
+    assert job_shape(cfg)[:2] == (3, len(job.bars["SYN000"].ts)) and 500 < len(job.bars["SYN000"].ts) < 700
+    empty = dataclasses.replace(cfg, cache_dir=str(tmp_path / "none"))
+    with pytest.raises(UsageError, match="holds no cached prices"):  # (one line, exit 2, from the CLI)
+        job_shape(empty)

@@ -8,7 +8,6 @@ import itertools
 import math
 import statistics
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -155,8 +154,8 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
     """(symbols, bars a symbol on average, the base bars' interval) as the job finds them (trainers.lstm.bars):
     those named (--symbols, --tickers-file), the synthetic count, the universe's members for yfinance (503 for
     sp500), else every symbol of the file or the cache. Daily bars: the trading days between --start and --end
-    (else --years back from today); sp500-pit cuts each symbol to its membership (member_bars). A file: what it
-    holds as the job loads it (validated, within --start/--end, at its own interval). The plan once counted the
+    (else --years back from today); sp500-pit cuts each symbol to its membership (member_bars). A file or the
+    cache: what it holds as the job loads it (validated, within the dates, at its own interval). The plan once counted the
     seed's three symbols for all but --symbols and synthetic (a 500-symbol yfinance job priced as three), calendar
     days for every source (a 6,000-bar hourly file as 2,520 days), ten years whatever --start/--end said, a file's
     raw rows (symbols the job leaves out for bad bars), and every sp500-pit member's whole history."""
@@ -167,12 +166,16 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
     if cfg.source == "synthetic" and cfg.symbols is None and cfg.tickers_file is None:
         return cfg.synthetic_tickers, cfg.synthetic_days, daily
     wanted = requested_symbols(cfg)
-    if cfg.source.startswith("file:"):  # read as the job reads it: validated, within --start/--end
+    if cfg.source.startswith("file:") or cfg.source == "cache":  # read as the job reads it: validated, dated
+        from dataclasses import replace
+
         from trainers.lstm.bars import load_bars
         from trainers.lstm.config import resolve_timeframes
-        from trainers.lstm.job import point_in_time
+        from trainers.lstm.job import fix_date_range, point_in_time
 
         warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
+        cfg = replace(cfg)
+        fix_date_range(cfg, None)  # (the cache's --years back from today, as a first run pins them)
         bars, _ = load_bars(cfg, log=warn)
         base = next(iter(bars.values())).base
         if cfg.universe == "sp500-pit":  # each symbol cut to its membership, as the job cuts it
@@ -181,19 +184,10 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
     if cfg.source == "synthetic":
         return len(wanted), cfg.synthetic_days, daily
     start, end = DataRequest(start=cfg.start, end=cfg.end, years=cfg.years).date_range()
-    if wanted is not None and cfg.universe == "sp500-pit":
+    if cfg.universe == "sp500-pit":
         symbols, bars = member_bars(cfg, wanted, start, end)
         return symbols, bars, daily
-    bars = trading_days(start, end)
-    if wanted is not None:
-        return len(wanted), bars, daily
-    from trainers.market.fetch import PriceCache
-
-    cached = len(PriceCache(Path(cfg.cache_dir)).metadata().get("tickers") or {})
-    if not cached:
-        raise UsageError(f"--cache-dir {cfg.cache_dir} holds no cached prices: nothing to plan (name --symbols, or "
-                         f"plan --source yfinance)")
-    return cached, bars, daily
+    return len(wanted), trading_days(start, end), daily  # (yfinance: the universe's members when none are named)
 
 
 def member_bars(cfg: LstmConfig, symbols: list[str], start: str, end: str) -> tuple[int, int]:
