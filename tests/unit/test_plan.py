@@ -723,7 +723,10 @@ def test_the_lstm_plan_counts_daily_bars_between_the_dates_and_sp500_pit_members
 def test_the_forecasters_plan_counts_the_samples_of_the_tickers_and_dates_asked_for(tmp_path):
     """It once counted 25 years of the 503 members for every real source: a two-ticker job, a two-year job or a
     file were priced as the whole index's quarter century. A file is counted as the job loads it; yfinance, before
-    its fetch, from the trading days between the dates and the tickers asked for."""
+    its fetch, from the trading days between the dates and the tickers asked for. A walk-forward (K runs) was
+    counted as one run."""
+    import dataclasses
+
     import numpy as np
     import pandas as pd
 
@@ -752,6 +755,14 @@ def test_the_forecasters_plan_counts_the_samples_of_the_tickers_and_dates_asked_
     from_file = ForecastConfig(source=f"file:{prices}", window=20, horizon=5)
     assert training_samples(from_file) == load_store(from_file, log=lambda *_: None)[0].stats["train"] > 0
     assert training_samples(from_file) < 6 * train_dates(6300, from_file)  # (what it counted: 25 years)
+    folds = dataclasses.replace(from_file, walk_forward=3)  # three runs, each on its own (growing) training range
+    trained = [load_store(dataclasses.replace(folds, fold=k), log=lambda *_: None)[0].stats["train"]
+               for k in range(3)]
+    assert training_samples(folds) == sum(trained) and trained[0] < trained[1] < trained[2]
+    assert training_samples(dataclasses.replace(folds, fold=1)) == trained[1]
+    synthetic = ForecastConfig(walk_forward=4)
+    assert training_samples(synthetic) == sum(load_store(dataclasses.replace(synthetic, fold=k), log=lambda *_: None)
+                                              [0].stats["train"] for k in range(4))
 
 
 def test_the_lstm_plan_counts_a_caches_symbols_and_bars_as_the_job_loads_them(tmp_path):

@@ -8,7 +8,7 @@ import sys
 
 from trainers.forecast.config import PRESETS, ForecastConfig, feature_names
 from trainers.market.sources import trading_days
-from trainers.market.windows import plan_splits
+from trainers.market.windows import plan_splits, plan_walk_forward
 from trainers.ops.plan import Workload
 
 
@@ -35,25 +35,29 @@ def activation_bytes_per_sample(window: int, n_features: int, d_model: int, n_la
 
 
 def training_samples(cfg: ForecastConfig) -> int:
-    """The samples of one epoch. Data on this machine (a file, the cache) is loaded as the job loads it (validated,
-    within the dates, the point-in-time universe) and its training samples counted; yfinance, not fetched yet, is
-    estimated: the trading days between the dates (else --years back from today) times the tickers asked for (for
-    sp500-pit, the index's members on an average day of them). It once counted 25 years of the 503 members for every
-    real source, whatever --tickers or the dates said."""
-    if cfg.source == "synthetic":
-        dates, tickers = cfg.synthetic_days, cfg.synthetic_tickers
-    elif cfg.source == "cache" or cfg.source.startswith("file:"):
+    """The samples of one epoch, summed over the folds the job trains (--walk-forward K: K runs, each on its own
+    training range; --fold k: that one). Data on this machine (a file, the cache) is loaded as the job loads it
+    (validated, within the dates, the point-in-time universe) and its training samples counted; yfinance, not
+    fetched yet, is estimated: the trading days between the dates (else --years back from today) times the tickers
+    asked for (for sp500-pit, the index's members on an average day of them). It once counted 25 years of the 503
+    members for every real source whatever --tickers or the dates said, and one run for a walk-forward."""
+    folds = [cfg.fold] if cfg.fold is not None else list(range(cfg.walk_forward)) or [None]
+    if cfg.source == "cache" or cfg.source.startswith("file:"):
         from dataclasses import replace
 
-        from trainers.forecast.data import load_store
+        from trainers.forecast.data import load_market, split_plan, store_from
 
-        store, _ = load_store(replace(cfg), log=lambda line: print(line, file=sys.stderr))  # (it pins features)
-        return store.stats["train"]
+        market = load_market(replace(cfg), log=lambda line: print(line, file=sys.stderr))  # (it pins features)
+        n_dates = len(market.arrays.dates)
+        return sum(store_from(market.arrays, split_plan(replace(cfg, fold=k), n_dates), cfg.target).stats["train"]
+                   for k in folds)
+    dates, tickers = (cfg.synthetic_days, cfg.synthetic_tickers) if cfg.source == "synthetic" else yfinance_shape(cfg)
+    if cfg.walk_forward:
+        plans = plan_walk_forward(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1, cfg.walk_forward)
+        spans = [plans[k].ranges["train"] for k in folds]
     else:
-        dates, tickers = yfinance_shape(cfg)
-    split = plan_splits(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1)
-    start, stop = split.ranges["train"]
-    return round((stop - start) * tickers)
+        spans = [plan_splits(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1).ranges["train"]]
+    return round(sum(stop - start for start, stop in spans) * tickers)
 
 
 def yfinance_shape(cfg: ForecastConfig) -> tuple[int, float]:
@@ -95,5 +99,8 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
         flops_per_item=model_flops(cfg, n_features),
         activation_bytes=lambda micro, _checkpointing: per_sample * micro, kind="transformer", strategies=("ddp",),
         items_total=float(samples * cfg.epochs), shape={"preset": cfg.preset, **vars(shape), "window": cfg.window},
-        notes=[f"one epoch is {samples:,} samples" + (" (estimated before the fetch: the exact count depends on each "
-                                                      "ticker's history)" if cfg.source == "yfinance" else "")])
+        notes=[f"one epoch is {samples:,} samples"
+               + (f" in all over the {cfg.walk_forward} folds (--walk-forward: each a run)"
+                  if cfg.walk_forward and cfg.fold is None else "")
+               + (" (estimated before the fetch: the exact count depends on each ticker's history)"
+                  if cfg.source == "yfinance" else "")])
