@@ -733,6 +733,8 @@ def test_the_forecasters_plan_counts_the_samples_of_the_tickers_and_dates_asked_
     from trainers.forecast.config import ForecastConfig
     from trainers.forecast.data import load_store
     from trainers.forecast.size import training_samples, yfinance_shape
+    from trainers.market.fetch import PriceCache, fill_cache
+    from trainers.market.synthetic import synthetic_market
     from trainers.market.windows import plan_splits
 
     def train_dates(dates: int, cfg) -> int:
@@ -741,9 +743,9 @@ def test_the_forecasters_plan_counts_the_samples_of_the_tickers_and_dates_asked_
 
     two = ForecastConfig(source="yfinance", tickers="AAPL,MSFT", start="2010-01-01", end="2020-01-01")
     assert yfinance_shape(two)[1] == 2 and 2510 <= yfinance_shape(two)[0] <= 2530  # (NYSE: 2,516 sessions)
-    assert training_samples(two) == 2 * train_dates(yfinance_shape(two)[0], two)
+    assert training_samples(two) == (2 * train_dates(yfinance_shape(two)[0], two), True)
     index = ForecastConfig(source="yfinance", start="2010-01-01", end="2020-01-01")
-    assert training_samples(index) == 503 * train_dates(yfinance_shape(two)[0], index)
+    assert training_samples(index) == (503 * train_dates(yfinance_shape(two)[0], index), True)
     _, members = yfinance_shape(ForecastConfig(source="yfinance", universe="sp500-pit", start="2015-01-01",
                                                end="2020-01-01"))
     assert 480 < members < 510  # the index's members on an average day, not everyone who was ever in it
@@ -753,16 +755,24 @@ def test_the_forecasters_plan_counts_the_samples_of_the_tickers_and_dates_asked_
     pd.concat([pd.DataFrame({"date": days, "ticker": t, "close": close[i]}) for i, t in enumerate("ABCDEF")]
               ).to_csv(prices, index=False)
     from_file = ForecastConfig(source=f"file:{prices}", window=20, horizon=5)
-    assert training_samples(from_file) == load_store(from_file, log=lambda *_: None)[0].stats["train"] > 0
-    assert training_samples(from_file) < 6 * train_dates(6300, from_file)  # (what it counted: 25 years)
+    assert training_samples(from_file) == (load_store(from_file, log=lambda *_: None)[0].stats["train"], False)
+    assert 0 < training_samples(from_file)[0] < 6 * train_dates(6300, from_file)  # (what it counted: 25 years)
     folds = dataclasses.replace(from_file, walk_forward=3)  # three runs, each on its own (growing) training range
     trained = [load_store(dataclasses.replace(folds, fold=k), log=lambda *_: None)[0].stats["train"]
                for k in range(3)]
-    assert training_samples(folds) == sum(trained) and trained[0] < trained[1] < trained[2]
-    assert training_samples(dataclasses.replace(folds, fold=1)) == trained[1]
+    assert training_samples(folds)[0] == sum(trained) and trained[0] < trained[1] < trained[2]
+    assert training_samples(dataclasses.replace(folds, fold=1))[0] == trained[1]
     synthetic = ForecastConfig(walk_forward=4)
-    assert training_samples(synthetic) == sum(load_store(dataclasses.replace(synthetic, fold=k), log=lambda *_: None)
+    assert training_samples(synthetic)[0] == sum(load_store(dataclasses.replace(synthetic, fold=k), log=lambda *_: None)
                                               [0].stats["train"] for k in range(4))
+    # the deploy's check plans its cache before its data phase fills it: estimated as that fetch, not refused
+    empty = dataclasses.replace(index, source="cache", cache_dir=str(tmp_path / "cache"))
+    assert training_samples(empty) == training_samples(index) and not (tmp_path / "cache").exists()
+    cache = PriceCache(tmp_path / "cache")
+    fill_cache(synthetic_market(6, 900, seed=2), cache, "synthetic(seed=2)", 100)
+    filled = dataclasses.replace(from_file, source="cache", cache_dir=str(cache.root), start="1999-01-01",
+                                 end="2010-01-01")
+    assert training_samples(filled) == (load_store(filled, log=lambda *_: None)[0].stats["train"], False)
 
 
 def test_the_lstm_plan_counts_a_caches_symbols_and_bars_as_the_job_loads_them(tmp_path):

@@ -34,15 +34,16 @@ def activation_bytes_per_sample(window: int, n_features: int, d_model: int, n_la
     return (compute + masks) * compute_bytes + fp32 * 4
 
 
-def training_samples(cfg: ForecastConfig) -> int:
-    """The samples of one epoch, summed over the folds the job trains (--walk-forward K: K runs, each on its own
-    training range; --fold k: that one). Data on this machine (a file, the cache) is loaded as the job loads it
-    (validated, within the dates, the point-in-time universe) and its training samples counted; yfinance, not
-    fetched yet, is estimated: the trading days between the dates (else --years back from today) times the tickers
-    asked for (for sp500-pit, the index's members on an average day of them). It once counted 25 years of the 503
+def training_samples(cfg: ForecastConfig) -> tuple[int, bool]:
+    """(the samples of one epoch, whether estimated), summed over the folds the job trains (--walk-forward K: K runs,
+    each on its own training range; --fold k: that one). Data on this machine (a file, a cache that holds prices)
+    is loaded as the job loads it (validated, within the dates, the point-in-time universe) and its training
+    samples counted. Data not fetched yet (yfinance; the deploy's cache, which its data phase fills after this
+    check) is estimated: the trading days between the dates (else --years back from today) times the tickers
+    asked for (the universe's; for sp500-pit, its members on an average day). It once counted 25 years of the 503
     members for every real source whatever --tickers or the dates said, and one run for a walk-forward."""
     folds = [cfg.fold] if cfg.fold is not None else list(range(cfg.walk_forward)) or [None]
-    if cfg.source == "cache" or cfg.source.startswith("file:"):
+    if cfg.source.startswith("file:") or (cfg.source == "cache" and holds_prices(cfg.cache_dir)):
         from dataclasses import replace
 
         from trainers.forecast.data import load_market, split_plan, store_from
@@ -50,14 +51,27 @@ def training_samples(cfg: ForecastConfig) -> int:
         market = load_market(replace(cfg), log=lambda line: print(line, file=sys.stderr))  # (it pins features)
         n_dates = len(market.arrays.dates)
         return sum(store_from(market.arrays, split_plan(replace(cfg, fold=k), n_dates), cfg.target).stats["train"]
-                   for k in folds)
-    dates, tickers = (cfg.synthetic_days, cfg.synthetic_tickers) if cfg.source == "synthetic" else yfinance_shape(cfg)
+                   for k in folds), False
+    if cfg.source == "synthetic":
+        dates, tickers = cfg.synthetic_days, cfg.synthetic_tickers
+    else:  # (an empty cache: what a yfinance fetch of the same options fills it with)
+        from dataclasses import replace
+
+        dates, tickers = yfinance_shape(replace(cfg, source="yfinance"))
     if cfg.walk_forward:
         plans = plan_walk_forward(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1, cfg.walk_forward)
         spans = [plans[k].ranges["train"] for k in folds]
     else:
         spans = [plan_splits(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1).ranges["train"]]
-    return round(sum(stop - start for start, stop in spans) * tickers)
+    return round(sum(stop - start for start, stop in spans) * tickers), cfg.source != "synthetic"
+
+
+def holds_prices(cache_dir: str) -> bool:
+    from pathlib import Path
+
+    from trainers.market.fetch import PriceCache
+
+    return bool(PriceCache(Path(cache_dir)).metadata().get("tickers"))
 
 
 def yfinance_shape(cfg: ForecastConfig) -> tuple[int, float]:
@@ -92,7 +106,7 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
     per_sample = activation_bytes_per_sample(cfg.window, n_features, shape.d_model, shape.n_layers, shape.n_heads,
                                              shape.d_ff, cfg.dropout, compute_bytes, cfg.readout, cfg.linear_skip,
                                              cfg.past_returns, cfg.encoder)
-    samples = training_samples(cfg)
+    samples, estimated = training_samples(cfg)
     return Workload(
         trainer="forecast", parameters=parameters, n_blocks=len(blocks), block_parameters=block, unit="samples",
         items_per_micro=cfg.batch_size, grad_accum=cfg.grad_accum,
@@ -103,4 +117,4 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
                + (f" in all over the {cfg.walk_forward} folds (--walk-forward: each a run)"
                   if cfg.walk_forward and cfg.fold is None else "")
                + (" (estimated before the fetch: the exact count depends on each ticker's history)"
-                  if cfg.source == "yfinance" else "")])
+                  if estimated else "")])
