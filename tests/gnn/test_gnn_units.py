@@ -175,6 +175,27 @@ def test_a_dataset_is_never_overwritten_in_place_and_a_failed_generation_leaves_
     assert GraphSplit(out, "train").fingerprint == second["fingerprint"]
 
 
+def test_a_folder_holding_anything_but_a_dataset_is_never_replaced(tmp_path, monkeypatch, capsys):
+    """The dataset replaces its --out folder whole (above): a folder of notes, or a training run given by mistake,
+    was deleted, with or without --overwrite; `--out .` swapped the shell's own folder away."""
+    kept = tmp_path / "notes"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("important")
+    dataset = tmp_path / "d"
+    write_dataset(dataset, 6, 2, seed=1, min_nodes=10, max_nodes=20, workers=1, progress=False)
+    (dataset / "results.json").write_text("{}")  # a run's file beside the dataset's
+    for folder in (kept, dataset):
+        for overwrite in ([], ["--overwrite"]):
+            assert main(["gnn", "data", "--out", str(folder), "--train", "2", "--val", "1", "--max-nodes", "20",
+                         "--no-progress", *overwrite]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and "holds files that are not a graph dataset" in err[0]
+    assert (kept / "notes.txt").read_text() == "important" and (dataset / "results.json").is_file()
+    monkeypatch.chdir(dataset)
+    assert main(["gnn", "data", "--out", ".", "--train", "2", "--val", "1", "--no-progress"]) == 2
+    assert "is the current folder" in capsys.readouterr().err and (dataset / "metadata.json").is_file()
+
+
 def test_a_header_cannot_claim_more_nodes_than_its_file_could_hold(tmp_path):
     import time
 

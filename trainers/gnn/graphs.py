@@ -286,6 +286,7 @@ def write_dimacs(g: Graph, path: str | Path) -> None:
 # ---- the on-disk dataset ---------------------------------------------------------------------------------
 
 FAMILIES = ("er", "rgg", "planted", "ba")
+DATASET_FILE = re.compile(r"(train|val)_[a-z_]+\.npy")  # a generated dataset's arrays, beside its metadata.json
 
 
 def random_graph(index: int, seed: int, min_nodes: int, max_nodes: int, dense: float = 0.0) -> Graph:
@@ -357,15 +358,22 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
     if min(n_train, n_val) < 1 or not 2 <= min_nodes <= max_nodes:
         raise UsageError(f"need >= 1 train and val graph and 2 <= --min-nodes <= --max-nodes "
                          f"(got {n_train}, {n_val}, {min_nodes}, {max_nodes})")
-    out = Path(out)
+    shown, out = out, Path(os.path.abspath(out))
     if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} is a file, not a folder")
+        raise UsageError(f"--out {shown} is a file, not a folder")
+    if Path.cwd().is_relative_to(out):  # (`--out .`: the folder is swapped for a new one whole)
+        raise UsageError(f"--out {shown} is the current folder or holds it, and the dataset replaces its folder "
+                         f"whole; give a folder of its own, e.g. --out graphs")
     check_folder_writable(out, "--out")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with FolderLock(out.parent, "--out", lock_name=f".{out.name}.lock", shown=out):
+    with FolderLock(out.parent, "--out", lock_name=f".{out.name}.lock", shown=shown):
+        others = not_dataset_files(out)
+        if others:  # the folder is swapped out whole and deleted: never one that holds anything else
+            raise UsageError(f"--out {shown} holds files that are not a graph dataset ({', '.join(others[:3])}"
+                             f"{' ...' if len(others) > 3 else ''}); give a new or empty folder")
         if (out / "metadata.json").exists() and not overwrite:
-            raise UsageError(f"--out {out} already holds a graph dataset; use it as it is (--data-dir {out}), pick "
-                             f"another --out, or add --overwrite (runs that used it will refuse to resume)")
+            raise UsageError(f"--out {shown} already holds a graph dataset; use it as it is (--data-dir {shown}), "
+                             f"pick another --out, or add --overwrite (runs that used it will refuse to resume)")
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
         try:
             with full_disk_named(out):  # a full volume: one line naming it, not numpy's traceback
@@ -402,6 +410,14 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
             if staging.exists():
                 shutil.rmtree(staging)
     return meta
+
+
+def not_dataset_files(folder: Path) -> list[str]:
+    """What `folder` holds besides a graph dataset's files (metadata.json, <split>_<array>.npy), sorted."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir()
+                  if not (p.is_file() and (p.name == "metadata.json" or DATASET_FILE.fullmatch(p.name))))
 
 
 def dataset_fingerprint(root: Path) -> str:
