@@ -190,6 +190,21 @@ def test_sigterm_on_one_rank_stops_all_with_a_checkpoint_then_resumes(name, work
     assert_equal_to_reference(c, r, ref)
 
 
+@pytest.mark.parametrize("name", ["forecast", "gnn"])  # (their loops count epochs of an EpochCursor's steps)
+def test_a_resume_on_more_ranks_trains_the_epoch_it_restarts_and_every_one_after(name, workdir):
+    """Another world size cannot map the ranks' data positions: rank 0's epoch starts again, at this world's steps
+    an epoch. The loops counted `epochs x steps an epoch` from the saved step: resumed on 2 ranks after 3 steps on
+    one, a run ended an epoch short and called it completed."""
+    c = CONTRACTS[name]
+    run_dir = workdir / f"{name}-more-ranks"
+    args = [name, "train", *c.args, *c.prepare(workdir), "--run-dir", str(run_dir)]
+    run_cli(args, env={"TRAINERS_FAULT": "sigterm@rank0:step3"}, check=True)  # one process
+    assert read_results(run_dir)["training"]["steps"] == 3
+    run_torchrun(args)
+    r = read_results(run_dir)["training"]
+    assert r["stop_reason"] == "completed" and r["steps"] == r["total_steps"] == 3 + c.steps  # c.steps: 2 ranks'
+
+
 @pytest.mark.parametrize("name", CONTRACTS)
 def test_external_sigterm_exits_zero_well_inside_the_grace_period(name, workdir):
     c = CONTRACTS[name]

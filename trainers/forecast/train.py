@@ -42,7 +42,7 @@ from trainers.runtime.precision import (
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import read_results
 from trainers.runtime.run import Run
-from trainers.runtime.sampling import EpochCursor
+from trainers.runtime.sampling import EpochCursor, steps_left
 from trainers.runtime.schedule import build_scheduler
 from trainers.runtime.stops import StopReason
 
@@ -156,9 +156,12 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
         log.info("schedule: %d steps per epoch, %d steps total, global batch %d", cursor.steps_per_epoch, total_steps,
                  cfg.batch_size * cfg.grad_accum * ctx.world_size)
 
-        start = run.resume()
+        at = lambda s: EpochCursor.start(s.position, s.position_rank0)  # noqa: E731
+        cap = lambda s: float("inf") if cfg.max_steps is None else cfg.max_steps - s.step  # noqa: E731
+        start = run.resume(lambda s: min(steps_left(cursor.steps_per_epoch, cfg.epochs, at(s)), cap(s)))
         cursor = EpochCursor(n_train, ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed,
-                             device=ctx.device, **EpochCursor.start(start.position, start.position_rank0))
+                             device=ctx.device, **at(start))
+        total_steps = run.total_steps
         if not start.resumed:
             run.evaluated(0, validation_loss(model, store, ctx, cfg.eval_batch_size), initial=True)
         train_step = ddp = TrainStep(model)

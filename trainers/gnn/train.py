@@ -31,6 +31,7 @@ from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap
 from trainers.runtime.precision import build_adamw, compile_facts, enable_tf32, maybe_compile
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.run import Run
+from trainers.runtime.sampling import steps_left
 from trainers.runtime.stops import StopReason
 from trainers.runtime.written import write_result
 
@@ -83,9 +84,11 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                      "of about %d nodes per rank", f"{n_params:,}", ctx.world_size, ctx.device.type,
                      ", TF32" if tf32 else "", len(train_split), int(train_split.nodes.sum()), len(val_split),
                      cursor.steps_per_epoch, cfg.nodes_per_batch)
-        start = run.resume()
+        at = lambda s: NodeBudgetCursor.start(s.position, s.position_rank0)  # noqa: E731
+        start = run.resume(lambda s: steps_left(cursor.steps_per_epoch, cfg.epochs, at(s)))
+        total_steps = run.total_steps
         cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed,
-                                  **NodeBudgetCursor.start(start.position, start.position_rank0))
+                                  **at(start))
         train_model = wrap_ddp(model, ctx) if ctx.distributed else model
         # the steps left decide (a resume near the end compiles nothing); the same on every rank
         compiled, compile_why = compiles(cfg.compile, device_mod.gpu_like(ctx.device, cfg.gpu_defaults),

@@ -55,8 +55,7 @@ class Run:
         self.total_steps, self.run_dir = total_steps, Path(cfg.run_dir)
         self.clock = ThroughputClock(unit, ctx.device, ctx.world_size, flops_per_item, started_at or time.time())
         self.budget_from = self.clock.started_at if budget_includes_startup else None  # the budget's clock starts there
-        self.step, self.reason, self._metric_to_save = 0, StopReason.NONE, None  # (step, value, save it at that step)
-        self._exit = contextlib.ExitStack()
+        self.step, self.reason, self._metric_to_save, self._exit = 0, StopReason.NONE, None, contextlib.ExitStack()
 
     def __enter__(self) -> "Run":
         lock = take_run_folder(self.run_dir, self.ctx, self.trainer, self.data_fingerprint, self.cfg.restart)
@@ -82,9 +81,7 @@ class Run:
     def __exit__(self, *exc) -> None:
         self._exit.close()  # the lock, the metrics, the signal handlers, the bar
 
-    @property
-    def signal_name(self) -> str | None:
-        return self.stopper.signal_name
+    signal_name = property(lambda self: self.stopper.signal_name)  # (str | None)
 
     def request_stop(self, reason: StopReason, signal_name: str | None = None) -> None:  # agreed at the next agreement
         self.stopper.request(reason, signal_name)
@@ -92,8 +89,9 @@ class Run:
     def quiet_progress(self) -> None:  # no progress bar (several runs side by side would interleave on the terminal)
         self.steps.quiet()
 
-    def resume(self) -> Start:
-        """Collective: the newest checkpoint into `states`, the counters, this rank's RNG (fresh: seeded); Start.ended."""
+    def resume(self, steps_left: Callable[[Start], int] | None = None) -> Start:
+        """Collective: the newest checkpoint into `states`, the counters, this rank's RNG (fresh: seeded); Start.ended.
+        `steps_left(start)`: the loop's steps from there, `total_steps` then (sampling.steps_left says why)."""
         if self.cfg.restart:  # its elapsed time is the old run's
             self.heartbeat.clear()
         start, saved = self.ckpt.resume(self.states, self.sharded_states, self.cfg.restart, self.cfg.seed, self.log)
@@ -103,6 +101,8 @@ class Run:
             if self.val.early.should_stop:  # (a killed evaluation or export, or a cohort's member before its done.json)
                 start.ended, self.reason = True, StopReason.EARLY_STOP
         self.step = start.step
+        if steps_left is not None:
+            self.total_steps = self.heartbeat.total_steps = start.step + max(0, steps_left(start))
         self.steps.start(start.step, self.total_steps)
         self.clock.start()
         return start

@@ -56,6 +56,14 @@ class EpochPlan:
         return self._offsets[step]
 
 
+def steps_left(steps_per_epoch: int, epochs: int, start: dict) -> int:
+    """A loop's steps from a cursor's start (`EpochCursor.start`'s keywords) to the end of `epochs` (Run.resume).
+    A resume on another world size starts rank 0's epoch again at this world's steps an epoch: the loops counted
+    `epochs x steps an epoch` from the saved step, and a run resumed on more ranks ended an epoch early, "completed"
+    (on fewer, it trained part of an epoch more)."""
+    return (epochs - start.get("epoch", 0)) * steps_per_epoch - start.get("step_in_epoch", 0)
+
+
 class EpochCursor:
     """Where this rank stands in the epoch-by-epoch walk over a dataset, as a value the loop
     advances explicitly (no hidden rollover) and the checkpoint saves.
