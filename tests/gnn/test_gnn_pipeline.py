@@ -2,6 +2,7 @@
 (without torch, and fine-tuned per instance with it) -> tarball."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -49,6 +50,15 @@ def test_two_rank_training_to_onnx_table_and_color_cli(tmp_path, capsys):
     (run / "results.md").unlink()
     assert main(["gnn", "evaluate", "--run-dir", str(run)]) == 0  # in-process: this test's time is CI's
     assert json.loads(capsys.readouterr().out)["val"]["all_valid"] and (run / "results.md").exists()
+    other = tmp_path / "other"  # a dataset regenerated where the run's was: evaluated, it once wrote other graphs'
+    shutil.copytree(data, other)  # figures into the run's results
+    run_cli(["gnn", "data", "--out", str(data), "--train", "8", "--val", "2", "--max-nodes", "30", "--overwrite",
+             "--no-progress"], check=True)
+    before = (run / "results.json").read_bytes()
+    assert main(["gnn", "evaluate", "--run-dir", str(run)]) == 2
+    assert "was trained on other data" in capsys.readouterr().err and (run / "results.json").read_bytes() == before
+    shutil.rmtree(data)
+    other.rename(data)
 
     run_cli(["gnn", "export", "--run-dir", str(run)], check=True)
     info = json.loads((run / "export.json").read_text())

@@ -237,6 +237,23 @@ def test_a_resume_on_a_corpus_with_another_vocabulary_is_refused_untouched(fsdp_
     assert tree(tmp_path) == before
 
 
+def test_evaluate_refuses_a_corpus_edited_since_the_run_trained_on_it(tmp_path, capsys):
+    """`evaluate` reads --data again: the same characters in other text passed the vocabulary check, and the run's
+    results got an evaluation on text it never saw."""
+    corpus, run_dir = tmp_path / "corpus.txt", tmp_path / "run"
+    lines = [f"line {i} of the text, said plainly.\n" for i in range(2000)]
+    corpus.write_text("".join(lines))
+    assert main(["gpt", "train", *GPT_TINY, "--data", str(corpus), "--max-steps", "2", "--batch-tokens", "256",
+                 "--run-dir", str(run_dir), "--cache-dir", str(tmp_path / "cache")]) == 0
+    capsys.readouterr()
+    corpus.write_text("".join(reversed(lines)))  # the same vocabulary
+    before = (run_dir / "results.json").read_bytes()
+    assert main(["gpt", "evaluate", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was trained on other data" in err[0] and "holds other text now" in err[0], err
+    assert (run_dir / "results.json").read_bytes() == before
+
+
 def test_a_wall_clock_budget_holds_the_whole_process_with_checkpoint_and_results(tmp_path):
     """--max-hours 0.004 (14.4 s) counts from the process's start (imports, data, model): training stops
     early enough that the final checkpoint, the evaluation and results.json are written, and the

@@ -20,7 +20,13 @@ from trainers.gnn.graphs import Graph, GraphSplit, benchmark_set
 from trainers.gnn.size import CPU_NODES
 from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_sum, pick_device
 from trainers.runtime.results import merge_results
-from trainers.runtime.rundir import exclusive, load_checkpoint_states, load_run_config, single_process_context
+from trainers.runtime.rundir import (
+    check_data_unchanged,
+    exclusive,
+    load_checkpoint_states,
+    load_run_config,
+    single_process_context,
+)
 from trainers.runtime.written import write_result
 
 EVAL_SEED = 10_000  # random node features at evaluation: fixed, so every evaluation is comparable
@@ -175,6 +181,8 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "cpu") ->
     cfg = load_run_config(run_dir, GnnConfig)
     dev = pick_device(0, device)
     with exclusive(run_dir):
+        check_data_unchanged(run_dir, GraphSplit(Path(cfg.data_dir), "train").fingerprint, instead=(
+            f"{cfg.data_dir} was regenerated since; its evaluation needs the dataset it trained on there"))
         step, states = load_checkpoint_states(run_dir, checkpoint, str(dev))
         model = build_model(cfg).to(dev)
         model.load_state_dict(states["model"])

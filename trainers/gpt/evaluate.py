@@ -23,7 +23,7 @@ from trainers.runtime.dist import DistContext, all_reduce_sum
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.precision import Precision, autocast, precision_for
 from trainers.runtime.results import merge_results
-from trainers.runtime.rundir import exclusive
+from trainers.runtime.rundir import check_data_unchanged, exclusive
 
 LN2 = math.log(2)
 
@@ -118,6 +118,8 @@ def evaluate_run(run_dir: Path, checkpoint: str = "best", eval_tokens: int | Non
     cfg, model = loaded.cfg, loaded.model
     corpus = loaded.corpus
     with exclusive(run_dir):
+        check_data_unchanged(run_dir, corpus.fingerprint, instead=f"--data {cfg.data} holds other text now; its "
+                             f"evaluation needs the text the run trained on")
         ctx = DistContext(0, 0, 1, 1, loaded.device, None)
         train_np, val_np = corpus.split(cfg.val_frac)
         tokens = eval_tokens or cfg.eval_tokens

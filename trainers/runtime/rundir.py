@@ -191,11 +191,13 @@ class Heartbeat:
         self.path.unlink(missing_ok=True)
 
 
-def check_data_unchanged(run_dir: Path, fingerprint: str | None, restart: bool = False) -> None:
+def check_data_unchanged(run_dir: Path, fingerprint: str | None, restart: bool = False,
+                         instead: str = "resume with the data it started with, or use a new --run-dir") -> None:
     """A run trains on one dataset: a resume whose data fingerprint differs from the one the run
     started with is refused (its positions and checkpoints index into the old data), and so is one
     whose record is unreadable or gone while checkpoints remain (the data could have changed
-    unseen). `--restart` starts over on whatever data it is given."""
+    unseen). `--restart` starts over on whatever data it is given. `instead`: what the user can do (an
+    evaluation: give it the data the run trained on)."""
     if fingerprint is None or restart:
         return
     path = Path(run_dir) / DATA_RECORD
@@ -215,4 +217,4 @@ def check_data_unchanged(run_dir: Path, fingerprint: str | None, restart: bool =
                          f"start over with --restart") from None
     if saved != fingerprint:
         raise UsageError(f"--run-dir {run_dir} was trained on other data (fingerprint {saved[:12]}..., now "
-                         f"{fingerprint[:12]}...); resume with the data it started with, or use a new --run-dir")
+                         f"{fingerprint[:12]}...); {instead}")
