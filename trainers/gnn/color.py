@@ -19,7 +19,8 @@ from trainers.gnn.config import N_DEGREE_FEATURES
 from trainers.gnn.decode import color_with_model
 from trainers.gnn.features import color_mask, node_features
 from trainers.gnn.graphs import conflicts, read_graph
-from trainers.runtime.files import sha256_file
+from trainers.runtime.config import check_folder_writable
+from trainers.runtime.files import atomic_write, sha256_file
 
 
 def read_export(model_path: Path) -> dict:
@@ -93,6 +94,17 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def check_output(output: Path, graph: Path) -> None:
+    """Before the search (seconds to minutes): --output must be a file we can write, and not the graph read."""
+    if output.is_dir():
+        raise UsageError(f"--output {output} is a folder; give a file name, e.g. {output / 'coloring.txt'}")
+    if output.resolve() == graph.resolve():
+        raise UsageError(f"--output {output} is the --graph it colours; give another file")
+    if not output.resolve().parent.is_dir():
+        raise UsageError(f"--output {output}: its folder {output.resolve().parent} does not exist")
+    check_folder_writable(output.resolve().parent, "--output")
+
+
 def color_file(model_path: str, graph_path: str, output: str | None = None, seed: int = 0,
                search_iters: int | None = None, search_seconds: float = 10.0, finetune_steps: int = 0,
                finetune_restarts: int = 3, search: str = "tabu", population: int = 32, device: str = "cpu",
@@ -100,6 +112,8 @@ def color_file(model_path: str, graph_path: str, output: str | None = None, seed
     import onnxruntime as ort
 
     t0 = time.perf_counter()
+    if output:
+        check_output(Path(output), Path(graph_path))
     model_path = Path(model_path)
     info = read_export(model_path)
     if search == "population":
@@ -153,7 +167,7 @@ def color_file(model_path: str, graph_path: str, output: str | None = None, seed
                                                     search_iters, search_seconds, seed)
         report["colors"] = int(color.max()) + 1
     if output:
-        Path(output).write_text("".join(f"{v} {c}\n" for v, c in enumerate(color)))
+        atomic_write(Path(output), lambda f: f.write("".join(f"{v} {c}\n" for v, c in enumerate(color))), mode="w")
     report.update(graph=g.name, conflicts=conflicts(g.edges, color), output=output)
     report["seconds"]["total"] = round(time.perf_counter() - t0, 4)
     return report
