@@ -221,3 +221,31 @@ def test_evaluate_and_export_wait_for_the_run_folder_and_a_moved_folder_resumes(
     assert main([*args, "--run-dir", "./elsewhere"]) == 0  # resumed (nothing left to train), not refused
     assert "resumed from checkpoint" in (moved / "training.log").read_text()
     assert os.path.exists(moved / "results.json")
+
+
+def test_export_of_a_run_killed_before_its_results_takes_the_statistics_from_its_data(tmp_path, capsys):
+    """The model's `market` input is scaled with the training features' statistics, which export.json carries; a
+    run killed before its results.json was exported with nulls there (exit 0) and no way to feed the model. Read from
+    the run's data again (a file edited since is refused, as `evaluate` refuses it)."""
+    import pandas as pd
+
+    from trainers.market.synthetic import synthetic_market
+
+    prices = tmp_path / "prices.csv"
+    synthetic_market(6, 700, seed=3).to_csv(prices, index=False)
+    run_dir = tmp_path / "run"
+    args = ["ppo", "train", *TINY, "--source", f"file:{prices}", "--total-steps", "256", "--seeds", "1",
+            "--no-baseline-mlp", "--run-dir", str(run_dir)]
+    assert main(args) == 0
+    trained = read_results(run_dir)["data"]
+    (run_dir / "results.json").unlink()  # what a kill before `finish` leaves
+    assert main(["ppo", "export", "--run-dir", str(run_dir)]) == 0
+    shipped = json.loads((run_dir / "export.json").read_text())["preprocessing"]
+    assert shipped["feature_mean"] == trained["feature_mean"] and shipped["tickers"] == trained["tickers"]
+    assert shipped["feature_std"] == trained["feature_std"] and len(shipped["feature_std"]) == 6
+    frame = pd.read_csv(prices)
+    frame.loc[frame.index[-1], "close"] *= 1.01
+    frame.to_csv(prices, index=False)
+    capsys.readouterr()
+    assert main(["ppo", "export", "--run-dir", str(run_dir)]) == 2
+    assert "was trained on other data" in capsys.readouterr().err

@@ -40,6 +40,20 @@ def cases(window: int, n_stocks: int, batches, seed: int = 0) -> dict[str, tuple
     return out
 
 
+def preprocessing_from_data(run_dir: Path, cfg: PpoConfig) -> dict:
+    """The features' statistics and tickers the model's `market` input is scaled with, for a run that ended before
+    its results.json (killed, or stopped before `finish`): the run's data read again and checked against its
+    record, as `evaluate` does. Without them the export was written with nulls there and no way to feed it."""
+    from trainers.ppo.data import checked_fingerprint, load_trading_data
+    from trainers.runtime.rundir import DATA_RECORD, check_data_unchanged
+
+    data, info = load_trading_data(cfg, log=lambda _m: None)
+    if (run_dir / DATA_RECORD).exists():
+        check_data_unchanged(run_dir, checked_fingerprint(data, info, cfg.source), instead=(
+            "its export needs the data it trained on, for the features' statistics"))
+    return data.describe()
+
+
 def export_run(run_dir: Path, checkpoint: str = "latest", tolerance: float = 1e-4, latency_iters: int = 50) -> dict:
     check_tolerance(tolerance)
     if latency_iters < 1:
@@ -65,7 +79,7 @@ def export_run(run_dir: Path, checkpoint: str = "latest", tolerance: float = 1e-
         parity = check_parity(module, path, cases(cfg.window, n_stocks, CHECK_BATCHES), INPUTS, tolerance)
         parity["batch_sizes"] = list(CHECK_BATCHES)
         latency = measure_latency(module, path, cases(cfg.window, n_stocks, (1, 256), seed=1), INPUTS, latency_iters)
-        data = read_results(run_dir).get("data", {})
+        data = read_results(run_dir).get("data") or preprocessing_from_data(run_dir, cfg)
         info = {"path": path.name, "checkpoint_step": step, "agent": f"{agent.encoder}/seed{agent.seed}",
                 "selected_update": update, "val_score": val_score, "select_by": cfg.select_by, "export_batch": EXPORT_BATCH, "export_s": export_s,
                 "opset": opset(path), "bytes": path.stat().st_size, "sha256": sha256_file(path), "parity": parity,
