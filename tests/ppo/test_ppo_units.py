@@ -145,6 +145,19 @@ def test_summary_and_the_plain_verdict():
     text = verdict(table, "ppo_clstm")
     assert "does NOT beat equal-weight buy-and-hold on the test period: cumulative return +1.00% vs +5.00%" in text
     assert "beats the equal-weight market (rebalanced daily) on the test period net of costs" in text
+    # level at the precision shown (an all-but-zero --action weights agent IS the rebalanced market): no skill, not
+    # "beats" over noise in the last digits; a Sharpe ratio of n/a (all cash) leaves the return to judge
+    table["ppo_clstm"] = {"summary": summarise([{"cumulative_return": -0.269962, "sharpe": -3.2035498}])}
+    table["equal_weight_market_rebalanced"] = {"summary": summarise([{"cumulative_return": -0.270013,
+                                                                      "sharpe": -3.2035549}])}
+    text = verdict(table, "ppo_clstm")
+    assert ("matches the equal-weight market (rebalanced daily) on the test period (no difference at the precision "
+            "shown: no skill beyond it): cumulative return -27.00% vs -27.00%, Sharpe -3.20 vs -3.20") in text
+    table["ppo_clstm"] = {"summary": summarise([{"cumulative_return": 0.0, "sharpe": None}])}
+    text = verdict(table, "ppo_clstm")
+    assert "does NOT beat equal-weight buy-and-hold" in text and "Sharpe n/a vs 0.90" in text
+    assert "beats the equal-weight market (rebalanced daily) on the test period net of costs" in text and "Mixed" \
+        not in text
 
 
 def _update_once(grad_accum: int, target_kl: float | None = None, epochs: int = 2):
