@@ -91,6 +91,18 @@ def test_the_plan_describes_one_gpus_default():
     assert w.shape["envs"] == MAX_AUTO_ENVS and w.items_per_micro == MAX_AUTO_ENVS * 64
 
 
+def test_the_plan_counts_the_whole_updates_the_run_trains(tmp_path):
+    """The run rounds --total-steps up to whole updates of every rank's environments (its schedule); the plan
+    counted the steps as given: 600 env steps on 2 ranks where the run trains 1,024."""
+    from trainers.ppo.train import updates_per_agent
+
+    cfg = PpoConfig(num_stocks=4, window=6, hidden=16, num_envs=8, rollout_steps=16, batch_size=64, total_steps=300)
+    per_update = 8 * 16 * 2
+    updates, _ = updates_per_agent(cfg, tmp_path, per_update)
+    planned = workload(cfg).for_device(80 * GIB, 2)
+    assert planned.items_total == updates * per_update * len(cfg.agents()) == 1024
+
+
 @pytest.mark.parametrize("count", ["ppo", "gnn"])
 def test_the_runs_flop_count_leaves_the_global_rng_as_it_was(count):
     """Training counts its FLOPs per item (for its MFU) before it builds its models: the count's own

@@ -50,6 +50,12 @@ def env_batch(cfg: PpoConfig, memory_bytes: int | None, world_size: int = 1) -> 
     return envs, batch
 
 
+def whole_updates(steps_per_agent: int, per_update: int) -> int:
+    """An agent's env steps as the run trains them: whole updates of every rank's environments, rounded up
+    (trainers.ppo.train.updates_per_agent); the plan once counted --total-steps as given."""
+    return -(-steps_per_agent // per_update) * per_update
+
+
 def size_for_device(cfg: PpoConfig, device, world_size: int) -> None:
     """Fill --num-envs and --batch-size where they are still left out (after the run folder's, SIZES) with this
     device's (the run's config.json keeps the numbers used); then refuse a minibatch larger than a rollout."""
@@ -112,7 +118,7 @@ def workload(cfg: PpoConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
         trainer="ppo", parameters=parameters, n_blocks=1, block_parameters=parameters, unit="env steps",
         items_per_micro=per_update, grad_accum=1, flops_per_item=flops,
         activation_bytes=lambda _micro, _ck: int(per_sample * cfg.batch_size), kind="small", strategies=("ddp",),
-        items_total=float(cfg.steps_per_agent() * len(cfg.agents())),  # every agent of the run, one after another
+        items_total=float(whole_updates(cfg.steps_per_agent(), per_update * world_size) * len(cfg.agents())),
         extra_bytes=rollout + features, min_step_s=floor,
         for_device=lambda memory, ranks: workload(given, memory, ranks, counted),
         shape={"encoder": cfg.encoder, "hidden": cfg.hidden, "stocks": n, "window": w, "envs": cfg.num_envs},
