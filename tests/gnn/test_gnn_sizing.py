@@ -183,3 +183,34 @@ def test_the_plan_counts_the_compile_where_the_run_would_compile(tmp_path):
     assert forced.time["outside_steps_s"] == pytest.approx(COMPILE_S)
     assert "outside_steps_s" not in plan(workload(GnnConfig(data_dir=str(tmp_path / "none"), compile=False)), h200,
                                          1, items=1e10).time
+
+
+@pytest.mark.parametrize("nodes_per_batch,ranks", [(1, 1), (512, 1), (300, 2)])
+def test_the_plan_counts_the_steps_the_run_takes(tmp_path, nodes_per_batch, ranks):
+    """A step holds whole graphs up to its node budget, and an epoch has no more steps than a rank has graphs: the
+    plan divided the nodes by the budget (10,456 steps and a 16 s compile where the run takes 256, eager)."""
+    from trainers.gnn.graphs import GraphSplit, write_dataset
+    from trainers.gnn.sampling import steps_per_epoch
+    from trainers.ops.devices import DEVICES
+    from trainers.ops.plan import plan
+
+    data = tmp_path / "d"
+    write_dataset(data, 24, 2, seed=1, min_nodes=20, max_nodes=60, workers=1, progress=False)
+    cfg = GnnConfig(data_dir=str(data), epochs=4, nodes_per_batch=nodes_per_batch, hidden=16, layers=2)
+    run = cfg.epochs * steps_per_epoch(GraphSplit(data, "train").nodes, ranks, nodes_per_batch)
+    planned = plan(workload(cfg), DEVICES["h200"], ranks)
+    assert planned.time["steps"] == pytest.approx(run) and planned.time["items"] == 4 * GraphSplit(data, "train") \
+        .nodes.sum()
+    assert planned.time["hours"] * 3600 == pytest.approx(run * planned.time["step_s"])
+
+
+def test_the_plan_refuses_more_ranks_than_graphs_as_the_run_does(tmp_path):
+    from trainers.errors import UsageError
+    from trainers.gnn.graphs import write_dataset
+    from trainers.ops.devices import DEVICES
+    from trainers.ops.plan import plan
+
+    data = tmp_path / "d"
+    write_dataset(data, 6, 2, seed=1, min_nodes=20, max_nodes=30, workers=1, progress=False)
+    with pytest.raises(UsageError, match="6 training graphs are too few for 8 ranks"):
+        plan(workload(GnnConfig(data_dir=str(data))), DEVICES["h200"], 8)

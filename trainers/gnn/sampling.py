@@ -33,13 +33,18 @@ from trainers.runtime.sampling import EpochCursor
 
 
 def steps_per_epoch(nodes: np.ndarray, world_size: int, nodes_per_batch: int) -> int:
+    return epoch_steps(len(nodes), int(nodes.sum()), world_size, nodes_per_batch)
+
+
+def epoch_steps(graphs: int, nodes: int, world_size: int, nodes_per_batch: int) -> int:
+    """An epoch's steps from the split's counts alone (what `trainers plan` knows of a dataset)."""
     if nodes_per_batch < 1:
         raise UsageError(f"--nodes-per-batch {nodes_per_batch} must be >= 1")
-    smallest_share = len(nodes) // world_size
+    smallest_share = graphs // world_size
     if smallest_share < 1:
-        raise UsageError(f"{len(nodes)} training graphs are too few for {world_size} ranks; use fewer ranks or "
+        raise UsageError(f"{graphs} training graphs are too few for {world_size} ranks; use fewer ranks or "
                          f"more graphs")
-    return max(1, min(math.ceil(int(nodes.sum()) / (world_size * nodes_per_batch)), smallest_share))
+    return max(1, min(math.ceil(nodes / (world_size * nodes_per_batch)), smallest_share))
 
 
 def _cuts(weights: np.ndarray, parts: int) -> np.ndarray:

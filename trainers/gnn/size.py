@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainers.gnn.config import GnnConfig
+from trainers.gnn.sampling import epoch_steps
 from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes_per_item
 
 SAMPLE_GRAPHS = 96  # drawn from the generator to measure bytes and FLOPs per node
@@ -165,6 +166,7 @@ def workload(cfg: GnnConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
         items_per_micro=nodes_per_batch, grad_accum=1, flops_per_item=flops_per_node,
         activation_bytes=lambda micro, _ck: int(per_node * micro), kind="small", strategies=("ddp",),
         items_total=float(nodes * cfg.epochs), extra_bytes=on_device, min_step_s=SMALL_STEP_S,
+        steps_total=float(cfg.epochs * epoch_steps(graphs, nodes, world_size, nodes_per_batch)),  # (as the run)
         compiles=planned_compile, compile_s=COMPILE_S,
         for_device=lambda memory, ranks: workload(cfg, memory, ranks, measured),
         shape={"hidden": cfg.hidden, "layers": cfg.layers, "max_colors": cfg.max_colors, "nodes_per_step": nodes_per_batch},

@@ -65,6 +65,10 @@ class Workload:
     # the plan's own step count (epochs, --items or --hours); a compile's seconds, every worker's own at once
     compiles: Callable[[float], tuple[bool, str]] | None = None
     compile_s: float = 0.0
+    # the run's own optimizer steps for items_total, where a step holds fewer items than items_per_micro (the GNN
+    # packs whole graphs up to its node budget, and no more steps an epoch than a rank has graphs): the plan's steps
+    # and time are then counted in them, at the mean items a step (memory still at the budget)
+    steps_total: float | None = None
 
 
 PLAN_GPU_MEMORY = 80 * 2**30  # the card a workload is sized for until the plan names its GPU (Workload.for_device)
@@ -190,6 +194,8 @@ def step_time(w: Workload, strategy: str, gpus: int, device: Device, mfu: float,
     if w.global_batch_items:  # fixed in items: the micro-steps per step follow the number of GPUs
         accum = max(1, w.global_batch_items // (w.items_per_micro * gpus))
     items = w.items_per_micro * accum * gpus * w.jobs_per_gpu
+    if w.steps_total and w.items_total:  # a step's items as the run holds them, not its budget (as memory counts)
+        items = w.items_total / w.steps_total
     # K small jobs packed on a GPU each get their own share of it (the MFU covers the packing)
     compute = w.flops_per_item * items / (gpus * device.peak_tflops * 1e12 * mfu)
     busbw = (busbw_gbps or device.busbw_gbps) * 1e9
@@ -381,7 +387,7 @@ def format_plan(p: Plan, w: Workload) -> str:
     lines.append(f"  {'fits (GiB)':<16}" + "".join(f"{headroom(s):>{COLUMN}}" for s in shown))
     lines.append(f"plan: {p.chosen}" if p.chosen else f"does NOT fit: {p.fix}")
     t = p.time
-    lines.append(f"step: {t['items_per_step']:,} {w.unit}, compute {t['compute_s'] * 1e3:,.1f} ms + gradient traffic "
+    lines.append(f"step: {t['items_per_step']:,.0f} {w.unit}, compute {t['compute_s'] * 1e3:,.1f} ms + gradient traffic "
                  f"{t['communication_s'] * 1e3:,.1f} ms at MFU {percent(p.mfu['value'])} ({p.mfu['source']})"
                  + (f", but at least {t['step_s'] * 1e3:.0f} ms a step ({t.get('step_floor_why', w.min_step_why)})"
                     if t.get("launch_bound") else "")
