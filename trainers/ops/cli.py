@@ -68,8 +68,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="auto: the first layout the trainer runs that fits; or one to check")
     p.add_argument("--usd-per-gpu-hour", type=number(float, gt=0), default=None, help="price of one GPU-hour")
     p.add_argument("--items", "--tokens", dest="items", type=number(float, gt=0), default=None,
-                   help="what to train on: tokens for the GPT, samples/graphs/env steps for the others "
-                        "(default: what the trainer's options ask for)")
+                   help="what to train on, in the trainer's unit: tokens (gpt), samples (forecast, lstm), nodes "
+                        "(gnn: graphs x their nodes), env steps (ppo) (default: what the trainer's options ask for)")
     p.add_argument("--hours", type=number(float, gt=0), default=None, help="how long: what it buys")
     p.add_argument("--budget-usd", type=number(float, gt=0), default=None, help="how much money: what it buys")
     p.add_argument("--mfu", type=number(float, gt=0, max=1), default=None, help="override the MFU (0-1)")
