@@ -50,7 +50,7 @@ def test_the_plan_sizes_the_step_for_the_gpu_and_the_ranks_it_plans(tmp_path):
     assert w.shape["nodes_per_step"] == plan(w, h100, 1).shape["nodes_per_step"] == 32768
     assert plan(w, h100, 8).shape["nodes_per_step"] == 4096
     # 100 kB a node: a quarter of 80 GB holds 214,748 nodes (-> the cap), of a 16 GB T4 42,949 (-> 32,768)
-    big = workload(GnnConfig(data_dir=_dataset(tmp_path, 100_000_000)), measured=(100_000.0, 1.0, 1, []))
+    big = workload(GnnConfig(data_dir=_dataset(tmp_path, 100_000_000)), measured=(100_000.0, 0.0, 1.0, 1, []))
     assert big.shape["nodes_per_step"] == plan(big, h100, 1).shape["nodes_per_step"] == MAX_AUTO_NODES
     assert plan(big, DEVICES["t4"], 1).shape["nodes_per_step"] == 32768
 
@@ -214,3 +214,30 @@ def test_the_plan_refuses_more_ranks_than_graphs_as_the_run_does(tmp_path):
     write_dataset(data, 6, 2, seed=1, min_nodes=20, max_nodes=30, workers=1, progress=False)
     with pytest.raises(UsageError, match="6 training graphs are too few for 8 ranks"):
         plan(workload(GnnConfig(data_dir=str(data))), DEVICES["h200"], 8)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_steps_saved_bytes_follow_the_datasets_edges_and_include_the_loss(tmp_path, dense):
+    """What autograd saves in a training step (the model and its Potts loss, which keeps both ends' colour
+    probabilities of every edge) against the estimate the plan and a GPU's auto-size use: per node it was measured
+    on the deploy's sparse graphs, model only, and a dense dataset's steps saved 17x more."""
+    import numpy as np
+    import torch
+
+    from trainers.gnn.batch import DeviceGraphs
+    from trainers.gnn.build import build_model
+    from trainers.gnn.graphs import GraphSplit, write_dataset
+    from trainers.gnn.size import _loss_module, _measured, bytes_per_node
+    from trainers.ops.plan import saved_bytes
+
+    data = tmp_path / "d"
+    write_dataset(data, 12, 2, seed=1, min_nodes=80, max_nodes=120, workers=1, progress=False, dense=int(dense))
+    cfg = GnnConfig(data_dir=str(data), hidden=32, layers=2)
+    split = GraphSplit(data, "train")
+    batch = DeviceGraphs(split, cfg.max_colors, cfg.random_features, torch.device("cpu")).batch(
+        np.arange(len(split)), torch.Generator().manual_seed(0))
+    real = saved_bytes(_loss_module(build_model(cfg).train()), (batch.x, batch.edge_index, batch.color_mask,
+                                                                batch.edge_graph, batch.edges_per_graph))
+    estimate = bytes_per_node(cfg, *_measured(cfg)[:2]) * split.nodes.sum()
+    assert estimate == pytest.approx(real, rel=0.1)
+    assert workload(cfg).activation_bytes(1000, False) == pytest.approx(1000 * estimate / split.nodes.sum(), rel=1e-6)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trainers.gnn.config import GnnConfig
 from trainers.gnn.sampling import epoch_steps
-from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes_per_item
+from trainers.ops.plan import PLAN_GPU_MEMORY, Workload, forward_flops, saved_bytes
 
 SAMPLE_GRAPHS = 96  # drawn from the generator to measure bytes and FLOPs per node
 DEPLOY_GRAPHS, DEPLOY_MIN_NODES, DEPLOY_MAX_NODES = 20_000, 20, 300  # what `deploy_8gpu.sh --trainer gnn` generates
@@ -109,16 +109,61 @@ def flops_per_node(cfg: GnnConfig) -> float:
         return _flops_per_node(build_model(cfg).train(), sample, inputs)
 
 
-def _measured(cfg: GnnConfig) -> tuple[float, float, int, list]:
-    """(saved bytes per node, FLOPs per node, parameters, the sample graphs): the real model on the CPU."""
+def _loss_inputs(cfg: GnnConfig, graphs: list, twice: bool = False) -> tuple:
+    """A batch of `graphs` as `_Loss` takes it; `twice`: every edge listed twice (the nodes alike)."""
+    import torch
+
+    from trainers.gnn.batch import make_batch
+
+    b = make_batch(graphs, cfg.max_colors, cfg.random_features, list(range(len(graphs))), torch.device("cpu"))
+    k = 2 if twice else 1
+    return b.x, b.edge_index.repeat(1, k), b.color_mask, b.edge_graph.repeat(k), b.edges_per_graph * k
+
+
+def _loss_module(model):
+    """The training step's forward as one module (model and Potts loss), for `saved_bytes`."""
+    import torch
+
+    from trainers.gnn.batch import GraphBatch, potts_loss
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x, edge_index, color_mask, edge_graph, edges_per_graph):
+            batch = GraphBatch(x, edge_index, color_mask, edge_graph, edges_per_graph, len(edges_per_graph))
+            return potts_loss(self.model, batch, 1.0)[0]
+    return Loss()
+
+
+def _measured(cfg: GnnConfig) -> tuple[float, float, float, int, list]:
+    """(saved bytes per node, per directed edge, FLOPs per node, parameters, the sample graphs): the real model and
+    its loss on the CPU. Autograd's saves grow with the edges too (the loss keeps both ends' colour probabilities
+    of every edge): the same graphs with each edge listed twice give an edge's bytes, then the sample's graphs 32
+    to 96 a node's. Counted per node alone, on the deploy's sparse graphs and without the loss, a dense dataset's
+    step saved 17x what the plan and a GPU's auto-size said."""
     from trainers.gnn.build import build_model
 
     sample, inputs = _sample(cfg)
     model = build_model(cfg).train()
-    # saved_bytes_per_item's slope runs between 32 and 96 graphs: per graph of that stretch, then per node
-    per_graph = saved_bytes_per_item(model, inputs, batches=(32, SAMPLE_GRAPHS))
-    per_node = per_graph * (SAMPLE_GRAPHS - 32) / sum(g.n for g in sample[32:])
-    return per_node, _flops_per_node(model, sample, inputs), sum(p.numel() for p in model.parameters()), sample
+    step = _loss_module(model)
+    few, rest, every = (_loss_inputs(cfg, g) for g in (sample[:32], sample[32:], sample))
+    per_edge = (saved_bytes(step, _loss_inputs(cfg, sample[32:], twice=True)) - saved_bytes(step, rest)) \
+        / rest[1].shape[1]
+    grown = saved_bytes(step, every) - saved_bytes(step, few)
+    per_node = (grown - per_edge * rest[1].shape[1]) / sum(g.n for g in sample[32:])
+    return per_node, per_edge, _flops_per_node(model, sample, inputs), sum(p.numel() for p in model.parameters()), \
+        sample
+
+
+def bytes_per_node(cfg: GnnConfig, per_node: float, per_edge: float) -> float:
+    """A step's saved bytes per node on this run's graphs: its nodes' and their directed edges' (the dataset's
+    edges a node, else the deploy's graphs')."""
+    _graphs, nodes, edges, _source = dataset_counts(cfg)
+    if not nodes:
+        _graphs, nodes, edges = assumed_counts(cfg.seed)
+    return per_node + per_edge * 2 * edges / max(nodes, 1)
 
 
 SIZES = ("nodes_per_batch",)  # decided by the device when left out (a resume keeps the folder's)
@@ -136,7 +181,7 @@ def nodes_per_step(cfg: GnnConfig, memory_bytes: int | None, world_size: int, pe
     # deploy generates, as the plan counts them: it sized 8 H200s' steps at 65,536 nodes, the run then at 16,384
     nodes = dataset_counts(cfg)[1] or assumed_counts(cfg.seed)[1]
     most = min(MAX_AUTO_NODES, nodes // (world_size * MIN_STEPS_PER_EPOCH))
-    per_node = _measured(cfg)[0] if per_node is None else per_node
+    per_node = bytes_per_node(cfg, *_measured(cfg)[:2]) if per_node is None else per_node
     most = min(most, int(memory_bytes * ACTIVATION_MEMORY_SHARE // max(per_node, 1.0)))
     return max(CPU_NODES, 1 << (max(most, 1).bit_length() - 1))
 
@@ -146,7 +191,8 @@ def workload(cfg: GnnConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
     """The run of these options on GPUs of `memory_bytes` (one 80 GB card until the plan names its GPU:
     Workload.for_device sizes the step again for it and its ranks, as the run would)."""
     measured = measured or _measured(cfg)
-    per_node, flops_per_node, parameters, sample = measured
+    per_node_alone, per_edge, flops_per_node, parameters, sample = measured
+    per_node = bytes_per_node(cfg, per_node_alone, per_edge)  # (with its edges)
     nodes_per_batch = nodes_per_step(cfg, memory_bytes, world_size, per_node)
 
     graphs, nodes, edges, source = dataset_counts(cfg)
