@@ -13,8 +13,10 @@ from trainers.ppo.size import (
     MIN_UPDATES_PER_AGENT,
     env_batch,
     flops_per_env_step,
+    policy_saved_bytes,
     rollout_bytes_per_env,
     size_for_device,
+    update_bytes_per_env,
     workload,
 )
 from trainers.ppo.train import pin_from_saved
@@ -30,8 +32,10 @@ def test_a_cpu_keeps_todays_defaults_and_a_gpu_gets_thousands_of_environments_fo
     assert env_batch(PpoConfig(total_steps=LONG), 16 * GIB, 8) == (1024, 1024 * 64 // 8)  # as many as the job allows
     longest = PpoConfig(total_steps=LONGEST)
     assert env_batch(longest, 80 * GIB, 8) == (MAX_AUTO_ENVS, 32768) == (4096, 4096 * 64 // 8)  # the cap
-    # a quarter of a 16 GB card holds about 3,000 rollouts of the default shape: the power of two below
-    assert 2048 <= 4 * GIB // rollout_bytes_per_env(longest) < 4096 and env_batch(longest, 16 * GIB, 8)[0] == 2048
+    # a quarter of a 16 GB card holds about 1,100 environments' rollouts and update minibatches of the default shape
+    # (the policy's saved activations most of it): the power of two below
+    per_env = rollout_bytes_per_env(longest) + update_bytes_per_env(longest, policy_saved_bytes(longest))
+    assert 1024 <= 4 * GIB // per_env < 2048 and env_batch(longest, 16 * GIB, 8)[0] == 1024
 
 
 def test_a_job_keeps_its_updates_per_agent():
@@ -46,7 +50,7 @@ def test_a_job_keeps_its_updates_per_agent():
 
 def test_a_small_card_gets_the_power_of_two_its_memory_holds_and_never_fewer_than_a_cpu():
     cfg = PpoConfig(num_stocks=30, window=60, rollout_steps=256, total_steps=10**9)
-    per_env = rollout_bytes_per_env(cfg)
+    per_env = rollout_bytes_per_env(cfg) + update_bytes_per_env(cfg, policy_saved_bytes(cfg))
     assert env_batch(cfg, 4 * 300 * per_env) == (256, 256 * 256 // 8)  # a quarter holds 300 environments' rollouts
     assert env_batch(cfg, 10 * per_env)[0] == CPU_ENVS
 
@@ -130,3 +134,17 @@ def test_the_flops_of_an_env_step_are_the_mean_over_the_runs_agents(options):
     assert one["clstm"] > 2 * one["mlp"]
     agents = [e for e, _ in cfg.agents()]
     assert flops_per_env_step(cfg, 4) == pytest.approx(sum(one[e] for e in agents) / len(agents) * (1 + 3 * 3))
+
+
+def test_a_rollouts_bytes_are_what_the_buffer_holds():
+    """The buffer keeps the date and the portfolio of each step (the window is gathered from the features when
+    used); it was counted as if it held every step's [window, stocks, features] window (180x, at the defaults)."""
+    from trainers.ppo.ppo import Rollout
+
+    cfg = PpoConfig(num_stocks=7, window=12, rollout_steps=5)
+    envs = 3
+    obs = (torch.zeros(envs, dtype=torch.int64), torch.zeros(envs, cfg.num_stocks + 1))
+    buf = Rollout(cfg.rollout_steps, obs, (cfg.num_stocks,), torch.float32, torch.device("cpu"))
+    held = [*buf.obs, buf.actions, buf.log_probs, buf.rewards, buf.dones, buf.values]
+    advantages_and_returns = 2 * cfg.rollout_steps * envs * 4
+    assert envs * rollout_bytes_per_env(cfg) == sum(t.nbytes for t in held) + advantages_and_returns

@@ -10,7 +10,7 @@ from trainers.ppo.config import PpoConfig
 from trainers.ppo.features import FEATURES
 
 CPU_ENVS = 64  # the CPU default: the environments' ~60 small float64 kernels a step are cheap there
-MAX_AUTO_ENVS = 4096  # a GPU's default at most (its rollouts fill a quarter of a ~22 GB card). The training loop's operations per env step fall with the batch
+MAX_AUTO_ENVS = 4096  # a GPU's default at most. The training loop's operations per env step fall with the batch
 # (16x fewer at 1,024 than at 64 environments, bench/results/ppo_ops_batch8192_cpu.json), and on an H200 the
 # env steps/s in training with it: 83,514 at 1,024, 111,961 at 2,048, 125,804 at 4,096, each 16 updates of one
 # agent (bench/results/gpu_h200_aadb2aa/run_ppo*_gpu.json). MIN_UPDATES_PER_AGENT keeps a job's updates: a larger
@@ -18,31 +18,54 @@ MAX_AUTO_ENVS = 4096  # a GPU's default at most (its rollouts fill a quarter of 
 MIN_UPDATES_PER_AGENT = 16  # a GPU's default never leaves an agent fewer PPO updates than this: more environments
 # per update means fewer updates for the same env steps (the 8-GPU deploy default of 504,000 env steps an agent
 # had 15 at 64 environments; 1,024 would have left it 1)
-ROLLOUT_MEMORY_SHARE = 0.25  # of a GPU's memory, for the rollout buffer (the rest: features, the update's work)
+ROLLOUT_MEMORY_SHARE = 0.25  # of a GPU's memory, for the rollouts and their update's minibatches (the rest: the
+# features, the models, the environments)
 MINIBATCHES_PER_EPOCH = 8  # the default minibatch cuts a rollout in this many (512 at 64 x 64, as before)
 SMALL_STEP_S = 0.003  # an eager optimizer step of a small model on a GPU (assumed): launches, not FLOPs
 ACT_STEP_S = 0.001  # one acting forward + one environment step of every environment (assumed)
 
 
 def rollout_bytes_per_env(cfg: PpoConfig) -> int:
-    """One environment's rollout in the buffer: observations, actions and statistics of --rollout-steps steps."""
-    n, f, w = cfg.num_stocks, len(FEATURES), cfg.window
-    return cfg.rollout_steps * (w * n * f + 3 * n + 8) * 4
+    """One environment's rollout as trainers.ppo.ppo.Rollout holds it, --rollout-steps steps of: the observation
+    (the date, int64, and the portfolio's n + 1 weights: the market window is gathered from the features when
+    used), the action (n), log-probability, reward, done, value, then the advantage and return (float32)."""
+    return cfg.rollout_steps * (8 + 4 * (cfg.num_stocks + 1) + 4 * cfg.num_stocks + 6 * 4)
+
+
+def update_bytes_per_env(cfg: PpoConfig, per_sample: float) -> float:
+    """One environment's share of its update's minibatch (a rollout cut in MINIBATCHES_PER_EPOCH): the market
+    windows gathered for its samples, and what autograd saves for each (`per_sample`, the policy's)."""
+    window = cfg.window * cfg.num_stocks * len(FEATURES) * 4
+    return cfg.rollout_steps / MINIBATCHES_PER_EPOCH * (window + per_sample)
+
+
+def policy_saved_bytes(cfg: PpoConfig) -> float:
+    """What autograd saves for one sample of the policy (its forward in an update), counted on the CPU."""
+    import torch
+
+    from trainers.ppo.build import build_model
+
+    with torch.random.fork_rng(devices=[]):
+        return saved_bytes_per_item(build_model(cfg).train(), _inputs(cfg.num_stocks, cfg.window))
 
 
 SIZES = ("num_envs", "batch_size")  # decided by the device when left out (a resume keeps the folder's)
 
 
-def env_batch(cfg: PpoConfig, memory_bytes: int | None, world_size: int = 1) -> tuple[int, int]:
+def env_batch(cfg: PpoConfig, memory_bytes: int | None, world_size: int = 1,
+              per_sample: float | None = None) -> tuple[int, int]:
     """(environments per rank, minibatch): the user's, else CPU_ENVS on a CPU (`memory_bytes` None) and on a
-    GPU as many as ROLLOUT_MEMORY_SHARE of its memory holds rollouts for and the job leaves each agent
+    GPU as many as ROLLOUT_MEMORY_SHARE of its memory holds rollouts and update minibatches for (`per_sample`:
+    the policy's saved bytes a sample, counted when not given) and the job leaves each agent
     MIN_UPDATES_PER_AGENT updates with (a power of two, CPU_ENVS to MAX_AUTO_ENVS); the minibatch, unless
     given, cuts a rollout in MINIBATCHES_PER_EPOCH."""
     envs = cfg.num_envs
     if envs is None:
         envs = CPU_ENVS
         if memory_bytes:
-            fits = int(memory_bytes * ROLLOUT_MEMORY_SHARE // rollout_bytes_per_env(cfg))
+            per_sample = policy_saved_bytes(cfg) if per_sample is None else per_sample
+            per_env = rollout_bytes_per_env(cfg) + update_bytes_per_env(cfg, per_sample)
+            fits = int(memory_bytes * ROLLOUT_MEMORY_SHARE // per_env)
             by_job = cfg.steps_per_agent() // (world_size * cfg.rollout_steps * MIN_UPDATES_PER_AGENT)
             most = max(1, min(fits, by_job))
             envs = max(CPU_ENVS, min(MAX_AUTO_ENVS, 1 << (most.bit_length() - 1)))
@@ -97,17 +120,18 @@ def workload(cfg: PpoConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
     from trainers.ppo.build import build_model
 
     given = cfg
-    envs, batch = env_batch(cfg, memory_bytes, world_size)
-    cfg = dataclasses.replace(cfg, num_envs=envs, batch_size=batch)
-    cfg.check_rollout()  # the run would refuse it: so does the plan
-
     n, f, w = cfg.num_stocks, len(FEATURES), cfg.window
     if counted is None:  # the model's own numbers, whatever the batch: counted once
         policy = build_model(cfg).train()
         counted = (saved_bytes_per_item(policy, _inputs(n, w)), flops_per_env_step(cfg, n),
                    sum(p.numel() for p in policy.parameters()))
     per_sample, flops, parameters = counted
-    rollout = cfg.num_envs * cfg.rollout_steps * (w * n * f + 3 * n + 8) * 4  # observations, actions, stats
+    envs, batch = env_batch(cfg, memory_bytes, world_size, per_sample)
+    cfg = dataclasses.replace(cfg, num_envs=envs, batch_size=batch)
+    cfg.check_rollout()  # the run would refuse it: so does the plan
+
+    rollout = cfg.num_envs * rollout_bytes_per_env(cfg)
+    windows = cfg.batch_size * w * n * f * 4  # a minibatch's market windows, gathered from the features
     features = cfg.synthetic_days * n * f * 4
     # A planner "step" is one PPO update: a rollout of every environment, then the update epochs over
     # minibatches of it (activations are held for one minibatch at a time).
@@ -119,7 +143,7 @@ def workload(cfg: PpoConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
         items_per_micro=per_update, grad_accum=1, flops_per_item=flops,
         activation_bytes=lambda _micro, _ck: int(per_sample * cfg.batch_size), kind="small", strategies=("ddp",),
         items_total=float(whole_updates(cfg.steps_per_agent(), per_update * world_size) * len(cfg.agents())),
-        extra_bytes=rollout + features, min_step_s=floor,
+        extra_bytes=rollout + windows + features, min_step_s=floor,
         for_device=lambda memory, ranks: workload(given, memory, ranks, counted),
         shape={"encoder": cfg.encoder, "hidden": cfg.hidden, "stocks": n, "window": w, "envs": cfg.num_envs},
         notes=[f"an env step costs one acting forward and {cfg.update_epochs} training passes of its sample (FLOPs: the "
