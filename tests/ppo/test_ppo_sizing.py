@@ -148,3 +148,18 @@ def test_a_rollouts_bytes_are_what_the_buffer_holds():
     held = [*buf.obs, buf.actions, buf.log_probs, buf.rewards, buf.dones, buf.values]
     advantages_and_returns = 2 * cfg.rollout_steps * envs * 4
     assert envs * rollout_bytes_per_env(cfg) == sum(t.nbytes for t in held) + advantages_and_returns
+
+
+def test_a_plan_of_more_env_steps_sizes_the_environments_for_that_job():
+    """The environment batch follows the job's length (16 updates an agent at least): --items planned the options'
+    own job's batch (64 environments, 10.85 h) where training that many steps sizes 4,096 (1.34 h)."""
+    import dataclasses
+
+    from trainers.ops.devices import DEVICES
+    from trainers.ops.plan import plan
+
+    cfg = PpoConfig()
+    asked = plan(workload(cfg), DEVICES["h200"], 1, items=1e9)
+    trained = plan(workload(dataclasses.replace(cfg, total_steps=500_000_000)), DEVICES["h200"], 1)
+    assert asked.shape["envs"] == trained.shape["envs"] == MAX_AUTO_ENVS
+    assert asked.time["hours"] == pytest.approx(trained.time["hours"], rel=1e-3)

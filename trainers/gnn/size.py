@@ -214,7 +214,7 @@ def workload(cfg: GnnConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
         items_total=float(nodes * cfg.epochs), extra_bytes=on_device, min_step_s=SMALL_STEP_S,
         steps_total=float(cfg.epochs * epoch_steps(graphs, nodes, world_size, nodes_per_batch)),  # (as the run)
         compiles=planned_compile, compile_s=COMPILE_S,
-        for_device=lambda memory, ranks: workload(cfg, memory, ranks, measured),
+        for_device=lambda memory, ranks, _items=None: workload(cfg, memory, ranks, measured),
         shape={"hidden": cfg.hidden, "layers": cfg.layers, "max_colors": cfg.max_colors, "nodes_per_step": nodes_per_batch},
         notes=[f"{graphs:,} training graphs, {nodes:,} nodes, {edges:,} edges ({source}); {cfg.epochs} epochs; "
                f"the final evaluation's tabu search runs on the CPU and is not counted"])

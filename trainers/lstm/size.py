@@ -118,7 +118,7 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
                                      cohort_seconds(cohorts_of, steps_each, step_s, held_each))
     held_s = symbols * held_each
     shape = {"hidden": cfg.hidden, "layers": cfg.layers, "window": cfg.window, "symbols": symbols, "cohort": members}
-    for_device = lambda memory, n: workload(cfg, memory, n, c)  # noqa: E731
+    for_device = lambda memory, n, _items=None: workload(cfg, memory, n, c)  # noqa: E731
     if members == 1:
         return Workload(
             trainer="lstm", parameters=c["parameters"], n_blocks=1, block_parameters=c["parameters"],

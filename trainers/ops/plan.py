@@ -58,9 +58,10 @@ class Workload:
     #                               per-symbol runs: folder, evaluations, checkpoints, results), shared by the workers
     global_batch_items: int | None = None  # a global batch fixed in items (the GPT's tokens): accumulation follows
     memory_fn: Callable[[str, int, int], dict] | None = None  # the trainer's own estimate (the GPT's size.py)
-    # (one GPU's memory in bytes, workers) -> the workload as a run sizes itself there: what the trainer leaves to
-    # the device (PPO's environment batch, the LSTM's cohorts) follows the planned GPU and the workers sharing it
-    for_device: Callable[[int, int], "Workload"] | None = None
+    # (one GPU's memory in bytes, workers, --items or None) -> the workload as a run sizes itself there: what the
+    # trainer leaves to the device (PPO's environment batch, which follows the job's length too; the LSTM's cohorts)
+    # follows the planned GPU, the workers sharing it and the items asked for
+    for_device: Callable[[int, int, float | None], "Workload"] | None = None
     # a step compiled when the run is long enough for it to pay (the GNN's): steps -> (compiled, why), decided on
     # the plan's own step count (epochs, --items or --hours); a compile's seconds, every worker's own at once
     compiles: Callable[[float], tuple[bool, str]] | None = None
@@ -235,7 +236,7 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
     if gpus < 1:
         raise UsageError(f"--gpus {gpus} must be >= 1")
     if w.for_device is not None:
-        w = w.for_device(int(device.memory_gib * GIB), gpus * w.jobs_per_gpu)
+        w = w.for_device(int(device.memory_gib * GIB), gpus * w.jobs_per_gpu, items)
     compute_bytes = compute_bytes or 2  # bf16 autocast (fp16 + a scaler on chips without bf16)
     assumptions = [f"device table of {TABLE_DATE}: {device.name}, {device.memory_gib:g} GiB, "
                    f"{device.peak_tflops:g} TFLOP/s dense peak, all-reduce bus bandwidth {device.busbw_gbps:g} GB/s "

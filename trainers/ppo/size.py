@@ -144,7 +144,8 @@ def workload(cfg: PpoConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
         activation_bytes=lambda _micro, _ck: int(per_sample * cfg.batch_size), kind="small", strategies=("ddp",),
         items_total=float(whole_updates(cfg.steps_per_agent(), per_update * world_size) * len(cfg.agents())),
         extra_bytes=rollout + windows + features, min_step_s=floor,
-        for_device=lambda memory, ranks: workload(given, memory, ranks, counted),
+        for_device=lambda memory, ranks, items=None: workload(given if items is None else dataclasses.replace(
+            given, total_steps=max(1, int(items // len(given.agents())))), memory, ranks, counted),  # (--items)
         shape={"encoder": cfg.encoder, "hidden": cfg.hidden, "stocks": n, "window": w, "envs": cfg.num_envs},
         notes=[f"an env step costs one acting forward and {cfg.update_epochs} training passes of its sample (FLOPs: the "
                f"mean over the run's agents, {', '.join(dict.fromkeys(e for e, _ in cfg.agents()))}); "
