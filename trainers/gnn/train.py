@@ -81,9 +81,10 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                                   fewer_colors=cfg.fewer_colors)
         val_data = DeviceGraphs(val_split, cfg.max_colors, cfg.random_features, ctx.device, fixed_random_seed=EVAL_SEED)
         run.log.info("gnn: %s parameters, %d rank(s) on %s%s; %d train graphs (%d nodes) / %d val; %d steps per epoch "
-                     "of about %d nodes per rank", f"{n_params:,}", ctx.world_size, ctx.device.type,
-                     ", TF32" if tf32 else "", len(train_split), int(train_split.nodes.sum()), len(val_split),
-                     cursor.steps_per_epoch, cfg.nodes_per_batch)
+                     "of about %d nodes per rank (--nodes-per-batch %d)", f"{n_params:,}", ctx.world_size,
+                     ctx.device.type, ", TF32" if tf32 else "", len(train_split), int(train_split.nodes.sum()),
+                     len(val_split), cursor.steps_per_epoch,
+                     round(train_split.nodes.sum() / (cursor.steps_per_epoch * ctx.world_size)), cfg.nodes_per_batch)
         at = lambda s: NodeBudgetCursor.start(s.position, s.position_rank0)  # noqa: E731
         start = run.resume(lambda s: steps_left(cursor.steps_per_epoch, cfg.epochs, at(s)))
         total_steps = run.total_steps
