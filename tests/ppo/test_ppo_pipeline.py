@@ -65,6 +65,7 @@ def test_two_rank_ddp_training_to_results_evaluate_and_export(tmp_path):
     (["--synthetic-momentum", "1e10"], "--synthetic-momentum 10000000000.0 is not allowed"),
     (["--initial-cash", "inf"], "--initial-cash inf is not allowed"),
     (["--lr", "nan"], "--lr nan is not allowed"),
+    (["--seeds", "1000000"], "--seeds 1000000 is not allowed: need an integer >= 1 and <= 64"),
     (["--episode-days", "5000"], "--episode-days 5000 is longer than the training period"),
     (["--action", "short"], "--action 'short' is not one of: trades, weights"),
     (["--num-stocks", "40"], "--num-stocks 40 is more than --synthetic-tickers 30"),

@@ -95,7 +95,8 @@ class PpoConfig(RunOptions):
                                      gt=0)
     norm_obs: bool = option(True, "normalise observations with running statistics (kept in checkpoints)")
     seed: int = option(0, "seed of the first agent (init, environments, sampling); --seeds counts up from it", min=0)
-    seeds: int = option(1, "agents trained per encoder, seeds --seed, --seed+1, ... (mean +- std reported)", min=1)
+    seeds: int = option(1, "agents trained per encoder, seeds --seed, --seed+1, ... (mean +- std reported); at "
+                        "most 64: every checkpoint holds every agent", min=1, max=64)
     select_by: str = option("return", "validation score that picks each agent's snapshot: return (cumulative, net "
                             "of costs: the agent's objective) or sharpe (blind to how much is in cash)",
                             choices=("return", "sharpe"))
