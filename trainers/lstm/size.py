@@ -155,10 +155,10 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
     those named (--symbols, --tickers-file), the synthetic count, the universe's members for yfinance (503 for
     sp500), else every symbol of the file or the cache. Daily bars: the trading days between --start and --end
     (else --years back from today); sp500-pit cuts each symbol to its membership (member_bars). A file or the
-    cache: what it holds as the job loads it (validated, within the dates, at its own interval). The plan once counted the
-    seed's three symbols for all but --symbols and synthetic (a 500-symbol yfinance job priced as three), calendar
-    days for every source (a 6,000-bar hourly file as 2,520 days), ten years whatever --start/--end said, a file's
-    raw rows (symbols the job leaves out for bad bars), and every sp500-pit member's whole history."""
+    cache: what it holds as the job loads it (validated, within the dates, at its own interval). The plan once
+    counted the seed's three symbols for all but --symbols and synthetic (a 500-symbol yfinance job priced as three),
+    calendar days for every source (a 6,000-bar hourly file as 2,520 days), ten years whatever --start/--end said, a
+    file's raw rows (symbols the job leaves out for bad bars), and every sp500-pit member's whole history."""
     from trainers.lstm.bars import requested_symbols
     from trainers.market.sources import DataRequest, trading_days
 
@@ -235,7 +235,8 @@ def cohort_seconds(cohorts_of: list[int], steps: int, step_s: float, held_each: 
     one takes its members' share) and its own time and its members' outside them."""
     if max(cohorts_of) == 1:
         return [steps * step_s + SYMBOL_RUN_S - held_each for _ in cohorts_of]
-    return [COHORT_RUN_S + n * (COHORT_SYMBOL_RUN_S - held_each) + steps * step_s * n / max(cohorts_of)
+    return [COHORT_RUN_S + n * (COHORT_SYMBOL_RUN_S - held_each)
+            + steps * max(SMALL_STEP_S, step_s * n / max(cohorts_of))  # (a small cohort: at least the launch floor)
             for n in cohorts_of]
 
 
