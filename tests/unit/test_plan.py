@@ -799,3 +799,13 @@ def test_the_lstm_plan_counts_a_caches_symbols_and_bars_as_the_job_loads_them(tm
     empty = dataclasses.replace(cfg, cache_dir=str(tmp_path / "none"))
     with pytest.raises(UsageError, match="holds no cached prices"):  # (one line, exit 2, from the CLI)
         job_shape(empty)
+
+
+def test_a_small_last_cohorts_steps_take_at_least_the_launch_floor():
+    """A stacked step of a few members costs its launches like a full one; the plan gave it their share of a full
+    step's time (4 of 256: a 60th of the floor)."""
+    from trainers.lstm.size import COHORT_RUN_S, COHORT_SYMBOL_RUN_S, SMALL_STEP_S, cohort_seconds
+
+    full, small = cohort_seconds([256, 4], steps=100, step_s=0.01, held_each=0.0)
+    assert full == pytest.approx(COHORT_RUN_S + 256 * COHORT_SYMBOL_RUN_S + 100 * 0.01)
+    assert small == pytest.approx(COHORT_RUN_S + 4 * COHORT_SYMBOL_RUN_S + 100 * SMALL_STEP_S)
