@@ -216,7 +216,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                     run.metrics.log(step, "val", {"agent": index, "update": u, f"val_{cfg.select_by}": score, "best": best})
                     log.info("agent %d (%s, seed %d) update %d: validation %s %.4f%s", index, agent.encoder,
                              agent.seed, u, cfg.select_by, score, " (best)" if best else "")
-            if run.should_log(step) or u == updates:  # (an agent's last: its window would go with its phase)
+            if run.should_log(step, also=u == updates):  # (an agent's last: its window would go with its phase)
                 ep = dict(zip(EPISODE_STATS, all_reduce_sum(ctx, phase.window.tolist())))
                 n = max(ep["episodes"], 1.0)
                 values = {"agent": index, "update": u, "lr": lr, "episodes": int(ep["episodes"]),

@@ -107,8 +107,8 @@ class Run:
         self.clock.start()
         return start
 
-    def should_log(self, step: int) -> bool:
-        return step % self.cfg.log_every == 0 or step == self.total_steps
+    def should_log(self, step: int, also: bool = False) -> bool:  # also: where the loop logs besides the cadence
+        return also or step % self.cfg.log_every == 0 or step == self.total_steps
 
     def should_eval(self, step: int, end_of_epoch: bool = False) -> bool:
         return (end_of_epoch if self.eval_every == 0 else step % self.eval_every == 0) or step == self.total_steps

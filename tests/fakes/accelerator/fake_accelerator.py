@@ -529,8 +529,8 @@ def _instrument(acc: FakeAccelerator) -> None:
         acc.mark("resume", start.step)
         return start
 
-    def should_log(self, step):
-        due = real["should_log"](self, step)
+    def should_log(self, step, *a, **k):
+        due = real["should_log"](self, step, *a, **k)
         if due:
             acc.label = self._fake_waits = f"log {step}"
         return due
