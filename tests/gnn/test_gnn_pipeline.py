@@ -75,12 +75,13 @@ def test_two_rank_training_to_onnx_table_and_color_cli(tmp_path, capsys):
     assert conflicts(queen(7).edges, colors) == 0 and len(np.unique(colors)) == 7
     graph = (tmp_path / "q7.col").read_bytes()  # --output refused before the search: the graph itself (it was
     for output, needle in ((tmp_path / "q7.col", "is the --graph it colours"), (tmp_path, "is a folder"),  # lost)
-                           (tmp_path / "none" / "c.txt", "does not exist")):
+                           (tmp_path / "none" / "c.txt", "does not exist"), (run / "model.onnx", "is the --model"),
+                           (run / "export.json", "is the --model's export.json")):
         assert main(["gnn", "color", "--model", str(run / "model.onnx"), "--graph", str(tmp_path / "q7.col"),
                      "--output", str(output)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
-    assert (tmp_path / "q7.col").read_bytes() == graph
+    assert (tmp_path / "q7.col").read_bytes() == graph and (run / "export.json").is_file()
     # fine-tuning needs torch: without it, one line and exit 2
     write_dimacs(mycielski(5), tmp_path / "m5.col")
     args = ["--model", str(run / "model.onnx"), "--graph", str(tmp_path / "m5.col"), "--search-iters", "500",

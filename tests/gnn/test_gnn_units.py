@@ -194,6 +194,15 @@ def test_a_folder_holding_anything_but_a_dataset_is_never_replaced(tmp_path, mon
     monkeypatch.chdir(dataset)
     assert main(["gnn", "data", "--out", ".", "--train", "2", "--val", "1", "--no-progress"]) == 2
     assert "is the current folder" in capsys.readouterr().err and (dataset / "metadata.json").is_file()
+    (dataset / "results.json").unlink()
+    (tmp_path / "link").symlink_to(dataset)  # the current folder by a symlink: refused alike (it once crashed)
+    assert main(["gnn", "data", "--out", str(tmp_path / "link"), "--train", "2", "--val", "1", "--no-progress"]) == 2
+    assert "is the current folder" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    (dataset / ".DS_Store").write_bytes(b"")  # a file browser's: replaced with the dataset, by a symlink too
+    assert main(["gnn", "data", "--out", str(tmp_path / "link"), "--train", "2", "--val", "1", "--max-nodes", "20",
+                 "--no-progress", "--overwrite"]) == 0
+    assert (tmp_path / "link").is_symlink() and GraphSplit(tmp_path / "link", "train").nodes.size == 2
 
 
 def test_a_header_cannot_claim_more_nodes_than_its_file_could_hold(tmp_path):

@@ -94,12 +94,14 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def check_output(output: Path, graph: Path) -> None:
-    """Before the search (seconds to minutes): --output must be a file we can write, and not the graph read."""
+def check_output(output: Path, graph: Path, model: Path) -> None:
+    """Before the search (seconds to minutes): --output must be a file we can write, and none of the files read."""
     if output.is_dir():
         raise UsageError(f"--output {output} is a folder; give a file name, e.g. {output / 'coloring.txt'}")
-    if output.resolve() == graph.resolve():
-        raise UsageError(f"--output {output} is the --graph it colours; give another file")
+    read = {graph.resolve(): "the --graph it colours", model.resolve(): "the --model",
+            (model.parent / "export.json").resolve(): "the --model's export.json"}
+    if output.resolve() in read:
+        raise UsageError(f"--output {output} is {read[output.resolve()]}; give another file")
     if not output.resolve().parent.is_dir():
         raise UsageError(f"--output {output}: its folder {output.resolve().parent} does not exist")
     check_folder_writable(output.resolve().parent, "--output")
@@ -113,7 +115,7 @@ def color_file(model_path: str, graph_path: str, output: str | None = None, seed
 
     t0 = time.perf_counter()
     if output:
-        check_output(Path(output), Path(graph_path))
+        check_output(Path(output), Path(graph_path), Path(model_path))
     model_path = Path(model_path)
     info = read_export(model_path)
     if search == "population":

@@ -287,6 +287,7 @@ def write_dimacs(g: Graph, path: str | Path) -> None:
 
 FAMILIES = ("er", "rgg", "planted", "ba")
 DATASET_FILE = re.compile(r"(train|val)_[a-z_]+\.npy")  # a generated dataset's arrays, beside its metadata.json
+OS_CLUTTER = {".DS_Store", "Thumbs.db", "desktop.ini"}  # what a file browser leaves in a folder: replaced with it
 
 
 def random_graph(index: int, seed: int, min_nodes: int, max_nodes: int, dense: float = 0.0) -> Graph:
@@ -358,7 +359,7 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
     if min(n_train, n_val) < 1 or not 2 <= min_nodes <= max_nodes:
         raise UsageError(f"need >= 1 train and val graph and 2 <= --min-nodes <= --max-nodes "
                          f"(got {n_train}, {n_val}, {min_nodes}, {max_nodes})")
-    shown, out = out, Path(os.path.abspath(out))
+    shown, out = out, Path(out).resolve()  # (a symlink: the folder it names is the one swapped)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {shown} is a file, not a folder")
     if Path.cwd().is_relative_to(out):  # (`--out .`: the folder is swapped for a new one whole)
@@ -369,8 +370,9 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
     with FolderLock(out.parent, "--out", lock_name=f".{out.name}.lock", shown=shown):
         others = not_dataset_files(out)
         if others:  # the folder is swapped out whole and deleted: never one that holds anything else
-            raise UsageError(f"--out {shown} holds files that are not a graph dataset ({', '.join(others[:3])}"
-                             f"{' ...' if len(others) > 3 else ''}); give a new or empty folder")
+            named = ", ".join(map(repr, others[:3])) + (" ..." if len(others) > 3 else "")
+            raise UsageError(f"--out {shown} holds files that are not a graph dataset ({named}); give a new or empty "
+                             f"folder")
         if (out / "metadata.json").exists() and not overwrite:
             raise UsageError(f"--out {shown} already holds a graph dataset; use it as it is (--data-dir {shown}), "
                              f"pick another --out, or add --overwrite (runs that used it will refuse to resume)")
@@ -416,8 +418,8 @@ def not_dataset_files(folder: Path) -> list[str]:
     """What `folder` holds besides a graph dataset's files (metadata.json, <split>_<array>.npy), sorted."""
     if not folder.is_dir():
         return []
-    return sorted(p.name for p in folder.iterdir()
-                  if not (p.is_file() and (p.name == "metadata.json" or DATASET_FILE.fullmatch(p.name))))
+    return sorted(p.name for p in folder.iterdir() if p.name not in OS_CLUTTER
+                  and not (p.is_file() and (p.name == "metadata.json" or DATASET_FILE.fullmatch(p.name))))
 
 
 def dataset_fingerprint(root: Path) -> str:
