@@ -252,6 +252,10 @@ def test_evaluate_refuses_a_corpus_edited_since_the_run_trained_on_it(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "was trained on other data" in err[0] and "holds other text now" in err[0], err
     assert (run_dir / "results.json").read_bytes() == before
+    (run_dir / "data.json").unlink()  # its record gone: restore it (evaluate has no --restart to offer)
+    assert main(["gpt", "evaluate", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "restore it" in err[0] and "--restart" not in err[0], err
 
 
 def test_a_wall_clock_budget_holds_the_whole_process_with_checkpoint_and_results(tmp_path):

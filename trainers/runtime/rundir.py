@@ -192,29 +192,31 @@ class Heartbeat:
 
 
 def check_data_unchanged(run_dir: Path, fingerprint: str | None, restart: bool = False,
-                         instead: str = "resume with the data it started with, or use a new --run-dir") -> None:
+                         instead: str | None = None) -> None:
     """A run trains on one dataset: a resume whose data fingerprint differs from the one the run
     started with is refused (its positions and checkpoints index into the old data), and so is one
     whose record is unreadable or gone while checkpoints remain (the data could have changed
-    unseen). `--restart` starts over on whatever data it is given. `instead`: what the user can do (an
-    evaluation: give it the data the run trained on)."""
+    unseen). `--restart` starts over on whatever data it is given. `instead`: what the user can do, for a
+    command that is not a resume (an evaluation, an export: it has no --restart)."""
     if fingerprint is None or restart:
         return
     path = Path(run_dir) / DATA_RECORD
     checkpoints = Path(run_dir) / "checkpoints"
     trained = checkpoints.is_dir() and any(p.name.startswith(("meta_", "model_")) for p in checkpoints.iterdir())
+    or_restart = "" if instead else ", or start over with --restart"
     if not path.exists():
         if trained:
             raise UsageError(f"--run-dir {run_dir} holds checkpoints but no {DATA_RECORD} (the fingerprint of the data "
-                             f"they were trained on): restore it, or start over with --restart")
+                             f"they were trained on): restore it{or_restart}")
         return
     try:
         saved = json.loads(path.read_text())["fingerprint"]
         if not isinstance(saved, str):
             raise TypeError(f"fingerprint is a {type(saved).__name__}")
     except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path} is unreadable ({exc}); it records the data this run trained on: restore it, or "
-                         f"start over with --restart") from None
+        raise UsageError(f"{path} is unreadable ({exc}); it records the data this run trained on: restore it"
+                         f"{or_restart}") from None
     if saved != fingerprint:
         raise UsageError(f"--run-dir {run_dir} was trained on other data (fingerprint {saved[:12]}..., now "
-                         f"{fingerprint[:12]}...); {instead}")
+                         f"{fingerprint[:12]}...); "
+                         f"{instead or 'resume with the data it started with, or use a new --run-dir'}")
