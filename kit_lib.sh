@@ -8,6 +8,8 @@
 #   trainer_defaults       defaults that depend on --demo, and checks of its flag values
 #   trainer_data           the data phase (fetch, generate, or nothing)
 #   trainer_train_args     fill the array TRAIN_ARGS with its `trainers <name> train` options
+#   trainer_check_args     (optional) fill CHECK_ARGS: the options the check phase plans with, where the data the
+#                          job will train on is not there yet (the check runs before the data phase)
 #   trainer_report         (optional) print a summary after packaging
 #   trainer_workers_per_gpu  (optional) print K: torchrun starts K workers per GPU (jobs packed per device)
 
@@ -37,6 +39,7 @@ MODE=auto          # auto: detach when started from a terminal; foreground; deta
 NO_PACKAGE=0
 EXTRA=()
 TRAIN_ARGS=()
+CHECK_ARGS=()
 PHASE="start"
 NPROC=0
 
@@ -372,9 +375,11 @@ phase_check() {  # the full preflight, sized for the trainer and options about t
   fi
   local price=()
   [[ -z "$USD_PER_GPU_HOUR" ]] || price=(--usd-per-gpu-hour "$USD_PER_GPU_HOUR")
+  CHECK_ARGS=("${TRAIN_ARGS[@]}")
+  if declare -F trainer_check_args >/dev/null; then trainer_check_args; fi
   # Also the plan: does the job fit these GPUs, and what will it take and cost (shown again at the end)
   run "$PY" -m trainers preflight --expect-gpus "$NPROC" --out "$OUT" --trainer "$TRAINER" \
-    --json "$OUT/preflight-$TRAINER.json" --plan-json "$OUT/plan-$TRAINER.json" -- "${TRAIN_ARGS[@]}" "${price[@]}" \
+    --json "$OUT/preflight-$TRAINER.json" --plan-json "$OUT/plan-$TRAINER.json" -- "${CHECK_ARGS[@]}" "${price[@]}" \
     "${EXTRA[@]}"
 }
 

@@ -67,7 +67,10 @@ def test_eight_gpus_use_all_of_them_with_the_151m_preset(tmp_path):
     assert "--nproc_per_node=8 --max-restarts=3 --standalone -m trainers forecast train" in o
     assert "--usd-per-gpu-hour 2.5 --preset 151m --source cache" in o
     assert "trainers preflight --expect-gpus 8" in o and "--trainer forecast" in o
-    assert "-- --preset 151m --source cache" in o  # preflight sizes the disk for the model about to train
+    assert "-- --preset 151m --source yfinance --cache-dir" in o  # preflight sizes the disk for the model about
+    # to train, and plans the job as the data phase's fetch will leave the cache (the check runs before it: an empty
+    # cache, or a lost pod's part of one, was counted as it was)
+    assert o.index("trainers preflight --expect-gpus 8") < o.index("trainers fetch-sp500")
     assert "trainers fetch-sp500 --years 25" in o and "trainers forecast export" in o
     for phase in ("preflight", "install", "check", "data", "train", "export", "package", "download"):
         assert f"==> [{phase}]" in o and f"<== [{phase}] done in" in o

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The forecaster's part of the deploy kit (sourced by deploy_8gpu.sh; hooks described in kit_lib.sh).
-# shellcheck disable=SC2034  # PRESET, YEARS, UNIVERSE and TRAIN_ARGS are read by the kit
+# shellcheck disable=SC2034  # PRESET, YEARS, UNIVERSE, TRAIN_ARGS and CHECK_ARGS are read by the kit
 
 PRESET="${PRESET:-}"
 YEARS="${YEARS:-25}"
@@ -44,5 +44,14 @@ trainer_train_args() {
     TRAIN_ARGS+=(--source synthetic)
   else
     TRAIN_ARGS+=(--source cache --cache-dir "$OUT/cache/sp500" --years "$YEARS" --universe "$UNIVERSE")
+  fi
+}
+
+trainer_check_args() {
+  # The check plans before the data phase fills the cache (empty, or part of it after a lost pod): the job as the
+  # fetch will leave it, which the plan estimates for yfinance; counted on the cache, a part of it was too little
+  if [[ "$DEMO" -eq 0 ]]; then
+    CHECK_ARGS=(--preset "$PRESET" --source yfinance --cache-dir "$OUT/cache/sp500" --years "$YEARS"
+                --universe "$UNIVERSE")
   fi
 }
