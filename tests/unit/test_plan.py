@@ -673,12 +673,13 @@ def test_the_lstm_plan_counts_the_jobs_symbols_and_windows_as_the_job_finds_them
         s = plan.symbols[0]
         return len(build_symbol_data(plan.bars[s], symbol_config(cfg, s), plan.timeframes).ids["train"])
 
-    assert job_shape(LstmConfig(source="yfinance"))[0] == len(load_universe("sp500")) > 400
+    assert len(job_shape(LstmConfig(source="yfinance"))[0]) == len(load_universe("sp500")) > 400
     names = tmp_path / "names.txt"
     names.write_text("AAPL\nMSFT\nNVDA\nAMZN\n")
-    assert job_shape(LstmConfig(source="yfinance", tickers_file=str(names)))[0] == 4
+    assert len(job_shape(LstmConfig(source="yfinance", tickers_file=str(names)))[0]) == 4
     synthetic = LstmConfig(symbols="SYN000", synthetic_days=900, window=32)
-    assert train_samples(synthetic, *job_shape(synthetic)[1:]) == trained(synthetic) < int(900 * 0.7)
+    (bars,), base = job_shape(synthetic)
+    assert train_samples(synthetic, bars, base) == trained(synthetic) < int(900 * 0.7)
     ts = pd.date_range("2023-01-02", periods=6000, freq="h")
     close = 100 * np.exp(np.cumsum(np.random.default_rng(0).normal(0, 0.003, (5, len(ts))), axis=1))
     prices = tmp_path / "hourly.csv"
@@ -686,41 +687,67 @@ def test_the_lstm_plan_counts_the_jobs_symbols_and_windows_as_the_job_finds_them
     pd.concat([*(pd.DataFrame({"date": ts, "ticker": t, "close": close[i]}) for i, t in enumerate("ABCDE")), broken]
               ).to_csv(prices, index=False)
     hourly = LstmConfig(source=f"file:{prices}", window=32)
-    symbols, bars, base = job_shape(hourly)
-    assert (symbols, bars, base.label) == (5, 6000, "1h")
-    assert train_samples(hourly, bars, base) == trained(hourly) > 2 * 1391
+    bars, base = job_shape(hourly)
+    assert (bars, base.label) == ([6000] * 5, "1h")
+    assert train_samples(hourly, bars[0], base) == trained(hourly) > 2 * 1391
     later = LstmConfig(source=f"file:{prices}", window=32, start=str(ts[3000].date()))  # the job reads from there
-    symbols, bars, base = job_shape(later)
-    assert symbols == 5 and bars == len(prepare_job(later, log=lambda *_: None).bars["A"].ts) < 3100
-    assert train_samples(later, bars, base) == trained(later)
+    bars, base = job_shape(later)
+    assert len(bars) == 5 and bars[0] == len(prepare_job(later, log=lambda *_: None).bars["A"].ts) < 3100
+    assert train_samples(later, bars[0], base) == trained(later)
 
 
 def test_the_lstm_plan_counts_daily_bars_between_the_dates_and_sp500_pit_members_over_their_membership(tmp_path):
     """Daily bars: the plan counted ten years whatever --start/--end said, and every sp500-pit member with the whole
     range's bars, where the job cuts each to its membership (trainers.lstm.job.point_in_time). Against the job's own
     cut of a file of those members' weekday bars (the estimate counts a year's 252 trading days of 261 weekdays)."""
-    import numpy as np
-    import pandas as pd
-
     from trainers.lstm.config import LstmConfig
     from trainers.lstm.job import prepare_job
     from trainers.lstm.size import job_shape
 
-    year = job_shape(LstmConfig(source="yfinance", start="2020-01-01", end="2021-01-01"))
-    assert year[0] == 503 and 250 <= year[1] <= 254  # (NYSE 2020: 253 sessions)
+    (year, *_), _ = job_shape(LstmConfig(source="yfinance", start="2020-01-01", end="2021-01-01"))
+    assert 250 <= year <= 254  # (NYSE 2020: 253 sessions)
     dates = dict(start="2015-01-01", end="2024-01-01")
     names = "ABMD,ANET,AMG"  # joined 2018-05-31, left 2022-12-22; joined 2018-08-28; left 2019-12-23
-    symbols, estimate, _ = job_shape(LstmConfig(source="yfinance", universe="sp500-pit", symbols=names, **dates))
-    days = pd.bdate_range(dates["start"], dates["end"], inclusive="left")
-    close = 100 * np.exp(np.cumsum(np.random.default_rng(1).normal(0, 0.01, (3, len(days))), axis=1))
-    prices = tmp_path / "daily.csv"
-    pd.concat([pd.DataFrame({"date": days, "ticker": t, "close": close[i]}) for i, t in enumerate(names.split(","))]
-              ).to_csv(prices, index=False)
+    estimate, _ = job_shape(LstmConfig(source="yfinance", universe="sp500-pit", symbols=names, **dates))
+    prices = _weekday_prices(tmp_path, names.split(","), dates)
     from_file = LstmConfig(source=f"file:{prices}", universe="sp500-pit", **dates)
     job = prepare_job(from_file, log=lambda *_: None)
-    cut = np.mean([len(b.ts) for b in job.bars.values()])
-    assert job_shape(from_file) == (3, int(cut), job.bars["ANET"].base)
-    assert symbols == 3 and abs(estimate / cut - 1) < 0.05 and cut < 0.7 * len(days)
+    cut = [len(job.bars[s].ts) for s in names.split(",")]
+    assert sorted(job_shape(from_file)[0]) == sorted(cut) and job_shape(from_file)[1] == job.bars["ANET"].base
+    assert all(abs(e / c - 1) < 0.05 for e, c in zip(estimate, cut)) and max(cut) < 0.7 * 2348
+
+
+def _weekday_prices(tmp_path, names: list[str], dates: dict):
+    import numpy as np
+    import pandas as pd
+
+    days = pd.bdate_range(dates["start"], dates["end"], inclusive="left")
+    close = 100 * np.exp(np.cumsum(np.random.default_rng(1).normal(0, 0.01, (len(names), len(days))), axis=1))
+    prices = tmp_path / "daily.csv"
+    pd.concat([pd.DataFrame({"date": days, "ticker": t, "close": close[i]}) for i, t in enumerate(names)]
+              ).to_csv(prices, index=False)
+    return prices
+
+
+def test_the_lstm_plan_leaves_out_the_members_the_job_leaves_out_and_counts_each_ones_windows(tmp_path):
+    """A point-in-time member too briefly in the index to train is left out by the job (unless named): the plan
+    counted it, and at the members' mean bars, a short one's clipped windows made it say 0 samples of a job that
+    trains two symbols. Named (--symbols), the job refuses it, and so does the plan."""
+    from trainers.errors import UsageError
+    from trainers.lstm.config import LstmConfig
+    from trainers.lstm.features import build_symbol_data
+    from trainers.lstm.job import prepare_job, symbol_config
+    from trainers.lstm.size import trained_symbols
+
+    dates = dict(start="2019-12-01", end="2024-01-01")  # AMG left on 2019-12-23: three weeks a member
+    cfg = LstmConfig(source=f"file:{_weekday_prices(tmp_path, ['ABMD', 'ANET', 'AMG'], dates)}",
+                     universe="sp500-pit", **dates)
+    job = prepare_job(cfg, log=lambda *_: None)
+    windows = [len(build_symbol_data(job.bars[s], symbol_config(cfg, s), job.timeframes).ids["train"])
+               for s in job.symbols]
+    assert job.symbols == ["ABMD", "ANET"] and trained_symbols(cfg) == (2, sum(windows) / 2) and min(windows) > 0
+    with pytest.raises(UsageError, match="1 of the job's 3 symbol"):
+        trained_symbols(LstmConfig(source=cfg.source, universe="sp500-pit", symbols="ABMD,ANET,AMG", **dates))
 
 
 def test_the_forecasters_plan_counts_the_samples_of_the_tickers_and_dates_asked_for(tmp_path):
@@ -795,7 +822,7 @@ def test_the_lstm_plan_counts_a_caches_symbols_and_bars_as_the_job_loads_them(tm
     job_cfg = dataclasses.replace(cfg)
     fix_date_range(job_cfg, None)  # what the job's first run does
     job = prepare_job(job_cfg, log=lambda *_: None)
-    assert job_shape(cfg)[:2] == (3, len(job.bars["SYN000"].ts)) and 500 < len(job.bars["SYN000"].ts) < 700
+    assert job_shape(cfg)[0] == [len(job.bars[s].ts) for s in job.symbols] and 500 < len(job.bars["SYN000"].ts) < 700
     empty = dataclasses.replace(cfg, cache_dir=str(tmp_path / "none"))
     with pytest.raises(UsageError, match="holds no cached prices"):  # (one line, exit 2, from the CLI)
         job_shape(empty)

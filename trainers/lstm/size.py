@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import sys
 
 import numpy as np
@@ -96,10 +95,10 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
                    "default_flops": 3 * forward_flops(default, (torch.randn(1, LstmConfig().window, n_in),))}
     c = counted
     if "symbols" not in c:  # (counted once: it may read a file)
-        c["symbols"], c["bars"], c["base"] = job_shape(cfg)
+        c["symbols"], c["per_epoch"] = trained_symbols(cfg)
     symbols = c["symbols"]
-    per_epoch = train_samples(cfg, c["bars"], c["base"])  # a symbol's training samples an epoch
-    samples = per_epoch * symbols * cfg.epochs
+    per_epoch = c["per_epoch"]  # a symbol's training samples an epoch (their mean)
+    samples = round(per_epoch * symbols * cfg.epochs)
     k = max(1, cfg.jobs_per_gpu or 1)
     per_worker = math.ceil(symbols / max(1, workers))  # a worker claims its share of the symbols (worker.py)
     members = planned_cohort(cfg, c["stacked_per_sample"], per_worker, memory_bytes)
@@ -150,21 +149,39 @@ def workload(cfg: LstmConfig, memory_bytes: int = PLAN_GPU_MEMORY, workers: int 
                f"{held}{exported}"])
 
 
-def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
-    """(symbols, bars a symbol on average, the base bars' interval) as the job finds them (trainers.lstm.bars):
-    those named (--symbols, --tickers-file), the synthetic count, the universe's members for yfinance (503 for
-    sp500), else every symbol of the file or the cache. Daily bars: the trading days between --start and --end
-    (else --years back from today); sp500-pit cuts each symbol to its membership (member_bars). A file or the
-    cache: what it holds as the job loads it (validated, within the dates, at its own interval). The plan once
-    counted the seed's three symbols for all but --symbols and synthetic (a 500-symbol yfinance job priced as three),
-    calendar days for every source (a 6,000-bar hourly file as 2,520 days), ten years whatever --start/--end said, a
-    file's raw rows (symbols the job leaves out for bad bars), and every sp500-pit member's whole history."""
+def trained_symbols(cfg: LstmConfig) -> tuple[int, float]:
+    """(the symbols the job trains, their training windows an epoch on average): each symbol's bars as the job will
+    have them (job_shape), split as the job splits them. A symbol with too few bars for a training window is left
+    out where the job leaves it out (a point-in-time member it was not named), else refused as the job refuses it;
+    counted at the mean bars, sp500-pit's short members once made the plan say 0 samples of a job that trains."""
+    from trainers.lstm.bars import named_symbols
+
+    bars, base = job_shape(cfg)
+    windows = {n: train_samples(cfg, n, base) for n in set(bars)}
+    kept = [windows[n] for n in bars if windows[n] > 0]
+    if not kept or (len(kept) < len(bars) and (cfg.universe != "sp500-pit" or named_symbols(cfg))):
+        raise UsageError(f"{len(bars) - len(kept)} of the job's {len(bars)} symbol(s) have too few bars to train on "
+                         f"(the shortest {min(bars):,}; a --window of {cfg.window}, the history its features read, the "
+                         f"splits and their embargoes): the job would refuse them; give more history or a shorter "
+                         f"--window")
+    return len(kept), sum(kept) / len(kept)
+
+
+def job_shape(cfg: LstmConfig) -> tuple[list[int], Timeframe]:
+    """(each symbol's bars, the base bars' interval) as the job finds them (trainers.lstm.bars): those named
+    (--symbols, --tickers-file), the synthetic count, the universe's members for yfinance (503 for sp500), else
+    every symbol of the file or the cache. Daily bars: the trading days between --start and --end (else --years back
+    from today); sp500-pit cuts each symbol to its membership (member_bars). A file or the cache: what it holds as
+    the job loads it (validated, within the dates, at its own interval). The plan once counted the seed's three
+    symbols for all but --symbols and synthetic (a 500-symbol yfinance job priced as three), calendar days for every
+    source (a 6,000-bar hourly file as 2,520 days), ten years whatever --start/--end said, a file's raw rows (symbols
+    the job leaves out for bad bars), and every sp500-pit member's whole history."""
     from trainers.lstm.bars import requested_symbols
     from trainers.market.sources import DataRequest, trading_days
 
     daily = Timeframe(1, "d")
     if cfg.source == "synthetic" and cfg.symbols is None and cfg.tickers_file is None:
-        return cfg.synthetic_tickers, cfg.synthetic_days, daily
+        return [cfg.synthetic_days] * cfg.synthetic_tickers, daily
     wanted = requested_symbols(cfg)
     if cfg.source.startswith("file:") or cfg.source == "cache":  # read as the job reads it: validated, dated
         from dataclasses import replace
@@ -180,21 +197,20 @@ def job_shape(cfg: LstmConfig) -> tuple[int, int, Timeframe]:
         base = next(iter(bars.values())).base
         if cfg.universe == "sp500-pit":  # each symbol cut to its membership, as the job cuts it
             bars, _ = point_in_time(bars, cfg, resolve_timeframes(cfg.timeframes, base), log=warn)
-        return len(bars), int(statistics.mean(len(b.ts) for b in bars.values())), base
+        return [len(b.ts) for b in bars.values()], base
     if cfg.source == "synthetic":
-        return len(wanted), cfg.synthetic_days, daily
+        return [cfg.synthetic_days] * len(wanted), daily
     start, end = DataRequest(start=cfg.start, end=cfg.end, years=cfg.years).date_range()
     if cfg.universe == "sp500-pit":
-        symbols, bars = member_bars(cfg, wanted, start, end)
-        return symbols, bars, daily
-    return len(wanted), trading_days(start, end), daily  # (yfinance: the universe's members when none are named)
+        return member_bars(cfg, wanted, start, end), daily
+    return [trading_days(start, end)] * len(wanted), daily  # (yfinance: the universe's members when none are named)
 
 
-def member_bars(cfg: LstmConfig, symbols: list[str], start: str, end: str) -> tuple[int, int]:
-    """--universe sp500-pit on daily bars not yet fetched: (the symbols that were members between the dates, the
-    mean of their bars) as trainers.lstm.job.point_in_time will cut them: its membership's trading days, the history
-    its first sample reads before it and the horizon after, within the dates. The plan once counted every member
-    over ten years with the whole ten years of bars (862 symbols, most of them in the index for part of it)."""
+def member_bars(cfg: LstmConfig, symbols: list[str], start: str, end: str) -> list[int]:
+    """--universe sp500-pit on daily bars not yet fetched: the bars of each symbol that was a member between the
+    dates as trainers.lstm.job.point_in_time will cut them: its membership's trading days, the history its first
+    sample reads before it and the horizon after, within the dates. The plan once counted every member over ten
+    years with the whole ten years of bars (862 symbols, most of them in the index for part of it)."""
     import pandas as pd
 
     from trainers.lstm.config import resolve_timeframes
@@ -213,8 +229,9 @@ def member_bars(cfg: LstmConfig, symbols: list[str], start: str, end: str) -> tu
     last = len(days) - 1 - member[::-1].argmax(axis=0)[inside]
     to_bars = TRADING_DAYS / WEEKDAYS_A_YEAR  # weekdays to sessions
     reach = cfg.window - 1 + LOOKBACK + higher_history_bars(resolve_timeframes(cfg.timeframes, Timeframe(1, "d")))
-    spans = np.minimum(np.round((last - first + 1) * to_bars) + reach + cfg.horizon, round(len(days) * to_bars))
-    return int(inside.sum()), int(spans.mean())
+    lo = np.maximum(0, first - reach / to_bars)  # (in weekdays: the history before the first sample, within the
+    hi = np.minimum(len(days), last + 1 + cfg.horizon / to_bars)  # dates; the horizon after the last)
+    return [int(n) for n in np.round((hi - lo) * to_bars)]
 
 
 def train_samples(cfg: LstmConfig, bars: int, base: Timeframe) -> int:
