@@ -27,7 +27,7 @@ from typing import Callable
 
 import pytest
 
-from conftest import GPT_TINY, TINY_DATA, read_results, run_cli, run_torchrun, wait_for
+from conftest import GPT_TINY, TINY_DATA, read_metrics, read_results, run_cli, run_torchrun, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -203,6 +203,22 @@ def test_a_resume_on_more_ranks_trains_the_epoch_it_restarts_and_every_one_after
     run_torchrun(args)
     r = read_results(run_dir)["training"]
     assert r["stop_reason"] == "completed" and r["steps"] == r["total_steps"] == 3 + c.steps  # c.steps: 2 ranks'
+
+
+def test_a_forecast_resumed_on_fewer_ranks_ends_its_cosine_where_its_loop_ends(workdir):
+    """After 30 steps on 2 ranks (an epoch and 2 steps), 1 process restarts epoch 1 and trains 56 more: the loop ends
+    at 86, and the learning rate must reach its floor there. The schedule was built for the one process's 112
+    steps, and the run ended halfway down the cosine."""
+    c = CONTRACTS["forecast"]
+    run_dir = workdir / "forecast-fewer-ranks"
+    args = ["forecast", "train", *c.args, "--run-dir", str(run_dir)]
+    run_torchrun(args, env={"TRAINERS_FAULT": "sigterm@rank0:step30"})
+    run_cli(args, check=True)
+    r = read_results(run_dir)
+    assert r["training"]["steps"] == r["training"]["total_steps"] == 30 + 56
+    last = [m for m in read_metrics(run_dir) if m["kind"] == "train"][-1]
+    floor = r["config"]["lr"] * r["config"]["min_lr_ratio"]
+    assert last["step"] == 86 and last["lr"] == pytest.approx(floor, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", CONTRACTS)

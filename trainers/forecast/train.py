@@ -136,7 +136,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     store.to(ctx.device)  # new tensors: a reference taken before this line would index the host copy
     train_ids = store.sample_ids["train"]
     optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.95), ctx.device, cfg.gpu_defaults)
-    scheduler = build_scheduler(optimizer, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
+    scheduler = build_scheduler(optimizer, lambda: total_steps, cfg.warmup_steps, cfg.min_lr_ratio)  # (as resumed)
     scaler = make_grad_scaler(ctx.device, precision)
     shape = PRESETS[cfg.preset]
     flops = model_flops(cfg, len(store.feature_names))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -17,7 +18,9 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int,
+def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int | Callable[[], int], warmup_steps: int,
                     min_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_cosine(s, total_steps, warmup_steps, min_ratio))
+    """`total_steps`: the run's length, or a function asked at each step (a resume on another number of ranks
+    changes it: Run.resume(steps_left); the cosine then ends where the loop does)."""
+    total = total_steps if callable(total_steps) else (lambda: total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, total(), warmup_steps, min_ratio))
