@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from trainers.market.panel import to_panel
 from trainers.market.sources import DataRequest, load_source, pin_date_range
 from trainers.market.universe import resolve_tickers
@@ -37,6 +39,18 @@ def load_trading_data(cfg: PpoConfig, log=print) -> tuple[TradingData, dict]:
         log("data: bad rows dropped, per stock traded (filled from its last close): " +
             "; ".join(f"{t} {sum(c.values())} ({filled.get(t, 0)} filled)" for t, c in traded.items()))
     return data, {**source_info, **pick_info, "rows_dropped_by_stock": traded, **data.describe()}
+
+
+def load_checked_data(cfg: PpoConfig, run_dir: Path, instead: str) -> tuple[TradingData, dict]:
+    """A trained run's data read again for a command after its training (evaluate, export), checked against the
+    run's record (a run of an older kit has none: nothing to check it against). `instead`: what the command needs
+    it for, said when the data changed."""
+    from trainers.runtime.rundir import DATA_RECORD, check_data_unchanged
+
+    data, info = load_trading_data(cfg, log=lambda _m: None)
+    if (Path(run_dir) / DATA_RECORD).exists():
+        check_data_unchanged(run_dir, checked_fingerprint(data, info, cfg.source), instead=instead)
+    return data, info
 
 
 def checked_fingerprint(data: TradingData, info: dict, source: str) -> str | None:

@@ -27,15 +27,13 @@ import torch
 
 from trainers.ppo.build import AgentSet, chosen
 from trainers.ppo.config import PpoConfig
-from trainers.ppo.data import checked_fingerprint, env_spec, load_trading_data
+from trainers.ppo.data import env_spec, load_checked_data
 from trainers.ppo.env import DeviceMarket, EnvSpec, fixed_range_env
 from trainers.ppo.features import TRADING_DAYS
 from trainers.ppo.report import EQUITY_PNG, METRICS, markdown, plot_equity
 from trainers.runtime.dist import DistContext, pick_device
 from trainers.runtime.results import merge_results
 from trainers.runtime.rundir import (
-    DATA_RECORD,
-    check_data_unchanged,
     exclusive,
     load_checkpoint_states,
     load_run_config,
@@ -299,10 +297,7 @@ def evaluate_run(run_dir: str, checkpoint: str = "latest", device: str = "auto")
     with exclusive(run_path):  # not while training (or another command) writes into the folder
         step, states = load_checkpoint_states(run_path, checkpoint, dev)
         ctx = single_process_context(dev)
-        data, info = load_trading_data(cfg, log=lambda _m: None)
-        if (run_path / DATA_RECORD).exists():  # (a run of an older kit has none: nothing to check it against)
-            check_data_unchanged(run_path, checked_fingerprint(data, info, cfg.source),
-                                 instead="its evaluation needs the data it trained on")
+        data, _ = load_checked_data(cfg, run_path, "its evaluation needs the data it trained on")
         market = DeviceMarket(data.close, data.features, ctx.device)
         agents = AgentSet(cfg, data.n_stocks, ctx.device)
         agents.load_state_dict(states["agents"])

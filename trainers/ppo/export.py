@@ -44,13 +44,9 @@ def preprocessing_from_data(run_dir: Path, cfg: PpoConfig) -> dict:
     """The features' statistics and tickers the model's `market` input is scaled with, for a run that ended before
     its results.json (killed, or stopped before `finish`): the run's data read again and checked against its
     record, as `evaluate` does. Without them the export was written with nulls there and no way to feed it."""
-    from trainers.ppo.data import checked_fingerprint, load_trading_data
-    from trainers.runtime.rundir import DATA_RECORD, check_data_unchanged
+    from trainers.ppo.data import load_checked_data
 
-    data, info = load_trading_data(cfg, log=lambda _m: None)
-    if (run_dir / DATA_RECORD).exists():
-        check_data_unchanged(run_dir, checked_fingerprint(data, info, cfg.source), instead=(
-            "its export needs the data it trained on, for the features' statistics"))
+    data, _ = load_checked_data(cfg, run_dir, "its export needs the data it trained on, for the features' statistics")
     return data.describe()
 
 
