@@ -37,6 +37,7 @@ from trainers.runtime.files import sha256_file
 from trainers.runtime.results import merge_results, read_results
 from trainers.runtime.rundir import (
     exclusive,
+    is_step_number,
     load_checkpoint_states,
     load_run_config,
     resolve_checkpoint,
@@ -136,7 +137,7 @@ def export_run(run_dir: Path, symbols: str | None = None, checkpoint: str = "bes
     """`trainers lstm export`: every finished symbol of the job (or the ones named) whose export is
     missing or stale; the job summary is rewritten after."""
     check_tolerance(tolerance)
-    if checkpoint not in ("best", "latest") and not (checkpoint.isascii() and checkpoint.isdigit()):  # (once)
+    if checkpoint not in ("best", "latest") and not is_step_number(checkpoint):  # (once, not per symbol)
         raise UsageError(f"--checkpoint {checkpoint!r} is not best, latest or a step number")
     run_dir = Path(run_dir)
     job = read_results(run_dir)

@@ -117,6 +117,11 @@ def load_run_config(run_dir: Path, cls):
     return cls(**{k: v for k, v in saved.items() if k in names})
 
 
+def is_step_number(which: str) -> bool:
+    """A --checkpoint naming a step: ASCII digits ("²" is a digit to str.isdigit, and int() refuses it)."""
+    return which.isascii() and which.isdigit()
+
+
 def resolve_checkpoint(ckpt: CheckpointManager, which: str) -> int:
     """`best` (lowest validation metric, else newest), `latest`, or a step number."""
     steps = ckpt.complete_steps()
@@ -127,7 +132,7 @@ def resolve_checkpoint(ckpt: CheckpointManager, which: str) -> int:
     if which == "best":
         best = ckpt.best_step()
         return steps[0] if best is None else best
-    if not (which.isascii() and which.isdigit()) or int(which) not in steps:  # ("²" is a digit to isdigit)
+    if not is_step_number(which) or int(which) not in steps:
         raise UsageError(f"--checkpoint {which!r} is not best, latest or one of the steps {sorted(steps)}")
     return int(which)
 
