@@ -77,6 +77,10 @@ class NodeBudgetPlan:
     def global_count(self, step: int) -> int:
         return int(self._global[step])
 
+    def per_step(self, values: np.ndarray) -> np.ndarray:
+        """Each of this rank's steps' sum of `values` (one per graph of the split), all steps at once."""
+        return np.add.reduceat(values[self._share], self._bounds[:-1])
+
     def consumed_before(self, step: int) -> int:
         return int(self._bounds[step])
 
@@ -120,7 +124,6 @@ def padded_capacity(nodes: np.ndarray, directed_edges: np.ndarray, world_size: i
     most = np.zeros(3, dtype=np.int64)
     for epoch in range(epochs):  # (each epoch's steps summed at once: a long run's start once looped over them all)
         plan = NodeBudgetPlan(nodes, world_size, rank, nodes_per_batch, seed, epoch)
-        starts = plan._bounds[:-1]
-        most = np.maximum(most, [np.add.reduceat(nodes[plan._share], starts).max(),
-                                 np.add.reduceat(edges[plan._share], starts).max(), np.diff(plan._bounds).max()])
+        graphs = plan.per_step(np.ones_like(nodes))
+        most = np.maximum(most, [plan.per_step(nodes).max(), plan.per_step(edges).max(), graphs.max()])
     return int(most[0]) + 1, int(most[1]) + 1, int(most[2]) + 1
