@@ -5,6 +5,7 @@ model.py, and the bytes autograd saves for backward, counted per sample (tested 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from trainers.forecast.config import PRESETS, ForecastConfig, feature_names
 from trainers.market.sources import trading_days
@@ -44,8 +45,6 @@ def training_samples(cfg: ForecastConfig) -> tuple[int, bool]:
     members for every real source whatever --tickers or the dates said, and one run for a walk-forward."""
     folds = [cfg.fold] if cfg.fold is not None else list(range(cfg.walk_forward)) or [None]
     if cfg.source.startswith("file:") or (cfg.source == "cache" and holds_prices(cfg.cache_dir)):
-        from dataclasses import replace
-
         from trainers.forecast.data import load_market, split_plan, store_from
 
         market = load_market(replace(cfg), log=lambda line: print(line, file=sys.stderr))  # (it pins features)
@@ -55,8 +54,6 @@ def training_samples(cfg: ForecastConfig) -> tuple[int, bool]:
     if cfg.source == "synthetic":
         dates, tickers = cfg.synthetic_days, cfg.synthetic_tickers
     else:  # (an empty cache: what a yfinance fetch of the same options fills it with)
-        from dataclasses import replace
-
         dates, tickers = yfinance_shape(replace(cfg, source="yfinance"))
     if cfg.walk_forward:
         plans = plan_walk_forward(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1, cfg.walk_forward)

@@ -32,11 +32,15 @@ def rollout_bytes_per_env(cfg: PpoConfig) -> int:
     return cfg.rollout_steps * (8 + 4 * (cfg.num_stocks + 1) + 4 * cfg.num_stocks + 6 * 4)
 
 
+def window_bytes(cfg: PpoConfig) -> int:
+    """One sample's market window as an update gathers it from the features: [window, stocks, features] float32."""
+    return cfg.window * cfg.num_stocks * len(FEATURES) * 4
+
+
 def update_bytes_per_env(cfg: PpoConfig, per_sample: float) -> float:
     """One environment's share of its update's minibatch (a rollout cut in MINIBATCHES_PER_EPOCH): the market
     windows gathered for its samples, and what autograd saves for each (`per_sample`, the policy's)."""
-    window = cfg.window * cfg.num_stocks * len(FEATURES) * 4
-    return cfg.rollout_steps / MINIBATCHES_PER_EPOCH * (window + per_sample)
+    return cfg.rollout_steps / MINIBATCHES_PER_EPOCH * (window_bytes(cfg) + per_sample)
 
 
 def policy_saved_bytes(cfg: PpoConfig) -> float:
@@ -131,7 +135,7 @@ def workload(cfg: PpoConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
     cfg.check_rollout()  # the run would refuse it: so does the plan
 
     rollout = cfg.num_envs * rollout_bytes_per_env(cfg)
-    windows = cfg.batch_size * w * n * f * 4  # a minibatch's market windows, gathered from the features
+    windows = cfg.batch_size * window_bytes(cfg)  # a minibatch's market windows
     features = cfg.synthetic_days * n * f * 4
     # A planner "step" is one PPO update: a rollout of every environment, then the update epochs over
     # minibatches of it (activations are held for one minibatch at a time).
