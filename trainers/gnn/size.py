@@ -54,13 +54,15 @@ def compiles(setting: bool | None, gpu_like: bool, steps: int) -> tuple[bool, st
 
 
 def dataset_counts(cfg: GnnConfig) -> tuple[int, int, int, str]:
-    """(graphs, nodes, undirected edges) of the training split, and where they came from."""
+    """(graphs, nodes, undirected edges) of the training split, and where they came from: the dataset in --data-dir,
+    else (the deploy's plan runs before its data phase) the graphs the deploy generates (assumed_counts)."""
     meta = Path(cfg.data_dir) / "metadata.json"
     try:
         train = json.loads(meta.read_text())["splits"]["train"]
         return int(train["graphs"]), int(train["nodes"]), int(train["edges"]), f"the dataset in {cfg.data_dir}"
     except (OSError, ValueError, KeyError, TypeError):
-        return 0, 0, 0, ""
+        return (*assumed_counts(cfg.seed), f"ASSUMED: the deploy's {DEPLOY_GRAPHS:,} generated graphs of "
+                f"{DEPLOY_MIN_NODES}-{DEPLOY_MAX_NODES} nodes (no dataset in {cfg.data_dir} yet)")
 
 
 def sample_graphs(seed: int) -> list:
@@ -110,7 +112,7 @@ def flops_per_node(cfg: GnnConfig) -> float:
 
 
 def _loss_inputs(cfg: GnnConfig, graphs: list, twice: bool = False) -> tuple:
-    """A batch of `graphs` as `_Loss` takes it; `twice`: every edge listed twice (the nodes alike)."""
+    """A batch of `graphs` as `_loss_module` takes it; `twice`: every edge listed twice (the nodes alike)."""
     import torch
 
     from trainers.gnn.batch import make_batch
@@ -161,8 +163,6 @@ def bytes_per_node(cfg: GnnConfig, per_node: float, per_edge: float) -> float:
     """A step's saved bytes per node on this run's graphs: its nodes' and their directed edges' (the dataset's
     edges a node, else the deploy's graphs')."""
     _graphs, nodes, edges, _source = dataset_counts(cfg)
-    if not nodes:
-        _graphs, nodes, edges = assumed_counts(cfg.seed)
     return per_node + per_edge * 2 * edges / max(nodes, 1)
 
 
@@ -179,7 +179,7 @@ def nodes_per_step(cfg: GnnConfig, memory_bytes: int | None, world_size: int, pe
         return CPU_NODES
     # the training split's nodes; with no dataset yet (the deploy's plan runs before its data phase) the graphs the
     # deploy generates, as the plan counts them: it sized 8 H200s' steps at 65,536 nodes, the run then at 16,384
-    nodes = dataset_counts(cfg)[1] or assumed_counts(cfg.seed)[1]
+    nodes = dataset_counts(cfg)[1]
     most = min(MAX_AUTO_NODES, nodes // (world_size * MIN_STEPS_PER_EPOCH))
     per_node = bytes_per_node(cfg, *_measured(cfg)[:2]) if per_node is None else per_node
     most = min(most, int(memory_bytes * ACTIVATION_MEMORY_SHARE // max(per_node, 1.0)))
@@ -196,10 +196,6 @@ def workload(cfg: GnnConfig, memory_bytes: int = PLAN_GPU_MEMORY, world_size: in
     nodes_per_batch = nodes_per_step(cfg, memory_bytes, world_size, per_node)
 
     graphs, nodes, edges, source = dataset_counts(cfg)
-    if not graphs:
-        graphs, nodes, edges = assumed_counts(cfg.seed)
-        source = (f"ASSUMED: the deploy's {DEPLOY_GRAPHS:,} generated graphs of {DEPLOY_MIN_NODES}-{DEPLOY_MAX_NODES} "
-                  f"nodes (no dataset in {cfg.data_dir} yet)")
     on_device = nodes * DEVICE_BYTES_PER_NODE + edges * DEVICE_BYTES_PER_EDGE  # the split lives on the GPU
 
     def planned_compile(steps: float) -> tuple[bool, str]:  # as the run decides on a GPU, on the plan's steps
