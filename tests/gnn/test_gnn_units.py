@@ -1,6 +1,8 @@
 """The colouring GNN's pieces: graphs, loss, repair, model, files, bad input."""
 
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -203,6 +205,34 @@ def test_a_folder_holding_anything_but_a_dataset_is_never_replaced(tmp_path, mon
     assert main(["gnn", "data", "--out", str(tmp_path / "link"), "--train", "2", "--val", "1", "--max-nodes", "20",
                  "--no-progress", "--overwrite"]) == 0
     assert (tmp_path / "link").is_symlink() and GraphSplit(tmp_path / "link", "train").nodes.size == 2
+    (dataset / ".DS_Store").mkdir()  # a folder of that name is the user's, not a file browser's: never replaced
+    (dataset / ".DS_Store" / "thesis.txt").write_text("precious")
+    assert main(["gnn", "data", "--out", str(dataset), "--train", "2", "--val", "1", "--max-nodes", "20",
+                 "--no-progress", "--overwrite"]) == 2
+    assert "('.DS_Store')" in capsys.readouterr().err and (dataset / ".DS_Store" / "thesis.txt").is_file()
+    (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")  # a symlink loop: one line, not a traceback
+    (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
+    assert main(["gnn", "data", "--out", str(tmp_path / "loop_a"), "--train", "2", "--val", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot be resolved to a folder" in err[0], err
+
+
+def test_a_dataset_folder_keeps_its_permissions_when_replaced(tmp_path):
+    """The dataset is written in a temporary folder (mode 0700) and swapped in: a folder a team shares became
+    private to whoever generated the data. Now it keeps the folder's mode, and a new one gets the umask's."""
+    import stat
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    write_dataset(shared, 2, 1, seed=1, min_nodes=10, max_nodes=20, workers=1, progress=False)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o775
+    umask = os.umask(0o022)
+    try:
+        write_dataset(tmp_path / "new", 2, 1, seed=1, min_nodes=10, max_nodes=20, workers=1, progress=False)
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o755
 
 
 def test_a_header_cannot_claim_more_nodes_than_its_file_could_hold(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -359,7 +360,11 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
     if min(n_train, n_val) < 1 or not 2 <= min_nodes <= max_nodes:
         raise UsageError(f"need >= 1 train and val graph and 2 <= --min-nodes <= --max-nodes "
                          f"(got {n_train}, {n_val}, {min_nodes}, {max_nodes})")
-    shown, out = out, Path(out).resolve()  # (a symlink: the folder it names is the one swapped)
+    shown = out
+    try:
+        out = Path(out).resolve()  # (a symlink: the folder it names is the one swapped)
+    except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError on Python 3.11), a path past its limit
+        raise UsageError(f"--out {shown} cannot be resolved to a folder ({exc}); give a folder's path") from None
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {shown} is a file, not a folder")
     if Path.cwd().is_relative_to(out):  # (`--out .`: the folder is swapped for a new one whole)
@@ -377,6 +382,7 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
             raise UsageError(f"--out {shown} already holds a graph dataset; use it as it is (--data-dir {shown}), "
                              f"pick another --out, or add --overwrite (runs that used it will refuse to resume)")
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+        staging.chmod(new_folder_mode(out))  # (mkdtemp's is 0700: a shared folder swapped for it became private)
         try:
             with full_disk_named(out):  # a full volume: one line naming it, not numpy's traceback
                 meta = {"seed": seed, "min_nodes": min_nodes, "max_nodes": max_nodes, "dense": dense, "splits": {}}
@@ -414,12 +420,28 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
     return meta
 
 
+def new_folder_mode(folder: Path) -> int:
+    """The permissions a folder swapped in for `folder` takes: the old folder's, else a new folder's (umask's)."""
+    if folder.is_dir():
+        return stat.S_IMODE(folder.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
 def not_dataset_files(folder: Path) -> list[str]:
     """What `folder` holds besides a graph dataset's files (metadata.json, <split>_<array>.npy), sorted."""
     if not folder.is_dir():
         return []
-    return sorted(p.name for p in folder.iterdir() if p.name not in OS_CLUTTER
-                  and not (p.is_file() and (p.name == "metadata.json" or DATASET_FILE.fullmatch(p.name))))
+    return sorted(p.name for p in folder.iterdir()
+                  if not (p.is_file() and (p.name == "metadata.json" or DATASET_FILE.fullmatch(p.name)))
+                  and not is_os_clutter(p))
+
+
+def is_os_clutter(path: Path) -> bool:
+    """A file browser's own file (OS_CLUTTER), replaced with the dataset: a plain file only. A folder or a link
+    of that name is the user's (a folder named .DS_Store holding notes was deleted with the dataset's old one)."""
+    return path.name in OS_CLUTTER and path.is_file() and not path.is_symlink()
 
 
 def dataset_fingerprint(root: Path) -> str:
