@@ -139,10 +139,11 @@ def test_a_price_file_edited_after_training_is_refused_by_evaluate_and_resume(tm
     edited.loc[last & (frame["ticker"] == "SYN001"), prices] *= 2
     edited.to_csv(path, index=False)
     before = (run_dir / "results.json").read_bytes()
-    for argv in (["ppo", "evaluate", "--run-dir", str(run_dir)], args):
+    for argv, advice in ((["ppo", "evaluate", "--run-dir", str(run_dir)], "its evaluation needs the data it trained on"),
+                         (args, "resume with the data it started with")):  # (evaluate has no resume to offer)
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "was trained on other data" in err[0], err
+        assert len(err) == 1 and "was trained on other data" in err[0] and advice in err[0], err
     assert (run_dir / "results.json").read_bytes() == before
     frame.to_csv(path, index=False)  # the data it was trained on: evaluated again
     assert main(["ppo", "evaluate", "--run-dir", str(run_dir)]) == 0
