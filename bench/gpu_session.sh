@@ -47,7 +47,9 @@
 #   bash bench/gpu_session.sh 38 OUT_DIR  # ~10.5 min (under `timeout 575`: its last step, lstm_cohort, is cut): the
 #                                         # LSTM job's end of budget on the GPU (bench/lstm_budget_end.py --jobs gpu:
 #                                         # the 500-symbol job with a 45-s budget, cohorts sized for the card and of
-#                                         # 64: does it end inside it?), then part 37's steps
+#                                         # 64: does it end inside it?), PPO's probability ratio before its first
+#                                         # step in fp32, TF32 and bf16 (bench/ppo_ratio_noise.py), then part 37's
+#                                         # steps
 # Each call leaves in OUT_DIR bench/gpu.py's record, JSONs and logs (and the deploy's small files) and one
 # tarball of them, gpu_session.tar.gz (a call brings back at most 8 files).
 set -euo pipefail
@@ -246,6 +248,10 @@ elif [[ "$part" == 37 || "$part" == 38 ]]; then
   if [[ "$part" == 38 ]]; then  # two 500-symbol jobs of a 45-s budget each, their set-up and ends (~2.5 min)
     step 200 python3 bench/lstm_budget_end.py --jobs gpu --out "$out/bench/lstm_budget_end_gpu.json" \
       >"$out/bench/lstm_budget_end_gpu.log" 2>&1 || { echo "lstm budget end failed: exit $?"; status=1; }
+    # PPO's probability ratio before its first step, fp32 / the card's TF32 / bf16 / the compiled rollout, beside
+    # the CPU's emulation of each (does TF32, on for the policy's matmuls, make the ratio noisy? ~1-2 min)
+    step 150 python3 bench/ppo_ratio_noise.py --device cuda --compiled --out "$out/bench/ppo_ratio_noise_gpu.json" \
+      >"$out/bench/ppo_ratio_noise_gpu.log" 2>&1 || { echo "ppo_ratio_noise failed: exit $?"; status=1; }
   fi
   export_behind_64
   cohort_default

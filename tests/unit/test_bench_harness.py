@@ -309,3 +309,89 @@ def test_the_broken_context_check_passes_only_on_cudas_own_words_and_a_completed
     assert [k for k, v in json.loads((tmp_path / "v.json").read_text())["checks"].items() if not v] == \
         ["recognised_as_broken_context"]
     capsys.readouterr()
+
+
+def test_tf32_rounding_keeps_ten_mantissa_bits_to_the_nearest_or_truncated():
+    """bench/ppo_ratio_noise.py's TF32: a tie goes to the even neighbour, above it up, truncation toward zero,
+    signs kept, and every result holds no bit below TF32's ten."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ppo_ratio_noise import round_to_tf32
+
+    ulp = 2.0 ** -10  # TF32's step at 1
+    x = torch.tensor([1 + ulp / 2, 1 + ulp / 2 + 2.0 ** -20, 1 + 1.5 * ulp, -(1 + ulp / 2 + 2.0 ** -20), 3.0, 0.0])
+    assert round_to_tf32(x, "nearest").tolist() == [1.0, 1 + ulp, 1 + 2 * ulp, -(1 + ulp), 3.0, 0.0]
+    assert round_to_tf32(x, "truncate").tolist() == [1.0, 1.0, 1 + ulp, -1.0, 3.0, 0.0]
+    values = torch.randn(10_000) * 1e3
+    for rounding, most in (("nearest", 2.0 ** -11), ("truncate", 2.0 ** -10)):
+        rounded = round_to_tf32(values, rounding)
+        assert (rounded.view(torch.int32) & 0x1FFF).eq(0).all()
+        assert ((rounded - values).abs() <= most * values.abs()).all() and (rounded != values).any()
+    with pytest.raises(ValueError):
+        round_to_tf32(values, "up")
+
+
+def test_the_emulated_gemms_compute_the_policy_as_torch_does_in_fp32():
+    """The ratio-noise benchmark's own matmuls (nn.LSTM decomposed, Linear): in fp32 with one sum the PPO policy's
+    outputs as torch computes them (to fp32's rounding), every LSTM and Linear through them; rounded to TF32 or
+    bf16 they differ, by about those formats' precision."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ppo_ratio_noise import EmulatedGemms
+
+    from trainers.ppo.build import build_model
+    from trainers.ppo.config import PpoConfig
+    from trainers.ppo.features import FEATURES
+
+    torch.manual_seed(0)
+    policy = build_model(PpoConfig(hidden=16, window=5), n_stocks=3)
+    market, portfolio, u = torch.randn(7, 5, 3, len(FEATURES)), torch.softmax(torch.randn(7, 4), -1), torch.randn(7, 3)
+    with torch.no_grad():
+        for param in policy.parameters():  # off its init, whose biases are all 0
+            param.add_(0.1 * torch.randn_like(param))
+        reference = policy(market, portfolio, u)
+        x, w, b = torch.randn(33, 40), torch.randn(24, 40), torch.randn(24)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast_linear = torch.nn.functional.linear(x, w, b)
+            with EmulatedGemms("bf16", 1):
+                ours = torch.nn.functional.linear(x, w, b)
+        # a bf16 GEMM's output, as autocast's: the same to a bf16 step of the outputs' scale (autocast rounds the
+        # bias to bf16 as well, and may round the product before adding it)
+        assert ours.dtype == torch.bfloat16
+        lstm, sequence = torch.nn.LSTM(6, 8, batch_first=True), torch.randn(2, 5, 6)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast_lstm = lstm(sequence)[0]
+            with EmulatedGemms("bf16", 1):
+                assert lstm(sequence)[0].dtype == autocast_lstm.dtype == torch.bfloat16  # h kept as its output is
+        scale = float(autocast_linear.float().abs().max())
+        assert float((ours.float() - autocast_linear.float()).abs().max()) <= 2.0 ** -7 * scale
+        for fmt, split, most in (("fp32", 1, 1e-5), ("fp32", 2, 1e-5), ("tf32-nearest", 1, 2e-2), ("bf16", 2, 2e-1)):
+            # (bf16 under autocast, as the benchmark runs it: nn.LSTM takes a bf16 input with fp32 weights only so)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fmt == "bf16"), EmulatedGemms(fmt, split) as mode:
+                got = policy(market, portfolio, u)
+            assert {"linear", "lstm"} <= mode.seen, mode.seen
+            for name, ours, theirs in zip(("log_prob", "entropy", "value"), got, reference):
+                difference = float((ours.float() - theirs).abs().max() / theirs.abs().max())
+                assert difference <= most, (fmt, split, name, difference)
+                if name != "entropy":  # (the log-std's alone: no matmul in it)
+                    assert fmt == "fp32" or difference > 1e-6, (fmt, name, difference)  # the rounding did happen
+
+
+def test_the_ratio_noise_benchmark_writes_every_row(tmp_path, capsys):
+    """bench/ppo_ratio_noise.py: each format's row at both weights; a CPU's own fp32 rows stay within fp32's
+    rounding, and no row at these weights puts a sample outside the clip."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import ppo_ratio_noise
+
+    out = tmp_path / "noise.json"
+    assert ppo_ratio_noise.main(["--num-envs", "4", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    rows = record["rows"]
+    assert set(rows) == {"fp32", "bf16", "fp32-emulated", "tf32-nearest-emulated", "tf32-truncate-emulated",
+                         "bf16-emulated"} and record["num_envs"] == 4
+    for name, by_weights in rows.items():
+        assert set(by_weights) == {"initial", "moved"}, name
+        for row in by_weights.values():
+            assert row["samples"] == 4 * record["rollout_steps"] and row["share_outside_clip"] == 0, name
+    assert rows["fp32"]["initial"]["max_abs_log_ratio"] < 1e-4
+    assert rows["bf16-emulated"]["moved"]["max_abs_log_ratio"] > rows["fp32-emulated"]["moved"]["max_abs_log_ratio"]
+    with pytest.raises(SystemExit):
+        ppo_ratio_noise.main(["--moved", "nan"])
