@@ -178,8 +178,10 @@ def test_a_dataset_is_never_overwritten_in_place_and_a_failed_generation_leaves_
 
 
 def test_a_folder_holding_anything_but_a_dataset_is_never_replaced(tmp_path, monkeypatch, capsys):
-    """The dataset replaces its --out folder whole (above): a folder of notes, or a training run given by mistake,
-    was deleted, with or without --overwrite; `--out .` swapped the shell's own folder away."""
+    """The dataset goes into its --out folder: a folder of notes, or a training run given by mistake, is refused
+    (they were deleted, with or without --overwrite, when the dataset replaced its folder whole), and so is a
+    user's file that merely looks like an array (any train_*.npy once counted as the dataset's), a folder or a
+    link named as a file browser's clutter, and a link named as a dataset file."""
     kept = tmp_path / "notes"
     kept.mkdir()
     (kept / "notes.txt").write_text("important")
@@ -193,23 +195,29 @@ def test_a_folder_holding_anything_but_a_dataset_is_never_replaced(tmp_path, mon
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and "holds files that are not a graph dataset" in err[0]
     assert (kept / "notes.txt").read_text() == "important" and (dataset / "results.json").is_file()
-    monkeypatch.chdir(dataset)
-    assert main(["gnn", "data", "--out", ".", "--train", "2", "--val", "1", "--no-progress"]) == 2
-    assert "is the current folder" in capsys.readouterr().err and (dataset / "metadata.json").is_file()
     (dataset / "results.json").unlink()
-    (tmp_path / "link").symlink_to(dataset)  # the current folder by a symlink: refused alike (it once crashed)
-    assert main(["gnn", "data", "--out", str(tmp_path / "link"), "--train", "2", "--val", "1", "--no-progress"]) == 2
-    assert "is the current folder" in capsys.readouterr().err
-    monkeypatch.chdir(tmp_path)
-    (dataset / ".DS_Store").write_bytes(b"")  # a file browser's: replaced with the dataset, by a symlink too
+    (tmp_path / "elsewhere").write_text("a link's target")
+    for name, make in ((".DS_Store", lambda path: path.mkdir()), ("Thumbs.db", lambda path: path.symlink_to(
+            tmp_path / "elsewhere")), ("val_predictions.npy", lambda path: path.write_bytes(b"precious")),
+            ("train_edges.npy", None)):
+        path = dataset / name
+        if make is None:  # a dataset file's name on a link: not the dataset's own
+            path.unlink()
+            path.symlink_to(tmp_path / "elsewhere")
+        else:
+            make(path)
+        assert main(["gnn", "data", "--out", str(dataset), "--train", "2", "--val", "1", "--max-nodes", "20",
+                     "--no-progress", "--overwrite"]) == 2, name
+        assert f"('{name}')" in capsys.readouterr().err, name
+        path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+    assert (tmp_path / "elsewhere").read_text() == "a link's target"
+    (tmp_path / "link").symlink_to(dataset)  # through a symlink, with a file browser's own file: both kept
+    (dataset / ".DS_Store").write_bytes(b"finder")
+    monkeypatch.chdir(dataset)  # (the current folder, once refused: the folder was swapped away under the shell)
     assert main(["gnn", "data", "--out", str(tmp_path / "link"), "--train", "2", "--val", "1", "--max-nodes", "20",
-                 "--no-progress", "--overwrite"]) == 0
+                 "--no-progress", "--overwrite", "--workers", "1"]) == 0
     assert (tmp_path / "link").is_symlink() and GraphSplit(tmp_path / "link", "train").nodes.size == 2
-    (dataset / ".DS_Store").mkdir()  # a folder of that name is the user's, not a file browser's: never replaced
-    (dataset / ".DS_Store" / "thesis.txt").write_text("precious")
-    assert main(["gnn", "data", "--out", str(dataset), "--train", "2", "--val", "1", "--max-nodes", "20",
-                 "--no-progress", "--overwrite"]) == 2
-    assert "('.DS_Store')" in capsys.readouterr().err and (dataset / ".DS_Store" / "thesis.txt").is_file()
+    assert (dataset / ".DS_Store").read_bytes() == b"finder"
     (tmp_path / "loop_a").symlink_to(tmp_path / "loop_b")  # a symlink loop: one line, not a traceback
     (tmp_path / "loop_b").symlink_to(tmp_path / "loop_a")
     assert main(["gnn", "data", "--out", str(tmp_path / "loop_a"), "--train", "2", "--val", "1", "--no-progress"]) == 2
@@ -217,22 +225,40 @@ def test_a_folder_holding_anything_but_a_dataset_is_never_replaced(tmp_path, mon
     assert len(err) == 1 and "cannot be resolved to a folder" in err[0], err
 
 
-def test_a_dataset_folder_keeps_its_permissions_when_replaced(tmp_path):
-    """The dataset is written in a temporary folder (mode 0700) and swapped in: a folder a team shares became
-    private to whoever generated the data. Now it keeps the folder's mode, and a new one gets the umask's."""
+def test_a_dataset_goes_into_its_folder_which_keeps_its_permissions_group_and_late_files(tmp_path, monkeypatch):
+    """The dataset used to be built in a temporary folder (mode 0700) and swapped in whole: a folder a team
+    shares became private to whoever generated the data (its metadata.json 0600, as every atomic write's), lost
+    its group and setgid bit, and a file put in it while the graphs were drawn was deleted with the old folder.
+    Now the files move into the folder itself, each with a plain file's permissions."""
     import stat
+
+    import trainers.gnn.graphs as graphs
 
     shared = tmp_path / "shared"
     shared.mkdir()
-    shared.chmod(0o775)
-    write_dataset(shared, 2, 1, seed=1, min_nodes=10, max_nodes=20, workers=1, progress=False)
-    assert stat.S_IMODE(shared.stat().st_mode) == 0o775
-    umask = os.umask(0o022)
+    shared.chmod(0o2775)
+    first = write_dataset(shared, 2, 1, seed=1, min_nodes=10, max_nodes=20, workers=1, progress=False)
+    real_generate = graphs._generate
+
+    def note_meanwhile(args):  # a teammate's file written while the graphs are drawn
+        (shared / "notes.txt").write_text("written meanwhile")
+        return real_generate(args)
+
+    monkeypatch.setattr(graphs, "_generate", note_meanwhile)
+    second = write_dataset(shared, 2, 1, seed=2, min_nodes=10, max_nodes=20, workers=1, progress=False,
+                           overwrite=True)
+    assert (shared / "notes.txt").read_text() == "written meanwhile"
+    assert GraphSplit(shared, "train").fingerprint == second["fingerprint"] != first["fingerprint"]
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o2775  # the folder's own mode, setgid included
+    umask = os.umask(0o027)
     try:
         write_dataset(tmp_path / "new", 2, 1, seed=1, min_nodes=10, max_nodes=20, workers=1, progress=False)
     finally:
         os.umask(umask)
-    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "new").stat().st_mode) == 0o750
+    for path in (tmp_path / "new").iterdir():  # metadata.json too (an atomic write: mkstemp's 0600 before)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o640, path.name
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".new.lock", ".shared.lock", "new", "shared"]
 
 
 def test_a_header_cannot_claim_more_nodes_than_its_file_could_hold(tmp_path):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from trainers.errors import UsageError
 from trainers.runtime.config import check_folder_writable
-from trainers.runtime.files import atomic_write_json, full_disk_named, sha256_file
+from trainers.runtime.files import atomic_write_json, fsync_dir, full_disk_named, sha256_file
 from trainers.runtime.lock import FolderLock
 
 
@@ -287,8 +286,11 @@ def write_dimacs(g: Graph, path: str | Path) -> None:
 # ---- the on-disk dataset ---------------------------------------------------------------------------------
 
 FAMILIES = ("er", "rgg", "planted", "ba")
-DATASET_FILE = re.compile(r"(train|val)_[a-z_]+\.npy")  # a generated dataset's arrays, beside its metadata.json
-OS_CLUTTER = {".DS_Store", "Thumbs.db", "desktop.ini"}  # what a file browser leaves in a folder: replaced with it
+DATASET_ARRAYS = ("edges", "offsets", "nodes", "node_offsets", "edge_index", "degree_features", "color_bound")
+# a generated dataset's arrays, beside its metadata.json: these names only (any train_*.npy once counted, and a
+# user's val_predictions.npy in the folder was replaced with the dataset)
+DATASET_FILE = re.compile(rf"(train|val)_({'|'.join(DATASET_ARRAYS)})\.npy")
+OS_CLUTTER = {".DS_Store", "Thumbs.db", "desktop.ini"}  # what a file browser leaves in a folder: left beside it
 
 
 def random_graph(index: int, seed: int, min_nodes: int, max_nodes: int, dense: float = 0.0) -> Graph:
@@ -362,19 +364,16 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
                          f"(got {n_train}, {n_val}, {min_nodes}, {max_nodes})")
     shown = out
     try:
-        out = Path(out).resolve()  # (a symlink: the folder it names is the one swapped)
+        out = Path(out).resolve()  # (a symlink: the dataset is built beside the folder it names, on its volume)
     except (RuntimeError, OSError) as exc:  # a symlink loop (RuntimeError on Python 3.11), a path past its limit
         raise UsageError(f"--out {shown} cannot be resolved to a folder ({exc}); give a folder's path") from None
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {shown} is a file, not a folder")
-    if Path.cwd().is_relative_to(out):  # (`--out .`: the folder is swapped for a new one whole)
-        raise UsageError(f"--out {shown} is the current folder or holds it, and the dataset replaces its folder "
-                         f"whole; give a folder of its own, e.g. --out graphs")
     check_folder_writable(out, "--out")
     out.parent.mkdir(parents=True, exist_ok=True)
     with FolderLock(out.parent, "--out", lock_name=f".{out.name}.lock", shown=shown):
         others = not_dataset_files(out)
-        if others:  # the folder is swapped out whole and deleted: never one that holds anything else
+        if others:  # a dataset's folder is its own: a wrong --out (a run, notes) is refused, not written into
             named = ", ".join(map(repr, others[:3])) + (" ..." if len(others) > 3 else "")
             raise UsageError(f"--out {shown} holds files that are not a graph dataset ({named}); give a new or empty "
                              f"folder")
@@ -382,7 +381,6 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
             raise UsageError(f"--out {shown} already holds a graph dataset; use it as it is (--data-dir {shown}), "
                              f"pick another --out, or add --overwrite (runs that used it will refuse to resume)")
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        staging.chmod(new_folder_mode(out))  # (mkdtemp's is 0700: a shared folder swapped for it became private)
         try:
             with full_disk_named(out):  # a full volume: one line naming it, not numpy's traceback
                 meta = {"seed": seed, "min_nodes": min_nodes, "max_nodes": max_nodes, "dense": dense, "splits": {}}
@@ -400,6 +398,7 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
                               "edge_index": np.concatenate([r["directed"] for r in results], axis=1).astype(np.int32),
                               "degree_features": np.concatenate([r["degree"] for r in results]),
                               "color_bound": np.array([r["bound"] for r in results], dtype=np.int32)}
+                    assert tuple(arrays) == DATASET_ARRAYS  # (what not_dataset_files leaves to be replaced)
                     for name, arr in arrays.items():
                         np.save(staging / f"{split}_{name}.npy", arr)
                     meta["splits"][split] = {"graphs": count, "nodes": int(nodes.sum()), "edges": int(offsets[-1]),
@@ -407,26 +406,27 @@ def write_dataset(out: Path, n_train: int, n_val: int, seed: int, min_nodes: int
                                              "upper_k": [r["upper_k"] for r in results]}
                 meta["fingerprint"] = dataset_fingerprint(staging)
                 atomic_write_json(staging / "metadata.json", meta)
-                if out.exists():
-                    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-                    os.replace(out, old)
-                    os.replace(staging, out)
-                    shutil.rmtree(old)
-                else:
-                    os.replace(staging, out)
+                move_dataset_into(staging, out)
         finally:
             if staging.exists():
                 shutil.rmtree(staging)
     return meta
 
 
-def new_folder_mode(folder: Path) -> int:
-    """The permissions a folder swapped in for `folder` takes: the old folder's, else a new folder's (umask's)."""
-    if folder.is_dir():
-        return stat.S_IMODE(folder.stat().st_mode)
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o777 & ~umask
+def move_dataset_into(staging: Path, out: Path) -> None:
+    """The whole dataset built in `staging` into the folder `out`, file by file; the folder itself is kept (its
+    permissions, group, anything else in it). Its old metadata.json goes first and the new one comes last, so
+    until every array is in place the folder is no dataset (GraphSplit refuses it) rather than a mixed one.
+    It used to swap the folder whole: a copy's mode (mkdtemp's 0700) and group, and a file put in the folder
+    while the graphs were drawn was deleted with the old one."""
+    out.mkdir(exist_ok=True)
+    (out / "metadata.json").unlink(missing_ok=True)
+    fsync_dir(out)
+    for name in sorted(p.name for p in staging.iterdir() if p.name != "metadata.json"):
+        os.replace(staging / name, out / name)
+    os.replace(staging / "metadata.json", out / "metadata.json")
+    fsync_dir(out)
+    staging.rmdir()
 
 
 def not_dataset_files(folder: Path) -> list[str]:
@@ -434,14 +434,18 @@ def not_dataset_files(folder: Path) -> list[str]:
     if not folder.is_dir():
         return []
     return sorted(p.name for p in folder.iterdir()
-                  if not (p.is_file() and (p.name == "metadata.json" or DATASET_FILE.fullmatch(p.name)))
+                  if not (plain_file(p) and (p.name == "metadata.json" or DATASET_FILE.fullmatch(p.name)))
                   and not is_os_clutter(p))
 
 
+def plain_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
 def is_os_clutter(path: Path) -> bool:
-    """A file browser's own file (OS_CLUTTER), replaced with the dataset: a plain file only. A folder or a link
-    of that name is the user's (a folder named .DS_Store holding notes was deleted with the dataset's old one)."""
-    return path.name in OS_CLUTTER and path.is_file() and not path.is_symlink()
+    """A file browser's own file (OS_CLUTTER), left beside the dataset: a plain file only. A folder or a link of
+    that name is the user's (a folder named .DS_Store holding notes was deleted with the dataset's old one)."""
+    return path.name in OS_CLUTTER and plain_file(path)
 
 
 def dataset_fingerprint(root: Path) -> str:

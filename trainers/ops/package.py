@@ -13,7 +13,7 @@ from pathlib import Path
 from trainers.errors import CheckFailed, UsageError
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.config import check_folder_writable
-from trainers.runtime.files import sha256_file
+from trainers.runtime.files import plain_file_mode, sha256_file
 from trainers.runtime.lock import describe_holder, held_by_other
 from trainers.runtime.rundir import resolve_checkpoint, single_process_context
 from trainers.runtime.written import edited
@@ -174,9 +174,7 @@ def package_run(run_dir: Path, output: Path | None = None, allow_edited: bool = 
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600: the tarball is for people to download and read
+    os.chmod(tmp, plain_file_mode(output))  # mkstemp makes 0600: the tarball is for people to download and read
     try:
         with tarfile.open(tmp, "w:gz") as tar:
             for f in files:

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -80,14 +81,37 @@ def full_disk_named(path: Path):
         raise
 
 
+def process_umask() -> int:
+    """This process's umask: read where Linux shows it (/proc/self/status), else set to 0 and put back (a moment
+    in which a file another thread creates would get every permission)."""
+    status = Path("/proc/self/status")
+    for line in status.read_text().splitlines() if status.is_file() else []:
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def plain_file_mode(path: Path) -> int:
+    """The permissions a plain open() leaves `path` with: an existing file's own, else 0666 less the umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~process_umask()
+
+
 def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
     """Write through `write(fileobj)` into a temp file beside `path`, fsync, then rename over it. A
-    full disk raises DiskFull, whatever `write` raised (the old file is untouched)."""
+    full disk raises DiskFull, whatever `write` raised (the old file is untouched). The file gets the
+    permissions a plain write would give it (`plain_file_mode`): mkstemp's 0600 made every JSON, checkpoint
+    and dataset record the kit wrote unreadable to anyone else, in a folder a team shares."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode) as f:
+            os.fchmod(f.fileno(), plain_file_mode(path))
             write(f)
             f.flush()
             os.fsync(f.fileno())
