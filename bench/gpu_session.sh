@@ -44,7 +44,8 @@
 #                                         # export after its training, where the plan says behind is the slower), the
 #                                         # 500-symbol job as a deploy runs it (held, exports behind; the plan: 75 s),
 #                                         # the plan's GPU targets again (plan, run_gnn, run_ppo), then lstm_cohort
-#   bash bench/gpu_session.sh 38 OUT_DIR  # ~10.5 min (under `timeout 575`: its last step, lstm_cohort, is cut): the
+#   bash bench/gpu_session.sh 38 OUT_DIR  # ~12.5 min (under `timeout 575`: its last steps, from the plan's targets
+#                                         # on, are cut; each was measured in earlier sessions): the
 #                                         # LSTM job's end of budget on the GPU (bench/lstm_budget_end.py --jobs gpu:
 #                                         # the 500-symbol job with a 45-s budget, cohorts sized for the card and of
 #                                         # 64: does it end inside it?), PPO's probability ratio before its first
@@ -249,8 +250,10 @@ elif [[ "$part" == 37 || "$part" == 38 ]]; then
     step 200 python3 bench/lstm_budget_end.py --jobs gpu --out "$out/bench/lstm_budget_end_gpu.json" \
       >"$out/bench/lstm_budget_end_gpu.log" 2>&1 || { echo "lstm budget end failed: exit $?"; status=1; }
     # PPO's probability ratio before its first step, fp32 / the card's TF32 / bf16 / the compiled rollout, beside
-    # the CPU's emulation of each (does TF32, on for the policy's matmuls, make the ratio noisy? ~1-2 min)
-    step 150 python3 bench/ppo_ratio_noise.py --device cuda --compiled --out "$out/bench/ppo_ratio_noise_gpu.json" \
+    # the CPU's emulation of each (does TF32, on for the policy's matmuls, make the ratio noisy? 16 rows of one
+    # rollout and its first epoch each, at 1,024 environments to keep it to a minute or two: unmeasured there)
+    step 150 python3 bench/ppo_ratio_noise.py --device cuda --compiled --num-envs 1024 \
+      --out "$out/bench/ppo_ratio_noise_gpu.json" \
       >"$out/bench/ppo_ratio_noise_gpu.log" 2>&1 || { echo "ppo_ratio_noise failed: exit $?"; status=1; }
   fi
   export_behind_64

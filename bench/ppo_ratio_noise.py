@@ -62,7 +62,8 @@ def round_to_tf32(x: torch.Tensor, rounding: str = "nearest") -> torch.Tensor:
         raise ValueError(f"rounding {rounding!r}: nearest or truncate")
     bits = bits & (0xFFFFFFFF ^ ((1 << TF32_DROPPED_BITS) - 1))
     bits = torch.where(bits >= 1 << 31, bits - (1 << 32), bits)  # back to int32's signed range
-    return bits.to(torch.int32).view(torch.float32).view(x.shape)
+    rounded = bits.to(torch.int32).view(torch.float32).view(x.shape)
+    return torch.where(torch.isnan(x), x, rounded)  # (a NaN's low bits would carry into the exponent or sign)
 
 
 FORMATS = ("fp32", "tf32-nearest", "tf32-truncate", "bf16")
@@ -70,9 +71,11 @@ FORMATS = ("fp32", "tf32-nearest", "tf32-truncate", "bf16")
 
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, fmt: str, split_k: int) -> torch.Tensor:
     """a @ b (+ bias) as a GEMM in `fmt` computes it (module docstring), its sum over K in `split_k` parts
-    added in fp32 in order; the output float32, or bf16 for bf16."""
+    added in fp32 in order; the output float32, or bf16 for bf16 (whose bias is rounded to bf16 too, as
+    autocast casts it: then a Linear's output is autocast's to the bit on this CPU)."""
     if fmt == "bf16":
         a, b = a.to(torch.bfloat16).float(), b.to(torch.bfloat16).float()
+        bias = None if bias is None else bias.to(torch.bfloat16)
     elif fmt != "fp32":
         rounding = fmt.split("-")[1]
         a, b = round_to_tf32(a.float(), rounding), round_to_tf32(b.float(), rounding)
@@ -135,7 +138,7 @@ class EmulatedGemms(TorchFunctionMode):
         self.seen: set[str] = set()
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [..., K] @ weight[N, K].T + bias, as a Linear."""
+        """x [..., K] @ weight[N, K].T + bias, as a Linear (an LSTM's two biases summed first: an assumption)."""
         return gemm(x, weight.transpose(0, 1), bias, self.fmt, self.split_k)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -175,7 +178,8 @@ def first_epoch_log_ratios(cfg, device: torch.device, precision_name: str, compi
     optimizer step: the rollout as training collects it, the minibatches as ppo.update cuts and computes them;
     each inside its `*_numerics()` context. `moved`: each weight moved by that times a standard normal draw
     (seeded), a policy whose action means and log-stds are no longer its initial ones (near 0: the actor's
-    last layer starts at a hundredth of the others' scale), as after some training."""
+    last layer starts at a hundredth of the others' scale). Not a trained policy: how far training moves the
+    weights is not measured here, which is why the README shows two sizes of move."""
     from trainers.ppo import ppo
     from trainers.ppo.build import AgentSet
     from trainers.ppo.data import env_spec, load_trading_data
@@ -210,13 +214,14 @@ def first_epoch_log_ratios(cfg, device: torch.device, precision_name: str, compi
     actions, old = buf.actions.reshape(n, -1), buf.log_probs.reshape(n)
     perm = torch.randperm(n, generator=generator, device=device)
     log_ratio = torch.empty(n, device=device)
-    with torch.no_grad(), update_numerics():
+    # with autograd on, as the update computes them (cuDNN's LSTM runs another forward for training)
+    with update_numerics():
         for start in range(0, n, cfg.batch_size):
             idx = perm[start:start + cfg.batch_size]
             with autocast(device, precision):
                 new, _entropy, _value = agent.policy(*ppo.normalise(agent.norms, inputs(tuple(o[idx] for o in flat_obs))),
                                                      actions[idx])
-            log_ratio[idx] = (new - old[idx]).float()
+            log_ratio[idx] = (new - old[idx]).detach().float()
     return log_ratio
 
 

@@ -326,6 +326,8 @@ def test_tf32_rounding_keeps_ten_mantissa_bits_to_the_nearest_or_truncated():
         rounded = round_to_tf32(values, rounding)
         assert (rounded.view(torch.int32) & 0x1FFF).eq(0).all()
         assert ((rounded - values).abs() <= most * values.abs()).all() and (rounded != values).any()
+    special = torch.tensor([0x7FFFFFFF, -1, 0x7F800001, 0x7F800000], dtype=torch.int32).view(torch.float32)
+    assert round_to_tf32(special).isnan()[:3].all() and round_to_tf32(special)[3] == float("inf")  # NaNs stay NaN
     with pytest.raises(ValueError):
         round_to_tf32(values, "up")
 
@@ -353,16 +355,12 @@ def test_the_emulated_gemms_compute_the_policy_as_torch_does_in_fp32():
             autocast_linear = torch.nn.functional.linear(x, w, b)
             with EmulatedGemms("bf16", 1):
                 ours = torch.nn.functional.linear(x, w, b)
-        # a bf16 GEMM's output, as autocast's: the same to a bf16 step of the outputs' scale (autocast rounds the
-        # bias to bf16 as well, and may round the product before adding it)
-        assert ours.dtype == torch.bfloat16
+        assert torch.equal(ours, autocast_linear)  # a bf16 GEMM's output, as autocast's: to the bit on this CPU
         lstm, sequence = torch.nn.LSTM(6, 8, batch_first=True), torch.randn(2, 5, 6)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             autocast_lstm = lstm(sequence)[0]
             with EmulatedGemms("bf16", 1):
                 assert lstm(sequence)[0].dtype == autocast_lstm.dtype == torch.bfloat16  # h kept as its output is
-        scale = float(autocast_linear.float().abs().max())
-        assert float((ours.float() - autocast_linear.float()).abs().max()) <= 2.0 ** -7 * scale
         for fmt, split, most in (("fp32", 1, 1e-5), ("fp32", 2, 1e-5), ("tf32-nearest", 1, 2e-2), ("bf16", 2, 2e-1)):
             # (bf16 under autocast, as the benchmark runs it: nn.LSTM takes a bf16 input with fp32 weights only so)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fmt == "bf16"), EmulatedGemms(fmt, split) as mode:
