@@ -56,7 +56,7 @@ def test_seed_000s_151m_at_2048_per_gpu_does_not_fit_80gb_and_the_fix_is_accumul
 
 
 def test_time_and_money_for_hours_a_budget_or_the_configs_own_job():
-    w = load_workload("forecast", ["--preset", "small", "--epochs", "10"])
+    w = load_workload("forecast", ["--preset", "base", "--epochs", "10"])
     h100 = DEVICES["h100-sxm"]
     own = plan(w, h100, 8, usd_per_gpu_hour=3.0)
     assert own.time["items"] == w.items_total and own.money["usd"] == pytest.approx(own.time["hours"] * 8 * 3.0)
@@ -68,6 +68,23 @@ def test_time_and_money_for_hours_a_budget_or_the_configs_own_job():
     # the forecaster's MFU on an H100 is measured (bench/results/gpu_h100: the 151m loop, its only size there)
     measured = json.loads((REPO / "bench/results/gpu_h100/run_forecast_gpu.json").read_text())["results"][0]["mfu"]
     assert own.mfu["source"].startswith("measured") and own.mfu["value"] == pytest.approx(measured)
+
+
+def test_a_small_forecaster_is_planned_at_least_a_launch_floor_a_step():
+    """The tiny and small presets' FLOPs at the 151m's MFU made a step of well under a millisecond: the plan
+    promised the default preset 146 steps in 0.00087 s. A step takes at least the assumed floor, and says so;
+    the 151m is bound by its FLOPs, not by the floor."""
+    from trainers.forecast.size import SMALL_STEP_S
+
+    h100 = DEVICES["h100-sxm"]
+    for preset in ("tiny", "small"):
+        t = plan(load_workload("forecast", ["--preset", preset]), h100, 8).time
+        assert t["launch_bound"] and t["step_s"] == SMALL_STEP_S > t["compute_s"] + t["communication_s"], preset
+        assert t["step_floor_why"].startswith("ASSUMED"), preset
+    accumulated = plan(load_workload("forecast", ["--preset", "tiny", "--grad-accum", "4"]), h100, 8).time
+    assert accumulated["step_s"] == 4 * SMALL_STEP_S  # each micro-batch launches its kernels
+    large = plan(load_workload("forecast", ["--preset", "151m", "--window", "120"]), h100, 8).time
+    assert not large["launch_bound"] and large["step_s"] > SMALL_STEP_S
 
 
 def read_from(monkeypatch, root: Path) -> None:

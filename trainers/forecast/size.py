@@ -12,6 +12,12 @@ from trainers.market.sources import trading_days
 from trainers.market.windows import plan_splits, plan_walk_forward
 from trainers.ops.plan import Workload
 
+# The least a step takes on a GPU, whatever its FLOPs: kernel launches and Python (ASSUMED, as the other small
+# models' floors). The H200 measured the small preset (3.2 M parameters, batch 256) at 7.8 ms a step eager and
+# 9.7 ms compiled (bench/results/gpu_h200/train_gpu_*.json); the tiny one, fewer layers, was never measured, and
+# without a floor the plan promised it hundreds of millions of samples a second at the 151m's MFU.
+SMALL_STEP_S = 0.003
+
 
 def activation_bytes_per_sample(window: int, n_features: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
                                 dropout: float, compute_bytes: int, readout: str = "last", linear_skip: bool = False,
@@ -109,6 +115,7 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
         items_per_micro=cfg.batch_size, grad_accum=cfg.grad_accum,
         flops_per_item=model_flops(cfg, n_features),
         activation_bytes=lambda micro, _checkpointing: per_sample * micro, kind="transformer", strategies=("ddp",),
+        min_step_s=SMALL_STEP_S * cfg.grad_accum,  # (a step of --grad-accum micro-batches launches each's kernels)
         items_total=float(samples * cfg.epochs), shape={"preset": cfg.preset, **vars(shape), "window": cfg.window},
         notes=[f"one epoch is {samples:,} samples"
                + (f" in all over the {cfg.walk_forward} folds (--walk-forward: each a run)"
