@@ -121,6 +121,38 @@ def test_a_file_holding_fewer_complete_stocks_than_num_stocks_is_refused(tmp_pat
     assert "SYN002" in err[0] and "or --num-stocks 3" in err[0] and not run_dir.exists()
 
 
+def test_a_cache_yahoo_filled_again_on_a_fresh_machine_does_not_lose_the_run(tmp_path, capsys):
+    """The deploy trains PPO from a cache `trainers fetch-sp500` fills. On a fresh machine after a lost pod its
+    data phase fills the cache again, and Yahoo's adjusted closes have moved with every dividend since: the run
+    resuming from the remote was refused as trained on other data, and lost. A cache holding a user's file
+    imported keeps the check (an edit there is refused)."""
+    import pandas as pd
+
+    from trainers.market.fetch import PriceCache, fill_cache
+    from trainers.market.synthetic import synthetic_market
+
+    frame = synthetic_market(6, 700, seed=3)
+    for label in ("yfinance", "file:/data/prices.csv"):
+        cache_dir, run_dir = tmp_path / f"cache_{label[:4]}", tmp_path / f"run_{label[:4]}"
+        fill_cache(frame, PriceCache(cache_dir), label, min_rows=100)
+        args = ["ppo", "train", *TINY[TINY.index("--window"):], "--source", "cache", "--cache-dir", str(cache_dir),
+                "--num-stocks", "4", "--total-steps", "256", "--seeds", "1", "--no-baseline-mlp",
+                "--start", f"{frame['date'].min():%Y-%m-%d}", "--run-dir", str(run_dir)]
+        assert main(args) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        for path in cache_dir.iterdir():  # the machine's cache gone with its pod, filled again: a dividend since
+            path.unlink() if path.is_file() else None
+        moved = frame.copy()
+        moved[[c for c in ("open", "high", "low", "close") if c in frame.columns]] *= 0.99
+        fill_cache(pd.DataFrame(moved), PriceCache(cache_dir), label, min_rows=100)
+        code = main(["ppo", "evaluate", "--run-dir", str(run_dir)])
+        err = capsys.readouterr().err
+        if label == "yfinance":
+            assert code == 0, err
+        else:
+            assert code == 2 and "was trained on other data" in err, err
+
+
 def test_a_price_file_edited_after_training_is_refused_by_evaluate_and_resume(tmp_path, capsys):
     """A regression: PPO recorded no fingerprint of its data. A file edited after training (a stock's last 40
     closes doubled) was evaluated as if it were the run's (buy-and-hold's test return moved from +6 % to +35 %,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainers.market.fetch import YFINANCE
 from trainers.market.panel import to_panel
 from trainers.market.sources import DataRequest, load_source, pin_date_range
 from trainers.market.universe import resolve_tickers
@@ -59,8 +60,13 @@ def checked_fingerprint(data: TradingData, info: dict, source: str) -> str | Non
     which its own options make (a resume with other options is refused by the config's check), and whose
     generated floats may differ in a last bit on another machine's math library; None for `yfinance`, which
     fetches what the cache lacks: a run resumed on a fresh machine after its pod was lost fetches again, and
-    Yahoo's adjusted closes move with every dividend since (refusing it would lose the run)."""
-    return None if info.get("synthetic") or source == "yfinance" else data.fingerprint
+    Yahoo's adjusted closes move with every dividend since (refusing it would lose the run). None as well for a
+    cache that Yahoo alone filled (`trainers fetch-sp500`): the deploy trains from one, and on a fresh machine
+    its data phase fills it again before the run resumes from the remote (it was refused there, and the run
+    lost). A cache holding a user's file (`--source file:` imported) keeps the check."""
+    fetched = set(info.get("sources") or {}) == {YFINANCE}
+    return None if info.get("synthetic") or source == "yfinance" or (source == "cache" and fetched) \
+        else data.fingerprint
 
 
 def env_spec(cfg: PpoConfig) -> EnvSpec:
