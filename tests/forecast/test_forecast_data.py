@@ -1,6 +1,8 @@
 """The forecaster on the data users have: a cache a fetch filled, close-only files, the point-in-time
 S&P 500 universe (offline: a file, or an injected downloader), and the feature and label options."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -196,3 +198,32 @@ def test_years_on_a_file_count_back_from_its_last_date(tmp_path):
     with pytest.raises(UsageError, match=r"no rows in \[1990-01-01, 1991-01-01\).*the file holds 2000-01-03 \.\. 2003"):
         load_store(ForecastConfig(source=f"file:{path}", start="1990-01-01", end="1991-01-01", window=20, horizon=5),
                    log=lambda _m: None)
+
+
+def test_a_price_file_edited_after_training_is_refused_by_evaluate_and_resume(tmp_path, capsys):
+    """The forecaster recorded no fingerprint of its data: `forecast evaluate` scored a run on a file edited since
+    as if it were the one it trained on, and a resume trained on. A run now records its bars (data.json); a
+    run trained before it did (checkpoints, no data.json) is still evaluated, unchecked, as before."""
+    path = close_only_file(tmp_path)
+    run_dir = tmp_path / "run"
+    args = ["forecast", "train", "--source", f"file:{path}", "--window", "20", "--horizon", "5", "--max-steps", "3",
+            "--min-history-days", "100", "--run-dir", str(run_dir)]
+    assert main(args) == 0
+    assert json.loads((run_dir / "data.json").read_text())["fingerprint"]
+    frame = pd.read_csv(path)
+    edited = frame.copy()
+    edited.loc[edited.index[-40:], "Close"] *= 2  # one ticker's last closes doubled
+    edited.to_csv(path, index=False)
+    capsys.readouterr()
+    before = (run_dir / "results.json").read_bytes()
+    for argv, advice in ((["forecast", "evaluate", "--run-dir", str(run_dir)], "its evaluation needs the data"),
+                         (args, "resume with the data")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "was trained on other data" in err[0] and advice in err[0], err
+    assert (run_dir / "results.json").read_bytes() == before
+    frame.to_csv(path, index=False)  # the data it was trained on: evaluated again
+    assert main(["forecast", "evaluate", "--run-dir", str(run_dir)]) == 0
+    (run_dir / "data.json").unlink()  # a run from before the record: evaluated as it was, on whatever data
+    edited.to_csv(path, index=False)
+    assert main(["forecast", "evaluate", "--run-dir", str(run_dir)]) == 0

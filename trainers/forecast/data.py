@@ -22,8 +22,8 @@ import torch
 from trainers.errors import UsageError
 from trainers.forecast.config import ForecastConfig, feature_names
 from trainers.forecast.metrics import MIN_NAMES
-from trainers.market.panel import Panel, to_panel
-from trainers.market.sources import DataRequest, load_source, pin_date_range
+from trainers.market.panel import Panel, price_fingerprint, to_panel
+from trainers.market.sources import DataRequest, checked_fingerprint, load_source, pin_date_range
 from trainers.market.synthetic import synthetic_market
 from trainers.market.universe import resolve_tickers
 from trainers.market.windows import (
@@ -221,6 +221,7 @@ class LoadedMarket:
 
     arrays: MarketArrays
     info: dict
+    fingerprint: str | None = None  # what a run records of its data and checks on a resume or evaluation (data.json)
 
 
 def only_tickers(panel: Panel, keep: np.ndarray) -> Panel:
@@ -291,11 +292,16 @@ def load_market(cfg: ForecastConfig, log=print) -> LoadedMarket:
     if len(panel.tickers) < MIN_NAMES:  # one ticker has no cross-section: a rank label is all zeros
         raise UsageError(f"the data holds {len(panel.tickers)} ticker(s) ({', '.join(panel.tickers)}); the forecaster "
                          f"ranks stocks against each other on each date and needs at least {MIN_NAMES}")
+    # the bars every feature, label and baseline derives from (after the universe), as read; None where a fresh
+    # machine reads other bars of the same market (market.sources.checked_fingerprint)
+    fingerprint = checked_fingerprint(price_fingerprint(panel.tickers, [d.isoformat() for d in panel.dates],
+                                                        panel.open, panel.high, panel.low, panel.close, panel.volume),
+                                      source_info, cfg.source)
     arrays = market_arrays(panel, cfg.window, cfg.horizon, names, member)
     info = {**source_info, "tickers": arrays.tickers, "n_tickers": len(arrays.tickers),
             "first_date": arrays.dates[0], "last_date": arrays.dates[-1], "n_dates": len(arrays.dates),
             "features": names, "features_left_out": left_out, "universe": universe, "target": cfg.target}
-    return LoadedMarket(arrays, info)
+    return LoadedMarket(arrays, info, fingerprint)
 
 
 def split_plan(cfg: ForecastConfig, n_dates: int) -> SplitPlan:

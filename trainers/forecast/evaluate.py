@@ -19,7 +19,7 @@ import torch
 
 from trainers.forecast.baselines import fit_lightgbm, fit_ridge
 from trainers.forecast.build import build_model, load_trained_config
-from trainers.forecast.data import WindowStore, load_store
+from trainers.forecast.data import WindowStore, load_market, make_store
 from trainers.forecast.metrics import (
     backtest,
     decile_returns,
@@ -40,7 +40,7 @@ from trainers.runtime.dist import (
 )
 from trainers.runtime.logs import get_logger
 from trainers.runtime.results import merge_results
-from trainers.runtime.rundir import exclusive, load_checkpoint_states
+from trainers.runtime.rundir import check_data_unchanged, exclusive, fingerprint_to_check, load_checkpoint_states
 
 # The ensemble row: the equal-weight average of these forecasts' within-date ranks. Fixed here, before
 # any number of any split was looked at; no weight is fitted, so it cannot be tuned on the test.
@@ -222,7 +222,10 @@ def evaluate_run(run_dir: str, checkpoint: str = "best", device: str = "auto", t
     with distributed(device, cfg.collective_timeout_s) as ctx, exclusive(Path(run_dir), ctx):
         log = get_logger(ctx.rank, None)
         step, states = load_checkpoint_states(Path(run_dir), checkpoint, str(ctx.device))
-        store, _ = load_store(cfg, log=print if ctx.is_main else (lambda _msg: None))
+        market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))
+        check_data_unchanged(Path(run_dir), fingerprint_to_check(Path(run_dir), market.fingerprint),
+                             instead="its evaluation needs the data it trained on")
+        store, _ = make_store(cfg, market)
         store.to(ctx.device)
         model = build_model(cfg).to(ctx.device)
         model.load_state_dict(states["model"])

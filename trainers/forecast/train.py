@@ -42,6 +42,7 @@ from trainers.runtime.precision import (
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import read_results
 from trainers.runtime.run import Run
+from trainers.runtime.rundir import fingerprint_to_check
 from trainers.runtime.sampling import EpochCursor, steps_left
 from trainers.runtime.schedule import build_scheduler
 from trainers.runtime.stops import StopReason
@@ -143,7 +144,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
 
     with Run(cfg, ctx, "forecast", {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler},
              total_steps, unit="samples", metric_name="loss", eval_every=cfg.eval_every, flops_per_item=flops,
-             started_at=started_at) as run:
+             started_at=started_at, data_fingerprint=fingerprint_to_check(run_dir, market.fingerprint)) as run:
         log = run.log
         log.info("forecast: %s preset, %s parameters (%s), %d rank(s) on %s, precision %s%s", cfg.preset,
                  f"{count_parameters(model):,}", model_text(cfg), ctx.world_size, ctx.device.type, precision.name,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,3 +103,12 @@ def to_panel(frame: pd.DataFrame) -> Panel:
         a[d_idx, t_idx] = frame[col].to_numpy()
         arrays[col] = a
     return Panel(dates, tickers, **arrays)
+
+
+def price_fingerprint(tickers: list[str], dates: list[str], *bars: np.ndarray) -> str:
+    """SHA-256 of the tickers, dates and bars (float64, as read): a trainer's features, labels and baselines
+    derive from them, so a file edited between a run and its resume or evaluation changes it (data.json)."""
+    digest = hashlib.sha256(json.dumps([tickers, dates]).encode())
+    for bar in bars:
+        digest.update(np.ascontiguousarray(bar, dtype=np.float64).tobytes())
+    return digest.hexdigest()

@@ -205,3 +205,19 @@ def load_source(req: DataRequest, log=print) -> tuple[pd.DataFrame, dict]:
     if req.tickers is not None:
         info["tickers_missing"] = sorted(set(req.tickers) - set(info["tickers_used"]))
     return frame, info
+
+
+def checked_fingerprint(fingerprint: str, info: dict, source: str) -> str | None:
+    """The fingerprint a run records on its first start and checks on a resume or an evaluation (data.json): a
+    file or a cache edited in between is refused, not trained or scored on unseen. None for a synthetic market,
+    which its own options make (a resume with other options is refused by the config's check), and whose
+    generated floats may differ in a last bit on another machine's math library; None for `yfinance`, which
+    fetches what the cache lacks: a run resumed on a fresh machine after its pod was lost fetches again, and
+    Yahoo's adjusted closes move with every dividend since (refusing it would lose the run). None as well for a
+    cache that Yahoo alone filled (`trainers fetch-sp500`): the deploy trains from one, and on a fresh machine
+    its data phase fills it again before the run resumes from the remote. A cache holding a user's file
+    (imported) keeps the check. `info`: load_source's."""
+    from trainers.market.fetch import YFINANCE
+
+    fetched = set(info.get("sources") or {}) == {YFINANCE}
+    return None if info.get("synthetic") or source == "yfinance" or (source == "cache" and fetched) else fingerprint

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainers.market.fetch import YFINANCE
 from trainers.market.panel import to_panel
 from trainers.market.sources import DataRequest, load_source, pin_date_range
+from trainers.market.sources import checked_fingerprint as market_checked_fingerprint
 from trainers.market.universe import resolve_tickers
 from trainers.ppo.config import PpoConfig
 from trainers.ppo.env import EnvSpec
@@ -55,18 +55,9 @@ def load_checked_data(cfg: PpoConfig, run_dir: Path, instead: str) -> tuple[Trad
 
 
 def checked_fingerprint(data: TradingData, info: dict, source: str) -> str | None:
-    """The fingerprint a run records on its first start and checks on a resume or an evaluation (data.json):
-    a file or cache edited in between is refused, not trained or scored on unseen. None for the synthetic market,
-    which its own options make (a resume with other options is refused by the config's check), and whose
-    generated floats may differ in a last bit on another machine's math library; None for `yfinance`, which
-    fetches what the cache lacks: a run resumed on a fresh machine after its pod was lost fetches again, and
-    Yahoo's adjusted closes move with every dividend since (refusing it would lose the run). None as well for a
-    cache that Yahoo alone filled (`trainers fetch-sp500`): the deploy trains from one, and on a fresh machine
-    its data phase fills it again before the run resumes from the remote (it was refused there, and the run
-    lost). A cache holding a user's file (`--source file:` imported) keeps the check."""
-    fetched = set(info.get("sources") or {}) == {YFINANCE}
-    return None if info.get("synthetic") or source == "yfinance" or (source == "cache" and fetched) \
-        else data.fingerprint
+    """What the run records and checks of its data (market.sources.checked_fingerprint: none for the synthetic
+    market, yfinance and a cache Yahoo alone filled)."""
+    return market_checked_fingerprint(data.fingerprint, info, source)
 
 
 def env_spec(cfg: PpoConfig) -> EnvSpec:

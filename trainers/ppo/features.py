@@ -9,15 +9,13 @@ window of feature rows t-window+1..t and filled at that close (the FinRL convent
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from trainers.errors import UsageError
-from trainers.market.panel import Panel
+from trainers.market.panel import Panel, price_fingerprint
 from trainers.market.windows import CLIP, plan_splits
 
 FEATURES = ("ret_1d", "macd", "rsi_14", "cci_20", "adx_14", "vol_20d")
@@ -146,15 +144,6 @@ def pick_stocks(panel: Panel, num_stocks: int, dropped_by_ticker: dict | None = 
     chosen = sorted(order[:num_stocks].tolist())
     return chosen, {"complete_stocks": int(len(candidates)), "dropped_incomplete": int((~complete).sum()),
                     "bars_filled": {t: n for t, n in filled.items() if panel.tickers.index(t) in chosen}}
-
-
-def price_fingerprint(tickers: list[str], dates: list[str], *bars: np.ndarray) -> str:
-    """SHA-256 of the portfolio's tickers, dates and bars (float64, as read): the features, the environment and
-    every baseline derive from them, so a file edited between a run and its resume or evaluation changes it."""
-    digest = hashlib.sha256(json.dumps([tickers, dates]).encode())
-    for bar in bars:
-        digest.update(np.ascontiguousarray(bar, dtype=np.float64).tobytes())
-    return digest.hexdigest()
 
 
 def build_trading_data(panel: Panel, num_stocks: int, window: int, val_frac: float, test_frac: float,

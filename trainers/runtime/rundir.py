@@ -196,6 +196,18 @@ class Heartbeat:
         self.path.unlink(missing_ok=True)
 
 
+def fingerprint_to_check(run_dir: Path, fingerprint: str | None) -> str | None:
+    """`fingerprint`, or None for a run folder that holds checkpoints but no data record: a run trained before
+    its trainer recorded its data (the forecaster's, until it did), resumed and evaluated unchecked as before
+    rather than refused. A record deleted since looks the same, and goes unchecked too."""
+    return None if holds_checkpoints(run_dir) and not (Path(run_dir) / DATA_RECORD).exists() else fingerprint
+
+
+def holds_checkpoints(run_dir: Path) -> bool:
+    checkpoints = Path(run_dir) / "checkpoints"
+    return checkpoints.is_dir() and any(p.name.startswith(("meta_", "model_")) for p in checkpoints.iterdir())
+
+
 def check_data_unchanged(run_dir: Path, fingerprint: str | None, restart: bool = False,
                          instead: str | None = None) -> None:
     """A run trains on one dataset: a resume whose data fingerprint differs from the one the run
@@ -206,8 +218,7 @@ def check_data_unchanged(run_dir: Path, fingerprint: str | None, restart: bool =
     if fingerprint is None or restart:
         return
     path = Path(run_dir) / DATA_RECORD
-    checkpoints = Path(run_dir) / "checkpoints"
-    trained = checkpoints.is_dir() and any(p.name.startswith(("meta_", "model_")) for p in checkpoints.iterdir())
+    trained = holds_checkpoints(run_dir)
     or_restart = "" if instead else ", or start over with --restart"
     if not path.exists():
         if trained:
