@@ -853,3 +853,65 @@ def test_a_small_last_cohorts_steps_take_at_least_the_launch_floor():
     full, small = cohort_seconds([256, 4], steps=100, step_s=0.01, held_each=0.0)
     assert full == pytest.approx(COHORT_RUN_S + 256 * COHORT_SYMBOL_RUN_S + 100 * 0.01)
     assert small == pytest.approx(COHORT_RUN_S + 4 * COHORT_SYMBOL_RUN_S + 100 * SMALL_STEP_S)
+
+
+def test_the_forecasters_plan_stops_where_its_run_does_and_refuses_what_it_refuses():
+    """The plan counted every epoch of a run that stops at --max-steps (292 steps for a run of 5), planned a split
+    the trainer refuses (it used a split of 1 date where --min-split-dates asks for 20), and priced a
+    --grad-accum step larger than the training split, which the run refuses at its first line."""
+    from trainers.errors import UsageError
+
+    h100 = DEVICES["h100-sxm"]
+    capped = plan(load_workload("forecast", ["--epochs", "1", "--max-steps", "5"]), h100, 1)
+    assert capped.time["steps"] == pytest.approx(5) and any("--max-steps" in n for n in capped.assumptions)
+    whole = plan(load_workload("forecast", ["--epochs", "1"]), h100, 1)
+    assert whole.time["steps"] > 100 and not any("--max-steps" in n for n in whole.assumptions)
+    folds = plan(load_workload("forecast", ["--walk-forward", "3", "--max-steps", "50"]), h100, 1)
+    assert folds.time["steps"] == pytest.approx(150)  # each fold is a run of its own 50 steps
+    budget = plan(load_workload("forecast", ["--epochs", "1", "--max-steps", "5"]), h100, 1, hours=2.0)
+    assert budget.time["steps"] == pytest.approx(5) and budget.time["hours"] < 0.01  # it ends before the hours
+    with pytest.raises(UsageError, match="need about 360 dates"):
+        load_workload("forecast", ["--synthetic-days", "330"])
+    grad_accum = load_workload("forecast", ["--grad-accum", "100"])
+    with pytest.raises(UsageError, match="--grad-accum 100 .* on 8 rank"):
+        plan(grad_accum, h100, 8)
+
+
+def test_the_gpts_plan_takes_the_layout_end_and_refusals_of_its_run():
+    """The GPT's plan picked ddp+ac on several GPUs where the run takes FSDP first, kept layouts that
+    --activation-checkpointing off or a tied embedding rule out, counted recomputation's forward nowhere, planned
+    --max-tokens alone when --max-steps ends the run first, priced a global batch the ranks do not divide (the run
+    refuses it), and promised a depth-2 model 428 M tokens a second."""
+    from trainers.errors import UsageError
+    from trainers.gpt.size import SMALL_STEP_S, layout_options
+
+    h100 = DEVICES["h100-sxm"]
+    big = ["--depth", "32", "--device-batch-size", "16", "--max-steps", "10"]
+    auto = plan(load_workload("gpt", big), h100, 8)
+    assert auto.chosen == layout_options("auto", "auto", False, 8)[2] == "fsdp+ac"  # ddp and fsdp do not fit
+    assert plan(load_workload("gpt", [*big, "--activation-checkpointing", "off"]), h100, 8).chosen is None
+    with pytest.raises(UsageError, match="runs ddp, ddp\\+ac here"):
+        plan(load_workload("gpt", ["--tie-embeddings", "--max-steps", "5"]), h100, 2, parallel="fsdp")
+    with_ac = plan(load_workload("gpt", big), h100, 8, parallel="fsdp+ac").time
+    without = plan(load_workload("gpt", big), h100, 8, parallel="fsdp").time
+    assert with_ac["compute_s"] == pytest.approx(without["compute_s"] * 4 / 3)
+    first_end = plan(load_workload("gpt", ["--max-steps", "3", "--max-tokens", "100000000"]), h100, 8).time
+    assert first_end["steps"] == pytest.approx(3)
+    with pytest.raises(UsageError, match="not a multiple of 3 rank"):
+        plan(load_workload("gpt", ["--max-steps", "5"]), h100, 3)
+    small = plan(load_workload("gpt", ["--depth", "2", "--max-steps", "100"]), h100, 8).time
+    assert small["launch_bound"] and small["step_s"] == pytest.approx(SMALL_STEP_S * 8)  # 8 micro-steps a step
+
+
+def test_a_json_path_that_is_a_folder_is_refused_before_the_plan_is_printed(tmp_path, capsys):
+    assert main(["plan", "--trainer", "forecast", "--json", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().splitlines() == [f"error: --json {tmp_path} is a folder; give a file name"]
+
+
+def test_preflight_fails_the_fit_of_a_job_the_trainer_would_refuse_on_these_gpus():
+    from trainers.ops.preflight import GpuInfo, check_fit
+
+    three = [GpuInfo(i, "NVIDIA H100 80GB HBM3", 81559, "580") for i in range(3)]
+    check = check_fit(load_workload("gpt", ["--max-steps", "5"]), three, 2.0, None)
+    assert check.status == "FAIL" and "not a multiple of 3 rank" in check.detail, check

@@ -180,3 +180,15 @@ def feature_names(cfg: ForecastConfig) -> list[str]:
     if unknown or not names or len(set(names)) != len(names):
         raise UsageError(f"--features {cfg.features!r}: give distinct names from {', '.join(FEATURES)}")
     return names
+
+
+def refuse_steps_larger_than_the_split(cfg: ForecastConfig, world_size: int, n_train: int) -> None:
+    """Accumulating over more samples than the training split holds makes every step the whole split,
+    cut into micro-batches of a sample or two, each padded to --batch-size: --grad-accum 100000 ran for
+    minutes before anything failed. One batch larger than the split stays allowed (it is the split)."""
+    per_step = cfg.batch_size * cfg.grad_accum * world_size
+    if cfg.grad_accum > 1 and per_step > n_train:
+        most = max(1, n_train // (cfg.batch_size * world_size))
+        raise UsageError(f"--grad-accum {cfg.grad_accum} with --batch-size {cfg.batch_size} on {world_size} rank(s) "
+                         f"makes a step of {per_step:,} samples, but the training split has {n_train:,}; "
+                         f"use --grad-accum {most} or less")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from trainers.forecast.config import PRESETS, ForecastConfig, feature_names
+from trainers.forecast.config import PRESETS, ForecastConfig, feature_names, refuse_steps_larger_than_the_split
 from trainers.market.sources import trading_days
 from trainers.market.windows import plan_splits, plan_walk_forward
 from trainers.ops.plan import Workload
@@ -42,6 +42,11 @@ def activation_bytes_per_sample(window: int, n_features: int, d_model: int, n_la
 
 
 def training_samples(cfg: ForecastConfig) -> tuple[int, bool]:
+    per_fold, estimated = fold_samples(cfg)
+    return sum(per_fold), estimated
+
+
+def fold_samples(cfg: ForecastConfig) -> tuple[list[int], bool]:
     """(the samples of one epoch, whether estimated), summed over the folds the job trains (--walk-forward K: K runs,
     each on its own training range; --fold k: that one). Data on this machine (a file, a cache that holds prices)
     is loaded as the job loads it (validated, within the dates, the point-in-time universe) and its training
@@ -55,18 +60,20 @@ def training_samples(cfg: ForecastConfig) -> tuple[int, bool]:
 
         market = load_market(replace(cfg), log=lambda line: print(line, file=sys.stderr))  # (it pins features)
         n_dates = len(market.arrays.dates)
-        return sum(store_from(market.arrays, split_plan(replace(cfg, fold=k), n_dates), cfg.target).stats["train"]
-                   for k in folds), False
+        return [store_from(market.arrays, split_plan(replace(cfg, fold=k), n_dates), cfg.target).stats["train"]
+                for k in folds], False
     if cfg.source == "synthetic":
         dates, tickers = cfg.synthetic_days, cfg.synthetic_tickers
     else:  # (an empty cache: what a yfinance fetch of the same options fills it with)
         dates, tickers = yfinance_shape(replace(cfg, source="yfinance"))
-    if cfg.walk_forward:
-        plans = plan_walk_forward(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1, cfg.walk_forward)
+    if cfg.walk_forward:  # (the split sizes the job refuses, refused alike: --min-split-dates)
+        plans = plan_walk_forward(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, cfg.min_split_dates,
+                                  cfg.walk_forward)
         spans = [plans[k].ranges["train"] for k in folds]
     else:
-        spans = [plan_splits(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac, 1).ranges["train"]]
-    return round(sum(stop - start for start, stop in spans) * tickers), cfg.source != "synthetic"
+        spans = [plan_splits(dates, cfg.window, cfg.horizon, cfg.val_frac, cfg.test_frac,
+                             cfg.min_split_dates).ranges["train"]]
+    return [round((stop - start) * tickers) for start, stop in spans], cfg.source != "synthetic"
 
 
 def holds_prices(cache_dir: str) -> bool:
@@ -109,13 +116,23 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
     per_sample = activation_bytes_per_sample(cfg.window, n_features, shape.d_model, shape.n_layers, shape.n_heads,
                                              shape.d_ff, cfg.dropout, compute_bytes, cfg.readout, cfg.linear_skip,
                                              cfg.past_returns, cfg.encoder)
-    samples, estimated = training_samples(cfg)
+    per_fold, estimated = fold_samples(cfg)
+    samples = sum(per_fold)
+
+    def refuse_steps_larger_than_a_split(gpus: int) -> None:  # as each run does (forecast.train)
+        for n_train in per_fold:
+            refuse_steps_larger_than_the_split(cfg, gpus, n_train)
+
+    def capped(items_per_step: float) -> float:  # each run (fold) stops at --max-steps
+        return float(sum(min(n * cfg.epochs, cfg.max_steps * items_per_step) for n in per_fold))
+
     return Workload(
         trainer="forecast", parameters=parameters, n_blocks=len(blocks), block_parameters=block, unit="samples",
         items_per_micro=cfg.batch_size, grad_accum=cfg.grad_accum,
         flops_per_item=model_flops(cfg, n_features),
         activation_bytes=lambda micro, _checkpointing: per_sample * micro, kind="transformer", strategies=("ddp",),
-        min_step_s=SMALL_STEP_S * cfg.grad_accum,  # (a step of --grad-accum micro-batches launches each's kernels)
+        min_micro_step_s=SMALL_STEP_S, check_gpus=refuse_steps_larger_than_a_split,
+        capped_items=capped if cfg.max_steps is not None else None,
         items_total=float(samples * cfg.epochs), shape={"preset": cfg.preset, **vars(shape), "window": cfg.window},
         notes=[f"one epoch is {samples:,} samples"
                + (f" in all over the {cfg.walk_forward} folds (--walk-forward: each a run)"

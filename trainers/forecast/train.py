@@ -19,9 +19,8 @@ from pathlib import Path
 
 import torch
 
-from trainers.errors import UsageError
 from trainers.forecast.build import build_model, model_flops
-from trainers.forecast.config import PRESETS, ForecastConfig, refuse_legacy_resume
+from trainers.forecast.config import PRESETS, ForecastConfig, refuse_legacy_resume, refuse_steps_larger_than_the_split
 from trainers.forecast.data import LoadedMarket, WindowStore, fix_date_range, load_market, make_store
 from trainers.forecast.evaluate import evaluate_splits, log_summary, validation_loss
 from trainers.forecast.model import TrainStep, count_parameters
@@ -95,18 +94,6 @@ def train(cfg: ForecastConfig) -> dict | None:
         if cfg.walk_forward and cfg.fold is None:
             return walk_forward(cfg, ctx, started_at, train_one)
         return train_one(cfg, ctx, started_at)[0]
-
-
-def refuse_steps_larger_than_the_split(cfg: ForecastConfig, world_size: int, n_train: int) -> None:
-    """Accumulating over more samples than the training split holds makes every step the whole split,
-    cut into micro-batches of a sample or two, each padded to --batch-size: --grad-accum 100000 ran for
-    minutes before anything failed. One batch larger than the split stays allowed (it is the split)."""
-    per_step = cfg.batch_size * cfg.grad_accum * world_size
-    if cfg.grad_accum > 1 and per_step > n_train:
-        most = max(1, n_train // (cfg.batch_size * world_size))
-        raise UsageError(f"--grad-accum {cfg.grad_accum} with --batch-size {cfg.batch_size} on {world_size} rank(s) "
-                         f"makes a step of {per_step:,} samples, but the training split has {n_train:,}; "
-                         f"use --grad-accum {most} or less")
 
 
 def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,

@@ -28,6 +28,8 @@ import math
 from dataclasses import asdict, dataclass
 
 SIZING_VOCAB = 256  # vocabulary assumed when the corpus is not read yet (the embedding is tiny anyway)
+SMALL_STEP_S = 0.003  # the least a micro-step takes on a GPU, launches and Python, whatever its FLOPs (ASSUMED, as
+# the other trainers' floors): without it a depth-2 model was planned at 428 M tokens a second
 GIB = 1 << 30
 OVERHEAD_BYTES = 2 * GIB  # CUDA context, NCCL buffers, allocator slack
 FRAGMENTATION = 1.10  # the caching allocator rarely packs activations perfectly
@@ -153,6 +155,19 @@ def candidate_layouts(world: int) -> tuple[str, ...]:
     return ("ddp", "fsdp", "fsdp+ac") if world > 1 else ("ddp", "ddp+ac")
 
 
+def layout_options(parallel: str, checkpointing: str, tied: bool, world: int, distributed: bool = True) -> list[str]:
+    """The layouts a run may take, in its order of preference (the first that fits is taken): `--parallel auto`
+    shards only across several ranks and never a tied embedding; `--activation-checkpointing on|off` keeps the
+    layouts with or without recomputation. The trainer's choice and the planner's (trainers plan) both."""
+    if parallel == "auto":
+        options = list(candidate_layouts(world if distributed and not tied else 1))
+    else:
+        options = [parallel, parallel + "+ac"]
+    if checkpointing != "auto":
+        options = [o for o in options if o.endswith("+ac") == (checkpointing == "on")]
+    return options
+
+
 def largest_batch(shape: Shape, layout: str, world: int, gpu_bytes: int, act_bytes: int = 2) -> int:
     """The most sequences per micro-step that fit with `layout` (0: not even one)."""
     best, batch = 0, 1
@@ -206,13 +221,20 @@ def workload(cfg):
         d = m.as_dict()
         return {k: d[k] for k in ("weights", "grads", "optimizer", "temporary", "activations", "overhead", "total")}
 
-    total = cfg.max_tokens or (cfg.max_steps * cfg.batch_tokens if cfg.max_steps else None)
+    # the run stops at whichever end comes first (--max-steps of whole steps, --max-tokens)
+    ends = [e for e in (cfg.max_tokens, cfg.max_steps * cfg.batch_tokens if cfg.max_steps else None) if e]
+    total = min(ends) if ends else None
+
+    def order(gpus: int) -> tuple[str, ...]:
+        return tuple(layout_options(cfg.parallel, cfg.activation_checkpointing, cfg.tie_embeddings, gpus))
+
     return Workload(
         trainer="gpt", parameters=shape.parameters(), n_blocks=shape.depth, block_parameters=shape.block_parameters(),
         unit="tokens", items_per_micro=cfg.device_batch_size * shape.seq_len, grad_accum=1,
         global_batch_items=cfg.batch_tokens, flops_per_item=shape.flops_per_token(),
         activation_bytes=lambda micro, ck: activation_bytes(shape, micro, ck), kind="transformer",
-        strategies=LAYOUTS, items_total=float(total) if total else None, memory_fn=memory,
+        strategies=tuple(o for g in (1, 2) for o in order(g)), strategy_order=order, check_gpus=cfg.grad_accum,
+        min_micro_step_s=SMALL_STEP_S, items_total=float(total) if total else None, memory_fn=memory,
         shape={"depth": shape.depth, "dim": shape.dim, "heads": shape.heads, "seq_len": shape.seq_len},
         notes=[f"the vocabulary is assumed to be {SIZING_VOCAB} characters until the corpus is read (it changes "
                f"the parameters by 2 x vocabulary x {shape.dim})"])

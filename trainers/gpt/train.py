@@ -119,13 +119,8 @@ def plan_layout(cfg: GptConfig, shape: size.Shape, ctx: DistContext, act_bytes: 
                          "supported here); leave it out or use ddp")
     gpu_bytes = total_memory(ctx.device)
     rows = size.table(shape, ctx.world_size, cfg.device_batch_size, gpu_bytes, act_bytes)
-    if cfg.parallel == "auto":
-        shardable = ctx.distributed and ctx.world_size > 1 and not cfg.tie_embeddings
-        options = ["ddp", "fsdp", "fsdp+ac"] if shardable else ["ddp", "ddp+ac"]
-    else:
-        options = [cfg.parallel, cfg.parallel + "+ac"]
-    if cfg.activation_checkpointing != "auto":
-        options = [o for o in options if o.endswith("+ac") == (cfg.activation_checkpointing == "on")]
+    options = size.layout_options(cfg.parallel, cfg.activation_checkpointing, cfg.tie_embeddings, ctx.world_size,
+                                  ctx.distributed)
     fitting = options
     if gpu_bytes is not None:
         fitting = [o for o in options if size.memory_per_gpu(shape, o, ctx.world_size, cfg.device_batch_size,

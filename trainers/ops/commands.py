@@ -12,6 +12,7 @@ from trainers.ops.devices import DEVICES, TABLE_DATE
 from trainers.ops.package import package_run
 from trainers.ops.plan import compare, duration, format_plan, plan
 from trainers.registry import trainer_config, trainer_module
+from trainers.runtime.config import check_folder_writable
 from trainers.runtime.files import atomic_write_json
 
 
@@ -56,6 +57,10 @@ def plan_command(args) -> int:
         raise UsageError(f"--gpu {args.gpu!r} is not one of: {', '.join(DEVICES)}")
     if sum(x is not None for x in (args.items, args.hours, args.budget_usd)) > 1:
         raise UsageError("give one of --items/--tokens, --hours or --budget-usd")
+    if args.json:  # before the plan is printed: a refusal after it read as if the plan had failed
+        check_folder_writable(Path(args.json).parent, "--json")
+        if Path(args.json).is_dir():
+            raise UsageError(f"--json {args.json} is a folder; give a file name")
     w = load_workload(args.trainer, args.extra)
     if args.compare:
         prices = read_prices(args.prices, args.usd_per_gpu_hour, args.gpu)

@@ -53,6 +53,7 @@ class Workload:
     jobs_per_gpu: int = 1  # independent jobs (processes) sharing one GPU, each with its own model
     independent: bool = False  # the GPUs run separate jobs: no gradient traffic between them
     min_step_s: float = 0.0  # a floor on the step time (small models are bound by launches, not FLOPs)
+    min_micro_step_s: float = 0.0  # the same floor per micro-batch, times the step's accumulation
     min_step_why: str = "ASSUMED: small models are bound by kernel launches and Python, not FLOPs"
     outside_steps_s: float = 0.0  # the job's time outside its steps, one worker's worth of it all (the LSTM's
     #                               per-symbol runs: folder, evaluations, checkpoints, results), shared by the workers
@@ -70,6 +71,16 @@ class Workload:
     # packs whole graphs up to its node budget, and no more steps an epoch than a rank has graphs): the plan's steps
     # and time are then counted in them, at the mean items a step (memory still at the budget)
     steps_total: float | None = None
+    # the trainer's own layouts for `gpus` ranks, in its order of preference (None: STRATEGIES' order): the GPT
+    # prefers FSDP to recomputation on several ranks, and its options (--activation-checkpointing, tied
+    # embeddings) rule some out; the plan once picked ddp+ac where the run would take fsdp
+    strategy_order: Callable[[int], tuple[str, ...]] | None = None
+    # the trainer's own refusal of a job on `gpus` ranks (a global batch that does not divide, a step larger than
+    # the training split): the plan once priced jobs the trainer refuses at its first line
+    check_gpus: Callable[[int], None] | None = None
+    # the items the run trains when a step holds this many (a --max-steps cap, per walk-forward fold): the
+    # plan once counted every epoch of a run that stops at its --max-steps
+    capped_items: Callable[[float], float] | None = None
 
 
 PLAN_GPU_MEMORY = 80 * 2**30  # the card a workload is sized for until the plan names its GPU (Workload.for_device)
@@ -206,7 +217,9 @@ def step_time(w: Workload, strategy: str, gpus: int, device: Device, mfu: float,
     else:  # per micro-batch: gather bf16 params for forward and backward, reduce-scatter fp32 grads
         traffic = accum * ring / 2 * (2 * 2 * w.parameters + 4 * w.parameters)
     comm = traffic / busbw if gpus > 1 and not w.independent else 0.0
-    step = max(compute + comm, w.min_step_s)
+    if strategy.endswith("+ac"):  # each block's forward runs again in the backward: 4 forwards' FLOPs, not 3
+        compute *= 4 / 3
+    step = max(compute + comm, w.min_step_s, w.min_micro_step_s * accum)
     return {"items_per_step": items, "compute_s": compute, "communication_s": comm, "step_s": step,
             "launch_bound": step > compute + comm, "items_per_s": items / step}
 
@@ -235,6 +248,8 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
          budget_usd: float | None = None, mfu: float | None = None) -> Plan:
     if gpus < 1:
         raise UsageError(f"--gpus {gpus} must be >= 1")
+    if w.check_gpus is not None:
+        w.check_gpus(gpus)
     if w.for_device is not None:
         w = w.for_device(int(device.memory_gib * GIB), gpus * w.jobs_per_gpu, items)
     compute_bytes = compute_bytes or 2  # bf16 autocast (fp16 + a scaler on chips without bf16)
@@ -243,14 +258,15 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
                    f"({device.link}; assumed, not measured here)"]
     strategies = {}
     usable = device.memory_gib * GIB
-    if parallel != "auto" and parallel not in w.strategies:
-        raise UsageError(f"--parallel {parallel}: the {w.trainer} trainer runs {', '.join(w.strategies)}")
+    order = w.strategy_order(gpus) if w.strategy_order else tuple(s for s in STRATEGIES if s in w.strategies)
+    if parallel != "auto" and parallel not in order:
+        raise UsageError(f"--parallel {parallel}: the {w.trainer} trainer runs {', '.join(order)} here")
     for s in STRATEGIES:
         m = memory(w, s, gpus, compute_bytes)
-        strategies[s] = {"memory_bytes": m, "fits": m["total"] <= usable, "supported": s in w.strategies,
+        strategies[s] = {"memory_bytes": m, "fits": m["total"] <= usable, "supported": s in order,
                          "headroom_bytes": int(usable - m["total"])}
     if parallel == "auto":
-        chosen = next((s for s in STRATEGIES if strategies[s]["fits"] and s in w.strategies), None)
+        chosen = next((s for s in order if strategies[s]["fits"]), None)
     else:
         chosen = parallel if strategies[parallel]["fits"] else None
     fix = None if chosen else suggest_fix(w, device, gpus, compute_bytes, parallel)
@@ -282,6 +298,15 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
         outside += w.compile_s if compiled else 0.0
     if outside:
         timing["outside_steps_s"] = outside
+    cap = w.capped_items(t["items_per_step"]) if w.capped_items is not None and items is None else None
+    if cap is not None and total_items is not None and cap < total_items:
+        total_items = cap
+        notes.append("the run stops at its --max-steps, before the rest of its epochs")
+    if hours is not None and cap is not None and cap < t["items_per_s"] * max(hours * 3600 - outside, 0.0):
+        notes.append(f"its --max-steps ends it in {duration((cap / t['items_per_s'] + outside) / 3600)}, "
+                     f"before the {duration(hours)} asked for")
+        hours = None
+        total_items = cap
     if hours is not None:
         timing["hours"] = hours
         timing["items"] = t["items_per_s"] * max(hours * 3600 - outside, 0.0)

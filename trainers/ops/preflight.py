@@ -220,7 +220,10 @@ def check_fit(workload, gpus: list[GpuInfo], usd_per_gpu_hour: float | None, pla
     known = device_for_name(gpus[0].name, memory_gib)
     device = replace(known, memory_gib=memory_gib) if known else Device(
         "detected", gpus[0].name, memory_gib, 100.0, "pcie", 10.0)
-    p = plan(workload, device, len(gpus), usd_per_gpu_hour=usd_per_gpu_hour)
+    try:
+        p = plan(workload, device, len(gpus), usd_per_gpu_hour=usd_per_gpu_hour)
+    except UsageError as exc:  # the job the trainer would refuse on these GPUs (a batch that does not divide)
+        return Check("fit", FAIL, f"{workload.trainer} on {len(gpus)} GPU(s): {exc}")
     if plan_json:
         atomic_write_json(Path(plan_json), p.to_json())
     if p.chosen is None:
