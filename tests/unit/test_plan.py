@@ -915,3 +915,15 @@ def test_preflight_fails_the_fit_of_a_job_the_trainer_would_refuse_on_these_gpus
     three = [GpuInfo(i, "NVIDIA H100 80GB HBM3", 81559, "580") for i in range(3)]
     check = check_fit(load_workload("gpt", ["--max-steps", "5"]), three, 2.0, None)
     assert check.status == "FAIL" and "not a multiple of 3 rank" in check.detail, check
+
+
+def test_the_h100_and_h200_hold_what_their_drivers_show_not_their_marketed_size():
+    """The table said 80 GiB for an H100 whose driver shows 81,559 MiB (79.6 GiB, the committed nvidia_smi.txt):
+    a GPT of depth 43 was planned to fit with 0.2 GiB free where the run's own estimate refuses it."""
+    h100 = DEVICES["h100-sxm"]
+    shown = [line for line in (REPO / "bench/results/gpu_h100/nvidia_smi.txt").read_text().splitlines() if "MiB" in line]
+    mib = int(shown[0].split(",")[1].split()[0])
+    assert h100.memory_gib == pytest.approx(mib / 1024, abs=0.05)
+    edge = load_workload("gpt", ["--depth", "43", "--device-batch-size", "1", "--activation-checkpointing", "off",
+                                 "--max-steps", "1"])
+    assert plan(edge, h100, 1, parallel="ddp").chosen is None

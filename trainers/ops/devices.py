@@ -26,10 +26,13 @@ class Device:
     bf16: bool = True
 
 
+# memory_gib: what the card's driver shows (nvidia-smi's MiB / 1024) where our GPU sessions recorded it
+# (bench/results/gpu_h100/nvidia_smi.txt: 81559 MiB; gpu_h200*/nvidia_smi.txt: 143771 MiB), else the marketed
+# size, which overstates it by a few tenths of a GiB (an 80 GB H100 holds 79.6 GiB: a plan at 0.2 GiB free did not fit)
 DEVICES: dict[str, Device] = {d.key: d for d in (
     Device("b200", "NVIDIA B200 (SXM)", 180.0, 2250.0, "nvlink", 700.0),
-    Device("h200", "NVIDIA H200 (SXM)", 141.0, 989.0, "nvlink", 475.0),
-    Device("h100-sxm", "NVIDIA H100 80GB HBM3 (SXM)", 80.0, 989.0, "nvlink", 370.0),
+    Device("h200", "NVIDIA H200 (SXM)", 140.4, 989.0, "nvlink", 475.0),
+    Device("h100-sxm", "NVIDIA H100 80GB HBM3 (SXM)", 79.6, 989.0, "nvlink", 370.0),
     Device("h100-pcie", "NVIDIA H100 PCIe", 80.0, 756.0, "pcie", 25.0),
     Device("a100-80gb", "NVIDIA A100-SXM4-80GB", 80.0, 312.0, "nvlink", 230.0),
     Device("a100-40gb", "NVIDIA A100-SXM4-40GB", 40.0, 312.0, "nvlink", 230.0),
