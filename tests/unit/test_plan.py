@@ -91,8 +91,8 @@ def read_from(monkeypatch, root: Path) -> None:
     """The plan reads the committed GPU results; from here on, the records under `root`."""
     import trainers.ops.plan as plan_mod
 
-    committed = plan_mod.measured_runs
-    monkeypatch.setattr(plan_mod, "measured_runs", lambda *a, **k: committed(*a, **{**k, "root": root}))
+    committed = plan_mod.measured_configuration
+    monkeypatch.setattr(plan_mod, "measured_configuration", lambda *a, **k: committed(*a, **{**k, "root": root}))
 
 
 def test_a_committed_gpu_benchmark_sets_the_mfu(tmp_path):
@@ -927,3 +927,13 @@ def test_the_h100_and_h200_hold_what_their_drivers_show_not_their_marketed_size(
     edge = load_workload("gpt", ["--depth", "43", "--device-batch-size", "1", "--activation-checkpointing", "off",
                                  "--max-steps", "1"])
     assert plan(edge, h100, 1, parallel="ddp").chosen is None
+
+
+def test_an_mfu_measured_for_a_model_of_another_size_says_so():
+    """The forecaster's only H100 measurement is the 151m's: the base preset (25 M parameters) was planned at it
+    as "measured", 1.55x faster than on an H200 of the same peak that measured the base itself."""
+    h100 = DEVICES["h100-sxm"]
+    base = plan(load_workload("forecast", ["--preset", "base"]), h100, 8).mfu["source"]
+    assert base.startswith("measured") and "for a model of 151,287,809 parameters" in base and "ASSUMED" in base
+    same = plan(load_workload("forecast", ["--preset", "151m", "--window", "120"]), h100, 8).mfu["source"]
+    assert same.startswith("measured") and "ASSUMED" not in same

@@ -123,8 +123,15 @@ def measured_mfu(trainer: str, device: Device, root: Path | None = None, paramet
 
 def measured_runs(trainer: str, device: Device, root: Path | None = None, parameters: int | None = None,
                   items_per_step: int | None = None) -> list[float]:
+    """The runs' MFUs of `measured_configuration` (its docstring)."""
+    return measured_configuration(trainer, device, root=root, parameters=parameters, items_per_step=items_per_step)[0]
+
+
+def measured_configuration(trainer: str, device: Device, root: Path | None = None, parameters: int | None = None,
+                           items_per_step: int | None = None) -> tuple[list[float], int | None]:
     """The MFU each committed GPU benchmark run of ours measured for this trainer on this device, one value a
-    run (a file), sorted; empty when none did.
+    run (a file), sorted (empty when none did), and the parameters of the model they measured (None where the
+    runs do not say).
 
     A benchmark holds rows of several sizes (presets, GPT depths), and MFU grows with size: given the
     planned model's `parameters`, the rows nearest to it in size (by ratio) decide, not the best row of
@@ -179,7 +186,7 @@ def measured_runs(trainer: str, device: Device, root: Path | None = None, parame
         per_run[path] = max(value, per_run.get(path, 0.0))
     medians = {key: statistics.median(values.values()) for key, values in runs.items()}
     best = max(medians, key=medians.get, default=None)
-    return sorted(runs[best].values()) if best is not None else []
+    return (sorted(runs[best].values()), best[0]) if best is not None else ([], None)
 
 
 def _compiled(*said) -> bool | None:
@@ -270,11 +277,15 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
     else:
         chosen = parallel if strategies[parallel]["fits"] else None
     fix = None if chosen else suggest_fix(w, device, gpus, compute_bytes, parallel)
-    runs = measured_runs(w.trainer, device, parameters=w.parameters, items_per_step=w.items_per_micro)
+    runs, measured_size = measured_configuration(w.trainer, device, parameters=w.parameters,
+                                                 items_per_step=w.items_per_micro)
     measured = statistics.median(runs) if runs else None
+    other_size = measured_size and not 0.5 <= measured_size / w.parameters <= 2
     carried = None if mfu or measured or w.kind != "small" else carried_mfu(w, device)
     used_mfu = mfu or measured or (carried[0] if carried else DEFAULT_MFU.get(w.kind, 0.3))
-    source = ("given" if mfu else "measured by this repository's GPU benchmark" + _spread(runs) if measured else
+    source = ("given" if mfu else "measured by this repository's GPU benchmark" + _spread(runs) + (
+        f", for a model of {measured_size:,} parameters (this one has {w.parameters:,}: ASSUMED to carry over)"
+        if other_size else "") if measured else
               f"ASSUMED: {w.unit}/s as measured on {carried[1]} (a small model is bound by launches, not by the "
               f"card's FLOPs)" if carried else
               f"ASSUMED (no GPU benchmark of ours for {w.trainer} on {device.key}; default for {w.kind} models)")
