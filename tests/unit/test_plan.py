@@ -915,6 +915,8 @@ def test_preflight_fails_the_fit_of_a_job_the_trainer_would_refuse_on_these_gpus
     three = [GpuInfo(i, "NVIDIA H100 80GB HBM3", 81559, "580") for i in range(3)]
     check = check_fit(load_workload("gpt", ["--max-steps", "5"]), three, 2.0, None)
     assert check.status == "FAIL" and "not a multiple of 3 rank" in check.detail, check
+    base = check_fit(load_workload("forecast", ["--preset", "base"]), three[:2], 2.0, None)  # the 151m's MFU
+    assert base.status == "PASS" and base.detail.endswith("(assumed)"), base
 
 
 def test_the_h100_and_h200_hold_what_their_drivers_show_not_their_marketed_size():

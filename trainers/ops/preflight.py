@@ -234,7 +234,8 @@ def check_fit(workload, gpus: list[GpuInfo], usd_per_gpu_hour: float | None, pla
     estimate = ""
     if "hours" in p.time:
         usd = p.money.get("usd")
-        source = "measured" if p.mfu["source"].startswith("measured") else "assumed"  # (a carried one says ASSUMED)
+        source = "measured" if p.mfu["source"].startswith("measured") and "ASSUMED" not in p.mfu["source"] \
+            else "assumed"  # (a carried one, or one measured for another size, says ASSUMED)
         estimate = f"; plan: about {p.time['hours']:.2f} h" + (f", ${usd:,.2f}" if usd is not None else "") + \
             f" at an MFU of {percent(p.mfu['value'])} ({source})"
     return Check("fit", PASS, f"{p.chosen}: about {m / 2**30:.1f} of {memory_gib:.1f} GiB per GPU{estimate}",
