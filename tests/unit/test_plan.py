@@ -382,7 +382,7 @@ def test_seed_004s_depth_64_is_12_9b_parameters_and_needs_fsdp_with_checkpointin
     assert p.strategies["ddp"]["memory_bytes"]["total"] > 16 * w.parameters
     # the planner's figure is the GPT's own sizing (`trainers gpt size`), not a second formula
     from trainers.gpt.size import Shape, memory_per_gpu
-    own = memory_per_gpu(Shape(depth=64), "fsdp+ac", 8, 4).as_dict()["total"]
+    own = memory_per_gpu(Shape(depth=64, vocab=8), "fsdp+ac", 8, 4).as_dict()["total"]  # (synthetic: 8 characters)
     assert p.strategies["fsdp+ac"]["memory_bytes"]["total"] == own
 
 
@@ -939,3 +939,20 @@ def test_an_mfu_measured_for_a_model_of_another_size_says_so():
     assert base.startswith("measured") and "for a model of 151,287,809 parameters" in base and "ASSUMED" in base
     same = plan(load_workload("forecast", ["--preset", "151m", "--window", "120"]), h100, 8).mfu["source"]
     assert same.startswith("measured") and "ASSUMED" not in same
+
+
+def test_the_gpts_plan_counts_the_vocabulary_its_corpus_has(tmp_path):
+    """The plan assumed 256 characters whatever the corpus: a CJK file's depth-1 model was planned at 81,920
+    parameters and trained 433,152. It counts the corpus's distinct characters as the run tokenises them."""
+    from trainers.gpt.size import Shape
+
+    text = "".join(chr(0x4E00 + (i * 7) % 3000) for i in range(6000)) + "\n"
+    corpus = tmp_path / "cjk.txt"
+    corpus.write_text(text, encoding="utf-8")
+    w = load_workload("gpt", ["--data", str(corpus), "--depth", "1", "--head-dim", "16", "--seq-len", "64",
+                              "--max-steps", "1"])
+    vocab = len(set(text))
+    assert vocab > 2000 and w.parameters == Shape(depth=1, head_dim=16, seq_len=64, vocab=vocab).parameters()
+    assert any(f"{vocab:,} distinct characters" in note for note in w.notes)
+    synthetic = load_workload("gpt", ["--depth", "1", "--head-dim", "16", "--seq-len", "64", "--max-steps", "1"])
+    assert synthetic.parameters == Shape(depth=1, head_dim=16, seq_len=64, vocab=8).parameters()
