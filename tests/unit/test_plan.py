@@ -956,3 +956,23 @@ def test_the_gpts_plan_counts_the_vocabulary_its_corpus_has(tmp_path):
     assert any(f"{vocab:,} distinct characters" in note for note in w.notes)
     synthetic = load_workload("gpt", ["--depth", "1", "--head-dim", "16", "--seq-len", "64", "--max-steps", "1"])
     assert synthetic.parameters == Shape(depth=1, head_dim=16, seq_len=64, vocab=8).parameters()
+
+
+def test_a_runs_own_time_budget_ends_its_plan():
+    """`trainers plan --trainer gpt --max-hours 2` printed no time or cost at all, and a run whose --max-hours
+    stops it before its epochs was priced for every epoch; --budget-usd at --usd-per-gpu-hour alike, and the
+    LSTM's (a workload sized for the device) keeps the budget too."""
+    h100, h200 = DEVICES["h100-sxm"], DEVICES["h200"]
+    two_hours = plan(load_workload("gpt", ["--max-hours", "2"]), h100, 8, usd_per_gpu_hour=3.0)
+    assert two_hours.time["hours"] == 2 and two_hours.money["usd"] == pytest.approx(48.0)
+    money = plan(load_workload("gpt", ["--budget-usd", "24", "--usd-per-gpu-hour", "3"]), h100, 8)
+    assert money.time["hours"] == pytest.approx(1.0)
+    sooner = plan(load_workload("gpt", ["--max-hours", "2", "--max-steps", "10"]), h100, 8)
+    assert sooner.time["steps"] == pytest.approx(10) and sooner.time["hours"] < 0.01  # its steps end it first
+    lstm = plan(load_workload("lstm", ["--synthetic-tickers", "500", "--epochs", "500", "--max-hours", "0.1"]), h200, 1)
+    assert lstm.time["hours"] == pytest.approx(0.1)
+    for cohort in (["--cohort", "1"], []):  # what holding bests saves never outgrows the time it is taken from
+        long = plan(load_workload("lstm", ["--synthetic-tickers", "500", "--epochs", "500", *cohort]), h200, 1)
+        assert long.time["outside_steps_s"] > 0 and long.time["hours"] > 0, cohort
+    given = plan(load_workload("gpt", ["--max-hours", "2"]), h100, 8, hours=1.0)  # the plan's own --hours first
+    assert given.time["hours"] == 1.0

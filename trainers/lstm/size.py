@@ -40,7 +40,8 @@ COHORT_SYMBOL_RUN_S = 0.072
 # on a cadence step is written at once. Measured in cohorts against improved, on one run (the same session's other
 # held job of this command ran 3.8 s faster: the noise is about half the effect); one at a time (--cohort 1) takes
 # the same off SYMBOL_RUN_S, which was measured writing every evaluation's checkpoint (always, the default then).
-HELD_SAVES_PER_EVAL_S = (26.636 - 17.247) / 500 / (5 - 1)
+MEASURED_EVALUATIONS = 5  # the measured job's: 5 epochs, one evaluation each
+HELD_SAVES_PER_EVAL_S = (26.636 - 17.247) / 500 / (MEASURED_EVALUATIONS - 1)
 # The stacked step: the 500-symbol job's stacked steps (2 cohorts x 30) took 10.12 s for 500 symbols of 5 epochs,
 # 2.9 us a sample as the plan counts samples (1,391 a symbol and epoch at the synthetic default: the job's own split
 # of 2,520 bars, train_samples; the job trained 6 batches of 256 an epoch) of the default model (hidden 64, 2 layers,
@@ -285,7 +286,10 @@ def held_saves_s(cfg: LstmConfig, steps_per_epoch: int) -> float:
     if cfg.ckpt_every and cfg.ckpt_every <= between:
         return 0.0
     evaluations = cfg.epochs if cfg.eval_every == 0 else math.ceil(steps / cfg.eval_every)  # (and the last step)
-    return HELD_SAVES_PER_EVAL_S * max(0, evaluations - 1)
+    # at most the saving of the measured job's evaluations: the time a symbol's run spends outside its steps
+    # (SYMBOL_RUN_S, COHORT_SYMBOL_RUN_S) was measured at 5 epochs and does not grow with more evaluations in this
+    # model, so what holding saves of it cannot either (500 epochs made the job's time outside its steps negative)
+    return HELD_SAVES_PER_EVAL_S * max(0, min(evaluations, MEASURED_EVALUATIONS) - 1)
 
 
 def exports_after_training_s(finished: list[tuple[float, int]], train_s: float, first_s: float,

@@ -23,7 +23,10 @@ def load_workload(trainer: str, options: list[str]):
         size = trainer_module(trainer, "size")
     except ModuleNotFoundError:
         raise UsageError(f"the {trainer} trainer has no plan yet (no trainers/{trainer}/size.py)") from None
-    return size.workload(cfg)
+    w = size.workload(cfg)
+    w.run_budget = (getattr(cfg, "max_hours", None), getattr(cfg, "budget_usd", None),
+                    getattr(cfg, "usd_per_gpu_hour", None))
+    return w
 
 
 def read_prices(path: str | None, fallback: float | None, gpu: str) -> dict[str, float]:

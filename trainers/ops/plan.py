@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -81,6 +81,9 @@ class Workload:
     # the items the run trains when a step holds this many (a --max-steps cap, per walk-forward fold): the
     # plan once counted every epoch of a run that stops at its --max-steps
     capped_items: Callable[[float], float] | None = None
+    # the run's own end in time (its --max-hours, --budget-usd at --usd-per-gpu-hour): the plan once said nothing of
+    # a GPT run given only --max-hours, and priced every epoch of one it stops sooner
+    run_budget: tuple[float | None, float | None, float | None] = (None, None, None)
 
 
 PLAN_GPU_MEMORY = 80 * 2**30  # the card a workload is sized for until the plan names its GPU (Workload.for_device)
@@ -257,8 +260,8 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
         raise UsageError(f"--gpus {gpus} must be >= 1")
     if w.check_gpus is not None:
         w.check_gpus(gpus)
-    if w.for_device is not None:
-        w = w.for_device(int(device.memory_gib * GIB), gpus * w.jobs_per_gpu, items)
+    if w.for_device is not None:  # (the run's budget is the command's, not the device's)
+        w = replace(w.for_device(int(device.memory_gib * GIB), gpus * w.jobs_per_gpu, items), run_budget=w.run_budget)
     compute_bytes = compute_bytes or 2  # bf16 autocast (fp16 + a scaler on chips without bf16)
     assumptions = [f"device table of {TABLE_DATE}: {device.name}, {device.memory_gib:g} GiB, "
                    f"{device.peak_tflops:g} TFLOP/s dense peak, all-reduce bus bandwidth {device.busbw_gbps:g} GB/s "
@@ -309,6 +312,13 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
         outside += w.compile_s if compiled else 0.0
     if outside:
         timing["outside_steps_s"] = outside
+    max_hours, run_usd, run_price = w.run_budget
+    run_hours = min([h for h in (max_hours, run_usd / (run_price * gpus) if run_usd and run_price else None) if h],
+                    default=None)
+    if run_hours is not None and hours is None and items is None and budget_usd is None and (
+            not total_items or total_items / t["items_per_s"] + outside > run_hours * 3600):
+        hours = run_hours
+        notes.append(f"the run's own budget (--max-hours, --budget-usd) ends it after {duration(run_hours)}")
     cap = w.capped_items(t["items_per_step"]) if w.capped_items is not None and items is None else None
     if cap is not None and total_items is not None and cap < total_items:
         total_items = cap
