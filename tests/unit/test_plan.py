@@ -976,3 +976,26 @@ def test_a_runs_own_time_budget_ends_its_plan():
         assert long.time["outside_steps_s"] > 0 and long.time["hours"] > 0, cohort
     given = plan(load_workload("gpt", ["--max-hours", "2"]), h100, 8, hours=1.0)  # the plan's own --hours first
     assert given.time["hours"] == 1.0
+
+
+def test_the_runs_own_ends_cap_the_plans_hours_and_reach_preflight(tmp_path):
+    """The GPT's --max-steps did not cap a plan given --hours (175,654 steps planned for a run of 100); the run's
+    --max-hours did not cap the plan's longer --hours; preflight never saw the run's --max-hours; and a corpus the
+    run refuses as too short was planned (the fourth review)."""
+    from trainers.errors import UsageError
+    from trainers.ops.commands import workload_of
+    from trainers.ops.preflight import GpuInfo, check_fit
+    from trainers.registry import trainer_config
+
+    h200 = DEVICES["h200"]
+    steps = plan(load_workload("gpt", ["--max-steps", "100"]), h200, 8, hours=5.0).time
+    assert steps["steps"] == pytest.approx(100) and steps["hours"] < 0.1
+    hours = plan(load_workload("gpt", ["--max-hours", "1"]), h200, 8, hours=5.0).time
+    assert hours["hours"] == pytest.approx(1.0)
+    eight = [GpuInfo(i, "NVIDIA H200", 143771, "580") for i in range(8)]
+    check = check_fit(workload_of("gpt", trainer_config("gpt", ["--max-hours", "2"])), eight, 3.0, None)
+    assert check.status == "PASS" and "about 2.00 h, $48.00" in check.detail, check
+    short = tmp_path / "short.txt"
+    short.write_text("hello world!")
+    with pytest.raises(UsageError, match="too short for two blocks"):
+        load_workload("gpt", ["--data", str(short), "--max-steps", "10"])

@@ -132,3 +132,14 @@ def test_the_fit_line_says_assumed_for_an_mfu_carried_from_another_card():
     assert on_a100.data["mfu"]["source"].startswith("ASSUMED") and "(assumed)" in on_a100.detail, on_a100.detail
     on_h200 = check_fit(w, [GpuInfo(0, "NVIDIA H200", 143771, "580")], 2.0, None)
     assert on_h200.data["mfu"]["source"].startswith("measured") and "(measured)" in on_h200.detail, on_h200.detail
+
+
+def test_preflight_plans_the_runs_own_time_budget(fake_gpus, capsys):
+    """Preflight built its plan without the run's --max-hours: a GPT run given only its hours got no estimate,
+    where `trainers plan` gave one (the fourth review)."""
+    from trainers.cli import main
+
+    fake_gpus(8)
+    main(["preflight", "--trainer", "gpt", "--", "--max-hours", "2", "--usd-per-gpu-hour", "3"])
+    fit = [line for line in capsys.readouterr().out.splitlines() if " fit" in line or line.startswith("fit")]
+    assert fit and "about 2.00 h, $48.00" in fit[0], fit

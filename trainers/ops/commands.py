@@ -20,10 +20,15 @@ def load_workload(trainer: str, options: list[str]):
     cfg = trainer_config(trainer, options)
     cfg.validate()  # every value checked (types, ranges, choices) before it is sized
     try:
-        size = trainer_module(trainer, "size")
+        trainer_module(trainer, "size")
     except ModuleNotFoundError:
         raise UsageError(f"the {trainer} trainer has no plan yet (no trainers/{trainer}/size.py)") from None
-    w = size.workload(cfg)
+    return workload_of(trainer, cfg)
+
+
+def workload_of(trainer: str, cfg):
+    """The trainer's workload for `cfg`, with the run's own end in time (`trainers plan` and preflight alike)."""
+    w = trainer_module(trainer, "size").workload(cfg)
     w.run_budget = (getattr(cfg, "max_hours", None), getattr(cfg, "budget_usd", None),
                     getattr(cfg, "usd_per_gpu_hour", None))
     return w

@@ -315,17 +315,19 @@ def plan(w: Workload, device: Device, gpus: int, parallel: str = "auto", compute
     max_hours, run_usd, run_price = w.run_budget
     run_hours = min([h for h in (max_hours, run_usd / (run_price * gpus) if run_usd and run_price else None) if h],
                     default=None)
-    if run_hours is not None and hours is None and items is None and budget_usd is None and (
-            not total_items or total_items / t["items_per_s"] + outside > run_hours * 3600):
-        hours = run_hours
+    if run_hours is not None and items is None and (
+            (hours is None and (not total_items or total_items / t["items_per_s"] + outside > run_hours * 3600))
+            or (hours is not None and hours > run_hours)):
+        hours = run_hours  # (the plan's own --hours or --budget-usd: what it asks for, the run stops sooner)
         notes.append(f"the run's own budget (--max-hours, --budget-usd) ends it after {duration(run_hours)}")
     cap = w.capped_items(t["items_per_step"]) if w.capped_items is not None and items is None else None
     if cap is not None and total_items is not None and cap < total_items:
         total_items = cap
-        notes.append("the run stops at its --max-steps, before the rest of its epochs")
+        notes.append("the run stops at its own end (--max-steps, or the GPT's --max-tokens), before the rest of "
+                     "its epochs")
     if hours is not None and cap is not None and cap < t["items_per_s"] * max(hours * 3600 - outside, 0.0):
-        notes.append(f"its --max-steps ends it in {duration((cap / t['items_per_s'] + outside) / 3600)}, "
-                     f"before the {duration(hours)} asked for")
+        notes.append(f"its own end (--max-steps, --max-tokens) comes after "
+                     f"{duration((cap / t['items_per_s'] + outside) / 3600)}, before the {duration(hours)} asked for")
         hours = None
         total_items = cap
     if hours is not None:

@@ -301,9 +301,9 @@ def main(args) -> int:
     need = checkpoint_bytes(model_parameters(args.trainer, cfg), cfg.keep_last) * 2  # ONNX + tarball copy it again
     workload = None
     try:
-        from trainers.registry import trainer_module
+        from trainers.ops.commands import workload_of
 
-        workload = trainer_module(args.trainer, "size").workload(cfg)
+        workload = workload_of(args.trainer, cfg)
     except ModuleNotFoundError:
         print(f"note: no plan for the {args.trainer} trainer yet: the memory fit is not checked")
     return run_preflight(args.expect_gpus, args.out, need, args.nccl, sizes, args.json, workload=workload,
