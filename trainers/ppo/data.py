@@ -46,11 +46,11 @@ def load_checked_data(cfg: PpoConfig, run_dir: Path, instead: str) -> tuple[Trad
     """A trained run's data read again for a command after its training (evaluate, export), checked against the
     run's record (a run of an older kit has none: nothing to check it against). `instead`: what the command needs
     it for, said when the data changed."""
-    from trainers.runtime.rundir import DATA_RECORD, check_data_unchanged
+    from trainers.runtime.rundir import check_data_unchanged, fingerprint_to_check
 
     data, info = load_trading_data(cfg, log=lambda _m: None)
-    if (Path(run_dir) / DATA_RECORD).exists():
-        check_data_unchanged(run_dir, checked_fingerprint(data, info, cfg.source), instead=instead)
+    check_data_unchanged(run_dir, fingerprint_to_check(run_dir, checked_fingerprint(data, info, cfg.source)),
+                         instead=instead)
     return data, info
 
 
