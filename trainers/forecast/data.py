@@ -23,7 +23,7 @@ from trainers.errors import UsageError
 from trainers.forecast.config import ForecastConfig, feature_names
 from trainers.forecast.metrics import MIN_NAMES
 from trainers.market.panel import Panel, price_fingerprint, to_panel
-from trainers.market.sources import DataRequest, checked_fingerprint, load_source, pin_date_range
+from trainers.market.sources import DataRequest, fingerprinted, load_source, pin_date_range
 from trainers.market.synthetic import synthetic_market
 from trainers.market.universe import resolve_tickers
 from trainers.market.windows import (
@@ -293,10 +293,11 @@ def load_market(cfg: ForecastConfig, log=print) -> LoadedMarket:
         raise UsageError(f"the data holds {len(panel.tickers)} ticker(s) ({', '.join(panel.tickers)}); the forecaster "
                          f"ranks stocks against each other on each date and needs at least {MIN_NAMES}")
     # the bars every feature, label and baseline derives from (after the universe), as read; None where a fresh
-    # machine reads other bars of the same market (market.sources.checked_fingerprint)
-    fingerprint = checked_fingerprint(price_fingerprint(panel.tickers, [d.isoformat() for d in panel.dates],
-                                                        panel.open, panel.high, panel.low, panel.close, panel.volume),
-                                      source_info, cfg.source)
+    # machine reads other bars of the same market (market.sources.fingerprinted), and then not hashed at all (the
+    # deploy's 25 years of the index are over 100 MB)
+    fingerprint = price_fingerprint(panel.tickers, [d.isoformat() for d in panel.dates], panel.open, panel.high,
+                                    panel.low, panel.close, panel.volume) if fingerprinted(source_info, cfg.source) \
+        else None
     arrays = market_arrays(panel, cfg.window, cfg.horizon, names, member)
     info = {**source_info, "tickers": arrays.tickers, "n_tickers": len(arrays.tickers),
             "first_date": arrays.dates[0], "last_date": arrays.dates[-1], "n_dates": len(arrays.dates),

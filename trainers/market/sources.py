@@ -208,16 +208,22 @@ def load_source(req: DataRequest, log=print) -> tuple[pd.DataFrame, dict]:
 
 
 def checked_fingerprint(fingerprint: str, info: dict, source: str) -> str | None:
-    """The fingerprint a run records on its first start and checks on a resume or an evaluation (data.json): a
-    file or a cache edited in between is refused, not trained or scored on unseen. None for a synthetic market,
+    """The fingerprint a run records on its first start and checks on a resume or an evaluation (data.json), or
+    None where the data is not fingerprinted (`fingerprinted`)."""
+    return fingerprint if fingerprinted(info, source) else None
+
+
+def fingerprinted(info: dict, source: str) -> bool:
+    """Whether a run records its data's fingerprint and checks it on a resume or an evaluation (data.json): a
+    file or a cache edited in between is refused, not trained or scored on unseen. Not for a synthetic market,
     which its own options make (a resume with other options is refused by the config's check), and whose
-    generated floats may differ in a last bit on another machine's math library; None for `yfinance`, which
+    generated floats may differ in a last bit on another machine's math library; not for `yfinance`, which
     fetches what the cache lacks: a run resumed on a fresh machine after its pod was lost fetches again, and
-    Yahoo's adjusted closes move with every dividend since (refusing it would lose the run). None as well for a
+    Yahoo's adjusted closes move with every dividend since (refusing it would lose the run). Not either for a
     cache that Yahoo alone filled (`trainers fetch-sp500`): the deploy trains from one, and on a fresh machine
     its data phase fills it again before the run resumes from the remote. A cache holding a user's file
     (imported) keeps the check. `info`: load_source's."""
     from trainers.market.fetch import YFINANCE
 
     fetched = set(info.get("sources") or {}) == {YFINANCE}
-    return None if info.get("synthetic") or source == "yfinance" or (source == "cache" and fetched) else fingerprint
+    return not (info.get("synthetic") or source == "yfinance" or (source == "cache" and fetched))
