@@ -108,12 +108,16 @@ def read_corpus(path: Path) -> tuple[bytes, list[Path], list[str]]:
     return b"".join(joined), files, skipped
 
 
+def character_codes(data: bytes) -> np.ndarray:
+    """Each character's code point (bytes for ASCII text): what tokenise ranks, and the planner counts."""
+    if data.isascii():
+        return np.frombuffer(data, dtype=np.uint8)
+    return np.frombuffer(data.decode("utf-8").encode("utf-32-le"), dtype=np.uint32)
+
+
 def tokenise(data: bytes) -> tuple[np.ndarray, list[str]]:
     """Token ids (the rank of each character among the sorted characters seen) and the vocabulary."""
-    if data.isascii():
-        codes = np.frombuffer(data, dtype=np.uint8)
-    else:
-        codes = np.frombuffer(data.decode("utf-8").encode("utf-32-le"), dtype=np.uint32)
+    codes = character_codes(data)
     present = np.flatnonzero(np.bincount(codes))
     dtype = np.uint8 if len(present) <= 256 else np.uint16 if len(present) <= 65536 else np.int32
     table = np.zeros(int(present[-1]) + 1, dtype=dtype)

@@ -219,11 +219,10 @@ def planned_vocab(cfg) -> tuple[int, str]:
 
     import numpy as np
 
-    from trainers.gpt.data import check_length, read_corpus
+    from trainers.gpt.data import character_codes, check_length, read_corpus
 
     text, files, _skipped = read_corpus(Path(cfg.data))
-    codes = np.frombuffer(text, np.uint8) if text.isascii() else \
-        np.frombuffer(text.decode("utf-8").encode("utf-32-le"), np.uint32)
+    codes = character_codes(text)
     check_length(len(codes), cfg.seq_len, cfg.val_frac, f"--data {cfg.data}")  # (the run refuses it so)
     vocab = int(np.count_nonzero(np.bincount(codes)))
     return vocab, f"the vocabulary is the corpus's {vocab:,} distinct characters ({len(files)} file(s) read)"
@@ -254,7 +253,7 @@ def workload(cfg):
         unit="tokens", items_per_micro=cfg.device_batch_size * shape.seq_len, grad_accum=1,
         global_batch_items=cfg.batch_tokens, flops_per_item=shape.flops_per_token(),
         activation_bytes=lambda micro, ck: activation_bytes(shape, micro, ck), kind="transformer",
-        strategies=tuple(o for g in (1, 2) for o in order(g)), strategy_order=order, check_gpus=cfg.grad_accum,
+        strategies=tuple(dict.fromkeys(order(1) + order(2))), strategy_order=order, check_gpus=cfg.grad_accum,
         min_micro_step_s=SMALL_STEP_S, items_total=float(total) if total else None, memory_fn=memory,
         capped_items=(lambda _per_step: float(total)) if total else None,  # (whole steps: --batch-tokens each)
         shape={"depth": shape.depth, "dim": shape.dim, "heads": shape.heads, "seq_len": shape.seq_len},
