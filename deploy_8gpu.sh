@@ -68,6 +68,7 @@ phase train phase_train
 phase export phase_export
 phase package phase_package
 phase download phase_download
+end_if_training_stopped  # (exit 143, state stopped: a rerun, or a restarted container, resumes it)
 if declare -F trainer_verdict >/dev/null; then  # a job can finish and still have failed parts (lstm symbols)
   PHASE="verdict"
   trainer_verdict || die "the job finished with failures (above); what succeeded is in $TARBALL"

@@ -260,11 +260,13 @@ on_exit() {  # the state says what really happened: finished only when the last 
   local rc=$? how=finished why=""
   if [[ -n "$STOP_SIGNAL" ]]; then
     echo "$(basename "$0") stopped by SIG$STOP_SIGNAL in phase '$PHASE' (exit $rc); rerun the same command to resume; the full log is $LOG" >&2
+  elif [[ -n "$TRAINING_STOPPED" && $rc -eq $STOPPED_EXIT ]]; then :
   elif [[ $rc -ne 0 ]]; then
     echo "$(basename "$0") FAILED in phase '$PHASE' (exit $rc); the full log is $LOG" >&2
   fi
   if [[ "${STATE[state]:-}" == running ]]; then
     if [[ -n "$STOP_SIGNAL" ]]; then how=stopped why="SIG$STOP_SIGNAL in phase $PHASE"
+    elif [[ -n "$TRAINING_STOPPED" && $rc -eq $STOPPED_EXIT ]]; then how=stopped why="training stopped at $TRAINING_STOPPED"
     elif [[ -n "${FATAL_SIGNAL:-}" ]]; then how=failed why="killed by SIG$FATAL_SIGNAL in phase $PHASE"
     elif [[ $rc -ne 0 ]]; then how=failed why="exit $rc in phase $PHASE"
     elif [[ "$PHASE" != "done" ]]; then how=failed why="ended in phase $PHASE before finishing"; rc=1
@@ -458,9 +460,29 @@ if results is None or written < started - 5:
         print("no_results: training ended without recording its results (see the log above)")
 elif training.get("stop_reason") in ("diverged", "disk_full"):
     print(f"{training['stop_reason']}: {results.get('evaluation', {}).get('skipped', '')}")
+elif training.get("stop_reason") == "signal":  # `deploy_8gpu.sh stop` (or a signal straight at the workers)
+    print(f"stopped: step {training.get('steps')} of {training.get('total_steps')} ({training.get('signal')})")
 EOF_PY
 )
+  if [[ "$ended" == stopped:* ]]; then  # not finished: export and package go on (unless --no-package), then
+    TRAINING_STOPPED="${ended#stopped: }"  # the deploy ends "stopped", non-zero, and a rerun resumes it
+    set_state training_end stopped
+    echo "training was stopped at $TRAINING_STOPPED before its end; a rerun of the same command resumes it"
+    return 0
+  fi
   [[ -z "$ended" ]] || { set_state training_end "${ended%%:*}"; die "training did not succeed: ${ended#*: }"; }
+}
+
+TRAINING_STOPPED=""
+STOPPED_EXIT=143  # a deploy whose training was stopped ends as a stop by SIGTERM does (128 + 15)
+
+end_if_training_stopped() {  # the deploy's last word when training was stopped before its end: never "finished"
+  [[ -n "$TRAINING_STOPPED" ]] || return 0
+  PHASE="stopped"
+  local kept="the tarball of the model so far is $TARBALL"
+  [[ ! -f "$OUT/.deploy-$TRAINER.no-package" ]] || kept="export and package were skipped (stop --no-package)"
+  echo "deploy stopped: training was stopped at $TRAINING_STOPPED; $kept; rerun the same command to resume"
+  exit "$STOPPED_EXIT"
 }
 
 skip_if_no_package() {  # `stop --no-package` leaves a marker: the job ends after training

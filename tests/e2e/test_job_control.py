@@ -121,12 +121,33 @@ def test_a_detached_deploy_outlives_its_terminal_and_is_driven_by_status_attach_
 
     stopped = kit("stop", "--out", str(out), env=env, timeout=300)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert "stopping training" in stopped.stdout and "FINISHED" in stopped.stdout
+    assert "stopping training" in stopped.stdout and "STOPPED" in stopped.stdout, stopped.stdout
     t = read_results(out / "forecast")["training"]
     assert t["stop_reason"] == "signal" and (out / "forecast.tar.gz").exists()  # export and package still ran
     st = json.loads(kit("status", "--out", str(out), "--json", env=env).stdout)
-    assert st["state"] == "finished" and not st["alive"] and st["tarball"].endswith("forecast.tar.gz")
-    assert st["download"].startswith("scp ")
+    # stopped before its end: never "finished" (a restarted container would not resume a finished job), exit 143
+    assert st["state"] == "stopped" and st["exit_code"] == 143 and not st["alive"], st
+    assert f"training stopped at step {t['steps']} of {t['total_steps']}" in st["reason"], st["reason"]
+    assert st["tarball"].endswith("forecast.tar.gz")
+    log = (out / "deploy-forecast.log").read_text()
+    assert "deploy stopped: training was stopped at step" in log and "deploy finished" not in log
+    assert not processes_mentioning(str(out))
+
+    # the same command again resumes it; `stop --no-package` then skips export and package and says so
+    tarball_before = (out / "forecast.tar.gz").stat().st_mtime_ns
+    again = subprocess.run(["bash", str(ROOT / "deploy_8gpu.sh"), "--detach", "--demo", "--out", str(out), "--",
+                            *LONG], capture_output=True, text=True, env=env, timeout=60, start_new_session=True)
+    assert again.returncode == 0, again.stderr
+    wait_until(lambda: f"resumed from checkpoint step {t['steps']}" in (out / "forecast" / "training.log").read_text()
+               and json.loads(kit("status", "--out", str(out), "--json", env=env).stdout)["phase"] == "train",
+               180, "the rerun to resume from the stop's checkpoint")
+    stopped = kit("stop", "--out", str(out), "--no-package", env=env, timeout=300)
+    assert stopped.returncode == 0 and "STOPPED" in stopped.stdout, stopped.stdout + stopped.stderr
+    st = json.loads(kit("status", "--out", str(out), "--json", env=env).stdout)
+    assert st["state"] == "stopped" and st["exit_code"] == 143, st
+    assert (out / "forecast.tar.gz").stat().st_mtime_ns == tarball_before  # not packaged again
+    log = (out / "deploy-forecast.log").read_text()
+    assert "stop --no-package: skipping export" in log and "export and package were skipped" in log
     assert not processes_mentioning(str(out))
 
 

@@ -142,6 +142,7 @@ def test_a_mounted_volume_works_as_the_remote_and_a_truncated_checkpoint_is_pass
     """file:// (a network volume): mirrored; then the newest remote model file is truncated, and a fresh
     folder resumes from the checkpoint before it (refused by its SHA-256), not from the broken one."""
     volume = tmp_path / "volume"
+    volume.mkdir()  # (a mounted volume is there: a missing one is refused)
     url = f"file://{volume}/run"
     small_forecast(tmp_path, url, {})
     r = read_results(tmp_path / "run")
@@ -218,6 +219,7 @@ def test_a_remote_that_holds_another_run_is_refused_and_nothing_is_written(tmp_p
     checkpoint is refused instead of overwriting the remote's history; a meta naming a file outside the
     run folder is refused; a lease that is JSON of the wrong shape holds nothing."""
     volume = tmp_path / "volume"
+    volume.mkdir()  # (a mounted volume is there: a missing one is refused)
     url = f"file://{volume}/run"
     small_forecast(tmp_path, url, {})
     other = run_cli(["forecast", "train", *TINY_DATA, "--window", "16", "--epochs", "1", "--device", "cpu",
@@ -244,7 +246,7 @@ def test_a_remote_that_holds_another_run_is_refused_and_nothing_is_written(tmp_p
     said = []
     pull_run(url, tmp_path / "fresh", log=said.append)
     assert not (tmp_path / "ESCAPED.txt").exists() and not list(tmp_path.rglob("ESCAPED.txt"))
-    assert any("not a checkpoint record" in line for line in said), said
+    assert any("which is not a file of step" in line for line in said), said
     assert (volume / "run" / "checkpoints" / f"meta_{newest:08d}.json.unusable").exists()  # set aside, kept
 
 
@@ -364,6 +366,7 @@ def test_an_lstm_job_resumes_from_a_mounted_volume_without_training_its_finished
     """The job's own files and each symbol's run (<remote>/symbols/<symbol>) are mirrored; on a fresh folder
     the same command finds every symbol done (their markers came down with the job) and trains none."""
     url = f"file://{tmp_path / 'volume'}/job"
+    (tmp_path / "volume").mkdir()  # (a mounted volume is there: a missing one is refused)
     args = ["lstm", "train", "--synthetic-tickers", "3", "--synthetic-days", "600", "--window", "16", "--hidden", "8",
             "--batch-size", "64", "--epochs", "1", "--no-export", "--remote", url]
     first = run_cli([*args, "--run-dir", str(tmp_path / "job")])
@@ -382,6 +385,7 @@ def test_a_symbols_count_of_broken_cuda_contexts_follows_the_job_to_a_fresh_mach
     (trainers.lstm.worker.remember_lost): it is mirrored with the job's markers, so a restore on a fresh folder
     keeps it instead of starting the count again."""
     url = f"file://{tmp_path / 'volume'}/job"
+    (tmp_path / "volume").mkdir()  # (a mounted volume is there: a missing one is refused)
     args = ["lstm", "train", "--synthetic-tickers", "2", "--synthetic-days", "600", "--window", "16", "--hidden", "8",
             "--batch-size", "64", "--epochs", "1", "--no-export", "--remote", url]
     lost = {"TRAINERS_FAULT_RAISE": "SYN001@step1:lost"}

@@ -377,6 +377,7 @@ def test_an_lstm_job_hands_the_mirror_its_summary_lock(tmp_path, monkeypatch):
         return original(self, wait_s, merged, results_lock)
 
     monkeypatch.setattr(Mirror, "finish", finish)
+    (tmp_path / "volume").mkdir()  # (a mounted volume is there: a missing one is refused)
     args = ["lstm", "train", *TINY[:1], "2", *TINY[2:], "--remote", f"file://{tmp_path / 'volume'}/job"]
     assert main([*args, "--run-dir", str(job_dir)]) == 0
     assert held == [True]

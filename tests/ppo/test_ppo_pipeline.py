@@ -109,6 +109,26 @@ def _prices_file(tmp_path, gap_in: str | None = None):
     return path, frame
 
 
+@pytest.mark.parametrize("columns", [("date", "ticker", "close"), ("date", "ticker", "close", "volume")])
+def test_a_close_only_price_file_trains_evaluates_and_exports(tmp_path, capsys, columns):
+    """A regression (issue 65): a close-only file (date, ticker, close: the format the README offers for user data)
+    was refused for every stock ("0 stock(s) with a bar on every date"), even with no gap. Its stocks now trade,
+    their high and low taken from the close, and the run says so in data.json."""
+    path, frame = _prices_file(tmp_path)
+    frame[list(columns)].to_csv(path, index=False)
+    run_dir = tmp_path / "run"
+    args = ["ppo", "train", *TINY[TINY.index("--window"):], "--source", f"file:{path}", "--num-stocks", "4",
+            "--min-history-days", "100", "--total-steps", "256", "--seeds", "1", "--no-baseline-mlp",
+            "--run-dir", str(run_dir)]
+    assert main(args) == 0, capsys.readouterr().err
+    data = json.loads((run_dir / "data.json").read_text())
+    assert data["fingerprint"]
+    results = read_results(run_dir)
+    assert results["training"]["stop_reason"] == "completed"
+    assert sorted(results["data"]["high_low_from_close"]) == sorted(frame["ticker"].unique())
+    assert main(["ppo", "evaluate", "--run-dir", str(run_dir)]) == 0
+
+
 def test_a_file_holding_fewer_complete_stocks_than_num_stocks_is_refused(tmp_path, capsys):
     """A regression: --num-stocks 4 on a file where one of the 4 misses dates trained 3 stocks and exited 0
     (config.json said 4, results.json 3): a portfolio other than the one asked for, said only in a log line."""

@@ -12,7 +12,7 @@ from trainers.ops.devices import DEVICES, TABLE_DATE
 from trainers.ops.package import package_run
 from trainers.ops.plan import compare, duration, format_plan, plan
 from trainers.registry import trainer_config, trainer_module
-from trainers.runtime.config import check_folder_writable
+from trainers.runtime.config import FLOAT_MAX, check_folder_writable
 from trainers.runtime.files import atomic_write_json
 
 
@@ -34,12 +34,22 @@ def workload_of(trainer: str, cfg):
     return w
 
 
+PRICES_CAP = 64 << 10
+MAX_PRICE = FLOAT_MAX  # what --usd-per-gpu-hour accepts (every number option's cap)
+
+
 def read_prices(path: str | None, fallback: float | None, gpu: str) -> dict[str, float]:
     if path is None:
         return {gpu: fallback} if fallback else {}
+    if not Path(path).is_file():  # (/dev/zero or a FIFO: read without end)
+        raise UsageError(f"--prices {path}: not a plain file; give a JSON file of GPU -> USD per hour")
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+        with open(path, "rb") as f:
+            raw = f.read(PRICES_CAP + 1)
+        if len(raw) > PRICES_CAP:
+            raise UsageError(f"--prices {path}: over {PRICES_CAP >> 10} KiB; a price list is a few lines of JSON")
+        data = json.loads(raw)
+    except (OSError, ValueError, RecursionError) as exc:
         raise UsageError(f"--prices {path}: not a readable JSON object of GPU -> USD per hour ({exc})") from None
     if not isinstance(data, dict):
         raise UsageError(f"--prices {path}: not a JSON object of GPU -> USD per hour")
@@ -49,8 +59,10 @@ def read_prices(path: str | None, fallback: float | None, gpu: str) -> dict[str,
             continue
         if key not in DEVICES:
             raise UsageError(f"--prices {path}: unknown GPU {key!r}; known: {', '.join(DEVICES)}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise UsageError(f"--prices {path}: the price of {key} is {value!r}; need a number > 0")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0 \
+                or value > MAX_PRICE:
+            raise UsageError(f"--prices {path}: the price of {key} is {value!r}; need a number > 0 and at most "
+                             f"{MAX_PRICE:g} (USD per GPU-hour)")
         prices[key] = float(value)
     return prices
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -148,6 +149,36 @@ def without_links(run_dir: Path, files: list[Path]) -> tuple[list[Path], list[st
 EDITED = "EDITED.json"  # in a tarball packed with --allow-edited: the files that are not as the run wrote them
 
 
+def check_replaceable(output: Path, root: str) -> None:
+    """An existing --output (and its .sha256) is replaced only when it is this kit's tarball of a run of the same
+    name (an earlier package of this run: a rerun packs it again): never another file of the user's."""
+    sidecar = Path(f"{output}.sha256")
+    if output.exists() or output.is_symlink():
+        if not _is_package_of(output, root):
+            raise UsageError(f"--output {output} exists and is not a tarball of the run {root} (this kit's, with "
+                             f"{root}/SHA256SUMS): nothing was written; move it away or give another --output")
+    if sidecar.exists() or sidecar.is_symlink():
+        try:
+            ok = sidecar.is_file() and not sidecar.is_symlink() and sidecar.stat().st_size < 4096 and \
+                re.fullmatch(rf"[0-9a-f]{{64}}  {re.escape(output.name)}\n", sidecar.read_text()) is not None
+        except (OSError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            raise UsageError(f"{sidecar} exists and is not the checksum line of {output.name}: nothing was written; "
+                             f"move it away or give another --output")
+
+
+def _is_package_of(path: Path, root: str) -> bool:
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            names = tar.getnames()
+    except (tarfile.TarError, OSError, EOFError):
+        return False
+    return f"{root}/SHA256SUMS" in names and all(n == root or n.startswith(f"{root}/") for n in names)
+
+
 def package_run(run_dir: Path, output: Path | None = None, allow_edited: bool = False) -> dict:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
@@ -158,6 +189,7 @@ def package_run(run_dir: Path, output: Path | None = None, allow_edited: bool = 
     if output.is_dir():
         raise UsageError(f"--output {output} is a folder; give the tarball's file name, e.g. {output / 'run.tar.gz'}")
     check_folder_writable(output.parent, "--output")
+    check_replaceable(output, run_dir.name)
     holder = held_by_other(run_dir)
     if holder:
         raise UsageError(f"--run-dir {run_dir} is still being written by {describe_holder(holder)}; package it "

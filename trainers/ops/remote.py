@@ -13,13 +13,23 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
 
 from trainers.errors import UsageError
 from trainers.runtime.remote import Mirror
-from trainers.runtime.remote_store import LEASE, META_RE, check_remote_url, open_remote, put_bytes, redact
+from trainers.runtime.remote_store import (
+    LEASE,
+    META_RE,
+    check_remote_place,
+    check_remote_url,
+    checkpoint_problem,
+    open_remote,
+    put_bytes,
+    redact,
+)
 
 FRESH_S = 120.0  # a heartbeat older than this (they come every 30 s) means the job is not running
 
@@ -39,26 +49,63 @@ def _one_line(url: str, what: str, call):
 
 def push(args) -> int:
     check_remote_url(args.remote)
-    return _one_line(args.remote, "written", lambda: _push(args))
+    local = _local_inputs(args)  # (a missing local file is this machine's problem, not the remote's)
+    return _one_line(args.remote, "written", lambda: _push(args, *local))
 
 
-def _push(args) -> int:
-    if args.state is not None:  # the deploy's state file alone (no lease: the run's mirror may hold it)
-        fs, root = open_remote(args.remote)
-        put_bytes(fs, f"{root}/deploy.state", Path(args.state).read_bytes())
-        return 0
+def _local_inputs(args) -> tuple[bytes | None, dict | None, list[Path]]:
+    """What push reads here, checked before the remote is touched: (the state file's bytes, the run folder's
+    config.json, the --file paths)."""
+    if args.state is not None:
+        try:
+            return read_capped(Path(args.state), STATE_CAP, "--state"), None, []
+        except FileNotFoundError:
+            raise UsageError(f"--state {args.state}: no such file") from None
     if args.run_dir is None:
         raise UsageError("trainers remote push needs --run-dir (or --state)")
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir} is not a folder")
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--run-dir {run_dir} holds no config.json: not a run folder a training run wrote") from None
+    except (ValueError, UnicodeDecodeError):
+        raise UsageError(f"{run_dir / 'config.json'} is not JSON; it was not written by a training run") from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{run_dir / 'config.json'} holds a {type(config).__name__}, not a config")
     files = [Path(f) for f in args.file]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise UsageError(f"--file {', '.join(missing)}: no such file")
+    return None, config, files
+
+
+STATE_CAP = 1 << 20  # a deploy's state file is a few hundred bytes
+
+
+def read_capped(path: Path, cap: int, what: str) -> bytes:
+    """A file of the user's, at most `cap` bytes (a FIFO or /dev/zero is refused, not read without end)."""
+    if path.exists() and not path.is_file():
+        raise UsageError(f"{what} {path} is not a plain file")
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise UsageError(f"{what} {path} is over {cap >> 20} MiB: not a file this kit wrote")
+    return data
+
+
+def _push(args, state: bytes | None, config: dict | None, files: list[Path]) -> int:
+    if state is not None:  # the deploy's state file alone (no lease: the run's mirror may hold it)
+        fs, root = open_remote(args.remote)
+        put_bytes(fs, f"{root}/deploy.state", state)
+        return 0
+    run_dir = Path(args.run_dir)
     log = logging.getLogger("trainers.remote")
     log.addHandler(logging.StreamHandler(sys.stderr))
-    mirror = Mirror(args.remote, run_dir, log).start()
+    mirror = Mirror(args.remote, run_dir, log)
+    check_remote_place(mirror.fs, mirror.root, args.remote, run_dir)  # (a missing volume too)
+    mirror.start(config=config)  # another run's remote is refused
     with mirror:
         mirror.sync()
         lag = mirror.close(args.wait_s)
@@ -79,24 +126,38 @@ def remote_status(url: str) -> dict:
 
 
 def _number(value) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A finite number, else None (NaN and infinities are what an edited or corrupted object holds)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _remote_status(url: str) -> dict:
     fs, root = open_remote(url)
     out: dict = {"remote": redact(url), "now": time.time()}
 
+    unreadable: list[str] = []  # objects that are there but cannot be read as what the kit writes: named
+
     def read_json(name: str) -> dict | None:
         try:
             value = json.loads(fs.cat_file(f"{root}/{name}"))
-            return value if isinstance(value, dict) else None
-        except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        except FileNotFoundError:
             return None
+        except (ValueError, UnicodeDecodeError):
+            unreadable.append(f"{name} (not JSON)")
+            return None
+        if not isinstance(value, dict):
+            unreadable.append(f"{name} (a JSON {type(value).__name__})")
+            return None
+        return value
 
     def read_state(name: str) -> dict | None:
         try:
             text = fs.cat_file(f"{root}/{name}").decode()
-        except (FileNotFoundError, UnicodeDecodeError):
+        except FileNotFoundError:
+            return None
+        except UnicodeDecodeError:
+            unreadable.append(f"{name} (not text)")
             return None
         return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
@@ -107,29 +168,51 @@ def _remote_status(url: str) -> dict:
     out["deploy"] = {k: state.get(k) for k in ("trainer", "state", "phase", "reason", "host")} if state else None
     if beat and _number(beat.get("time")) is not None:
         age = max(time.time() - _number(beat["time"]), 0.0)
-        out["heartbeat"] = {"step": beat.get("step"), "total_steps": beat.get("total_steps"), "age_s": round(age),
-                            "fresh": age < FRESH_S, "mirror": beat.get("remote")}
+        out["heartbeat"] = {"step": _count(beat.get("step")), "total_steps": _count(beat.get("total_steps")),
+                            "age_s": round(age), "fresh": age < FRESH_S,
+                            "mirror": beat.get("remote") if isinstance(beat.get("remote"), dict) else None}
+    elif beat:
+        unreadable.append("heartbeat.json (no finite time)")
     try:
         names = [p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/checkpoints", detail=False)]
     except FileNotFoundError:
         names = []
-    steps = sorted((int(m.group(1)) for n in names if (m := META_RE.match(n))), reverse=True)
+    steps = []
+    for step in sorted((int(m.group(1)) for n in names if (m := META_RE.match(n))), reverse=True):
+        problem = checkpoint_problem(step, read_json(f"checkpoints/meta_{step:08d}.json"))
+        if problem is None:
+            steps.append(step)
+            break  # the newest complete one is all status shows
+        unreadable.append(f"checkpoints/meta_{step:08d}.json ({problem})")
     if steps:
         try:
             info = fs.info(f"{root}/checkpoints/meta_{steps[0]:08d}.json")
         except FileNotFoundError:  # pruned between the listing and now: a newer one is there
             info = {}
         modified = info.get("LastModified") or info.get("mtime") or info.get("created")
-        stamp = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
+        stamp = _number(modified.timestamp() if hasattr(modified, "timestamp") else modified)
         out["checkpoint"] = {"step": steps[0], "age_s": round(time.time() - stamp) if stamp else None}
     if results:
-        t = results.get("training") or {}
-        out["training"] = {"stop_reason": t.get("stop_reason"), "steps": t.get("steps"),
-                           "mirror_caught_up": (results.get("remote") or {}).get("caught_up")}
+        t = results.get("training") if isinstance(results.get("training"), dict) else {}
+        r = results.get("remote") if isinstance(results.get("remote"), dict) else {}
+        if not t:
+            unreadable.append("results.json (no training section)")
+        out["training"] = {"stop_reason": t.get("stop_reason") if isinstance(t.get("stop_reason"), str) else None,
+                           "steps": _count(t.get("steps")),
+                           "mirror_caught_up": r.get("caught_up") if isinstance(r.get("caught_up"), bool) else None}
     if lease and _number(lease.get("time")) is not None:
-        out["writer"] = {"host": lease.get("host"), "pid": lease.get("pid"),
+        out["writer"] = {"host": str(lease.get("host"))[:100], "pid": _count(lease.get("pid")),
                          "said_so_s_ago": round(max(time.time() - _number(lease["time"]), 0.0))}
+    elif lease:
+        unreadable.append(f"{LEASE} (no finite time)")
+    if unreadable:
+        out["unreadable"] = unreadable
     return out
+
+
+def _count(value) -> int | None:
+    """A step or pid as the kit writes it (a whole number), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def status(args) -> int:
@@ -155,5 +238,7 @@ def status(args) -> int:
     if t:
         lines.append(f"  training ended: {t['stop_reason']} at step {t['steps']}; mirror caught up: "
                      f"{t['mirror_caught_up']}")
+    for what in s.get("unreadable", []):
+        lines.append(f"  unreadable on the remote, left out above: {what}")
     print("\n".join(lines))
     return 0

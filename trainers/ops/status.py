@@ -26,11 +26,22 @@ from trainers.errors import UsageError
 from trainers.registry import TRAINERS
 from trainers.runtime.lock import is_locked
 
+STATE_CAP = 1 << 20  # a deploy's state file is a few hundred bytes
+
 
 def read_state(path: Path) -> dict:
-    """The deploy's key=value lines; bytes that are not UTF-8 become U+FFFD (shown, not fatal)."""
+    """The deploy's key=value lines; bytes that are not UTF-8 become U+FFFD (shown, not fatal). A FIFO or device
+    in its place is refused (a read would block, or never end), and so is a file with no key=value line at all (the
+    deploy writes it whole: empty is a file truncated or replaced by hand: `unreadable_state`)."""
+    if not path.is_file():
+        raise UsageError(f"{path} is not a plain file (a deploy writes its state as one); move it away and rerun "
+                         f"the deploy to write it again")
+    with open(path, "rb") as f:
+        data = f.read(STATE_CAP + 1)
+    if len(data) > STATE_CAP:
+        raise UsageError(f"{path} is over {STATE_CAP >> 20} MiB: not a state file a deploy wrote")
     state = {}
-    for line in path.read_bytes().decode(errors="replace").splitlines():
+    for line in data.decode(errors="replace").splitlines():
         key, sep, value = line.partition("=")
         if sep:
             state[key.strip()] = value.strip()
@@ -196,9 +207,15 @@ def unreadable_state(state_path: Path) -> str | None:
     if state_path.exists() and not state_path.is_file():
         return f"{state_path.name} is not a file"
     try:
-        state_path.read_bytes()
+        state = read_state(state_path) if state_path.exists() else {"missing": ""}
     except OSError as exc:
         return f"{state_path.name} cannot be read ({exc.strerror or exc})"
+    except UsageError as exc:
+        return str(exc)
+    if not state:  # (the deploy writes it whole, through a rename: empty is a truncated or hand-made file)
+        return (f"{state_path.name} holds no key=value line (empty, or not a state file): the deploy's record of "
+                f"the job is lost; its run folder and log are untouched, and rerunning the same deploy command "
+                f"resumes the job and writes the state again")
     return None
 
 
@@ -284,7 +301,7 @@ def main(args) -> int:
         why = unreadable_state(out / f"deploy-{trainer}.state")
         if why and not args.trainer:
             statuses.append(broken_status(out, trainer, why))
-        elif why and (out / f"deploy-{trainer}.state").is_symlink():
+        elif why:  # (asked for by name: one line and exit 2, never a read that blocks on a FIFO)
             raise UsageError(f"{why}: the deploy of {trainer} in {out} cannot be read")
         else:
             statuses.append(job_status(out, trainer))

@@ -34,6 +34,9 @@ def load_trading_data(cfg: PpoConfig, log=print) -> tuple[TradingData, dict]:
     dropped = (source_info.get("validation") or {}).get("dropped_by_ticker", {})
     data, pick_info = build_trading_data(to_panel(frame), cfg.num_stocks, cfg.window, cfg.val_frac, cfg.test_frac,
                                          cfg.min_split_dates, dropped)
+    if pick_info["high_low_from_close"]:
+        log(f"data: {len(pick_info['high_low_from_close'])} stock(s) traded have closes only (no high/low): their CCI "
+            f"and ADX are computed from closes")
     traded = {t: dropped[t] for t in data.tickers if t in dropped}  # the portfolio's own: data.json and the log
     if traded:
         filled = pick_info["bars_filled"]

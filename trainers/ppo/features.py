@@ -117,11 +117,26 @@ def fill_short_gaps(panel: Panel) -> dict[str, int]:
     return filled
 
 
+def ranges_from_close(panel: Panel) -> list[str]:
+    """A stock with no high or no low at all (a close-only file, or its close-only tickers) takes its close for
+    both, in place: the CCI's typical price and the ADX's ranges are then computed from closes (their usual
+    close-only forms) instead of the stock being dropped as incomplete. The tickers so filled."""
+    filled = []
+    for j, ticker in enumerate(panel.tickers):
+        no_range = [col for col in (panel.high, panel.low) if not np.isfinite(col[:, j]).any()]
+        for col in no_range:
+            col[:, j] = panel.close[:, j]
+        if no_range:
+            filled.append(ticker)
+    return filled
+
+
 def pick_stocks(panel: Panel, num_stocks: int, dropped_by_ticker: dict | None = None) -> tuple[list[int], dict]:
     """Stocks with a bar on every date (the environment trades every stock every day; short gaps filled:
     fill_short_gaps), the `num_stocks` with the highest mean dollar volume over the first 70 % of dates (a
     size proxy that leaves the evaluation periods out). `dropped_by_ticker`: the validation's per-ticker
     counts of bad rows, to name them when they are why too few stocks are left."""
+    from_close = ranges_from_close(panel)
     filled = fill_short_gaps(panel)
     complete = np.isfinite(panel.close).all(0) & np.isfinite(panel.high).all(0) & np.isfinite(panel.low).all(0)
     complete &= (panel.close > 0).all(0)
@@ -143,7 +158,8 @@ def pick_stocks(panel: Panel, num_stocks: int, dropped_by_ticker: dict | None = 
     order = candidates[np.argsort(-dollar_volume[candidates], kind="stable")]
     chosen = sorted(order[:num_stocks].tolist())
     return chosen, {"complete_stocks": int(len(candidates)), "dropped_incomplete": int((~complete).sum()),
-                    "bars_filled": {t: n for t, n in filled.items() if panel.tickers.index(t) in chosen}}
+                    "bars_filled": {t: n for t, n in filled.items() if panel.tickers.index(t) in chosen},
+                    "high_low_from_close": [t for t in from_close if panel.tickers.index(t) in chosen]}
 
 
 def build_trading_data(panel: Panel, num_stocks: int, window: int, val_frac: float, test_frac: float,

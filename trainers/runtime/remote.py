@@ -41,6 +41,8 @@ from trainers.runtime.remote_store import (
     META_RE,
     Lease,
     bounded,
+    check_remote_place,
+    checkpoint_problem,
     open_remote,
     put_bytes,
     redact,
@@ -60,6 +62,7 @@ class Mirror:
     def __init__(self, url: str, run_dir: Path, log: logging.Logger):
         self.url, self.run_dir, self.log = redact(url), Path(run_dir), log
         self.fs, self.root = open_remote(url)
+        check_remote_place(self.fs, self.root, url, self.run_dir, volume=False)  # (pull, check and push: the volume)
         self.lease = Lease(self.fs, self.root, self.run_dir, self.url)
         self._jobs, self._lock, self._stop = queue.Queue(), threading.Lock(), threading.Event()
         self._pending, self._oldest = 0, {}  # jobs not done yet, and when each was queued
@@ -96,17 +99,18 @@ class Mirror:
         self.put_now("results.json")
         return merged
 
-    def start(self, cfg=None) -> "Mirror":
+    def start(self, cfg=None, config: dict | None = None) -> "Mirror":
         """Refuse a remote that holds another run (another config, or checkpoints newer than this folder's:
-        its history would be overwritten), or another live writer; then start uploading."""
-        self._check_remote_run(cfg)
+        its history would be overwritten), or another live writer; then start uploading. `cfg`: the run's
+        options (a training run); `config`: the folder's config.json as written (`trainers remote push`)."""
+        self._check_remote_run(cfg, config)
         self.lease.take()  # refuses a second writer before anything is uploaded
         self._thread = threading.Thread(target=self._work, name="remote-mirror", daemon=True)
         self._thread.start()
         threading.Thread(target=self._keep_lease, name="remote-lease", daemon=True).start()
         return self
 
-    def _check_remote_run(self, cfg) -> None:
+    def _check_remote_run(self, cfg, config: dict | None) -> None:
         from trainers.runtime import config as cfgmod
 
         try:
@@ -117,20 +121,40 @@ class Mirror:
             saved = {}
         if saved is not None and cfg is not None:
             diffs = cfgmod.incompatible_fields(saved, cfg) if isinstance(saved, dict) else ["not a config"]
-            if diffs:
-                raise UsageError(f"--remote {self.url} holds a run with a different config ({'; '.join(diffs[:3])}); "
-                                 f"give this run another --remote")
+        elif saved is not None and config is not None:  # the same run's config.json is the same JSON
+            diffs = [f"{k}: remote {saved.get(k)!r}, here {config.get(k)!r}" for k in sorted({*saved, *config})
+                     if saved.get(k) != config.get(k)] if isinstance(saved, dict) else ["not a config"]
+        else:
+            diffs = []
+        if diffs:
+            raise UsageError(f"--remote {self.url} holds a run with a different config ({'; '.join(diffs[:3])}); "
+                             f"give this run another --remote; nothing was changed")
+        if cfg is not None and cfg.restart:
+            return  # its checkpoints are the old run's, removed before the first upload (forget_checkpoints)
         try:
-            remote = [int(m.group(1)) for p in self.fs.ls(f"{self.root}/checkpoints", detail=False)
+            listed = [int(m.group(1)) for p in self.fs.ls(f"{self.root}/checkpoints", detail=False)
                       if (m := META_RE.match(p.rsplit("/", 1)[-1]))]
         except FileNotFoundError:
-            remote = []
-        folder = self.run_dir / "checkpoints"
-        local = [int(m.group(1)) for p in folder.iterdir() if (m := META_RE.match(p.name))] if folder.is_dir() else []
-        if remote and max(remote) > max(local, default=-1):
+            listed = []
+        remote = [step for step in listed if step > self._newest_local() and
+                  checkpoint_problem(step, self._remote_record(step)) is None]  # (a garbage meta is no checkpoint)
+        if remote:
+            local = self._newest_local()
             raise UsageError(f"--remote {self.url} holds a newer checkpoint (step {max(remote)}) than {self.run_dir} "
-                             f"({'step ' + str(max(local)) if local else 'none'}): to resume from the remote, start "
-                             f"with an empty --run-dir; to go on from this folder, give another --remote")
+                             f"({'step ' + str(local) if local >= 0 else 'none'}): to resume from the remote, start "
+                             f"with an empty --run-dir; to go on from this folder, give another --remote; nothing "
+                             f"was changed")
+
+    def _newest_local(self) -> int:
+        folder = self.run_dir / "checkpoints"
+        return max((int(m.group(1)) for p in folder.iterdir() if (m := META_RE.match(p.name))), default=-1) \
+            if folder.is_dir() else -1
+
+    def _remote_record(self, step: int):
+        try:
+            return json.loads(self.fs.cat_file(f"{self.root}/checkpoints/meta_{step:08d}.json"))
+        except (FileNotFoundError, ValueError, UnicodeDecodeError):
+            return None
 
     def sync(self) -> None:
         """Upload every file of the run folder but the checkpoints that changed since its last upload
@@ -241,6 +265,12 @@ class Mirror:
             self._upload_checkpoint(arg)  # growing metrics and logs every few steps, for nothing)
 
     def _sync(self) -> None:
+        lost = self._remote_lost_files()
+        if lost:
+            self.log.warning("remote %s lost %s (a store emptied or restarted?): uploading the run again", self.url,
+                             lost)
+            self._synced.clear()
+            self.mirrored_step = None
         for path in sorted(self.run_dir.rglob("*")):
             name = path.relative_to(self.run_dir).as_posix()
             if not path.is_file() or _not_mirrored(name):
@@ -255,6 +285,20 @@ class Mirror:
             put_bytes(self.fs, f"{self.root}/{name}", data)
             self._synced[name] = (st.st_size, st.st_mtime_ns)
             self.uploaded_files += 1
+        if lost:  # the newest checkpoint again (a resume needs one); the older ones were pruned locally or follow
+            newest = self._newest_local()
+            if newest >= 0:
+                self._upload_checkpoint(newest)
+
+    def _remote_lost_files(self) -> str | None:
+        """What the remote no longer holds of what this mirror uploaded: config.json, or the meta of the newest
+        checkpoint mirrored (two existence checks a sync; a sync comes at each heartbeat)."""
+        if "config.json" in self._synced and not self.fs.exists(f"{self.root}/config.json"):
+            return "config.json"
+        if self.mirrored_step is not None and \
+                not self.fs.exists(f"{self.root}/checkpoints/meta_{self.mirrored_step:08d}.json"):
+            return f"checkpoint step {self.mirrored_step}"
+        return None
 
     def _upload_checkpoint(self, step: int) -> None:
         folder = self.run_dir / "checkpoints"

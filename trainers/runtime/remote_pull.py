@@ -12,7 +12,10 @@ anything is written; so is a name in a remote meta that would land outside the r
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import os
 import re
 import shutil
 import uuid
@@ -20,7 +23,18 @@ from pathlib import Path
 
 from trainers.errors import UsageError
 from trainers.runtime.files import atomic_write
-from trainers.runtime.remote_store import LEASE, META_RE, open_remote, put_bytes, redact, sha256_bytes
+from trainers.runtime.remote_store import (
+    LEASE,
+    META_RE,
+    Lease,
+    check_remote_place,
+    checkpoint_problem,
+    mounted_folder,
+    open_remote,
+    put_bytes,
+    redact,
+    sha256_bytes,
+)
 
 
 def holds_a_run(run_dir: Path) -> bool:
@@ -37,43 +51,63 @@ def safe_name(name: str) -> bool:
     return bool(name) and not name.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
-def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None) -> str | None:
+def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None, check_only: bool = False) -> str | None:
     """Copy a remote run into an empty local folder (module docstring); what was pulled, in words, or None
     when the remote holds no run. `cfg`: this run's options, checked against the remote's config first,
-    after `fix(cfg, saved)` (the trainer's own pinning from a saved config, e.g. the date range)."""
+    after `fix(cfg, saved)` (the trainer's own pinning from a saved config, e.g. the date range). A remote
+    whose config.json is gone (a store restarted empty, then written again from step N) still resumes: the
+    config is the one the newest usable checkpoint's meta records. `check_only`: every check, nothing pulled,
+    nothing written anywhere (the deploy's check phase)."""
     from trainers.runtime import config as cfgmod
 
     fs, root = open_remote(url)
-    if not fs.exists(f"{root}/config.json"):
+    check_remote_place(fs, root, url, run_dir)
+    names = [p[len(root) + 1:] for p in fs.find(root)]
+    candidates = _candidates(fs, root, [n for n in names if n.startswith("checkpoints/")], log, check_only)
+    if "config.json" not in names and not candidates:
         return None
-    if cfg is not None:
+    Lease(fs, root, run_dir, redact(url)).refuse_if_held()  # a second writer is refused before anything is pulled
+    if "config.json" in names:
         try:
             saved = json.loads(fs.cat_file(f"{root}/config.json"))
         except (ValueError, UnicodeDecodeError):
             raise UsageError(f"--remote {redact(url)}: its config.json is not JSON; nothing was changed") from None
+        config_from = None
+    else:  # (the record of a checkpoint the pull may yet pass over: checked again below against what is pulled)
+        config_from = next(iter(candidates))
+        saved = candidates[config_from].get("config")
+    if cfg is not None:
         if isinstance(saved, dict) and fix is not None:
             fix(cfg, saved)
         diffs = cfgmod.incompatible_fields(saved, cfg) if isinstance(saved, dict) else ["not a config"]
         if diffs:
             raise UsageError(f"--remote {redact(url)} holds a run with a different config ({'; '.join(diffs)}); use "
                              f"the same settings to resume it, or another --remote; nothing was changed")
-    names = [p[len(root) + 1:] for p in fs.find(root)]
     unsafe = [n for n in names if not safe_name(n)]
     if unsafe:
         raise UsageError(f"--remote {redact(url)} holds names that would land outside the run folder "
                          f"({', '.join(unsafe[:3])}); nothing was changed")
+    if check_only:
+        return f"a run to resume ({len(candidates)} checkpoint(s) whose meta is complete; their files are checked " \
+               f"when it starts)"
     stage = run_dir.parent / f".{run_dir.name}.pull-{uuid.uuid4().hex[:8]}"
     try:
         plain = [n for n in names if n.rsplit("/", 1)[-1] != LEASE and "checkpoints/" not in n]
         for name in plain:
             _write(stage / name, fs.cat_file(f"{root}/{name}"))
-        pulled = []
+        pulled, records = [], {}
         for folder in sorted({n.rsplit("checkpoints/", 1)[0] for n in names if "checkpoints/" in n}):
-            step = _pull_checkpoints(fs, f"{root}/{folder}checkpoints", stage / folder / "checkpoints", log)
+            step, record = _pull_checkpoints(fs, f"{root}/{folder}checkpoints", stage / folder / "checkpoints", log)
             if step is None:
-                raise UsageError(f"--remote {redact(url)}: no checkpoint of {folder or 'the run'} passes its SHA-256 "
-                                 f"check (above); nothing was changed")
+                raise UsageError(f"--remote {redact(url)}: no checkpoint of {folder or 'the run'} is complete and passes "
+                                 f"its SHA-256 check (above); nothing was changed. Add --restart to train it again "
+                                 f"from step 0 (the remote's checkpoints are then removed), or give another --remote")
             pulled.append(f"{folder or './'} step {step}")
+            records[folder] = record
+        if config_from is not None:  # the config of the checkpoint actually pulled
+            _write(stage / "config.json", json.dumps(records[""].get("config"), indent=1).encode())
+            log(f"--remote {redact(url)} holds no config.json (a store emptied and written again?): it is the one "
+                f"the pulled checkpoint's meta records")
         run_dir.mkdir(parents=True, exist_ok=True)
         for entry in sorted(stage.iterdir()):  # complete: moved in (the folder held no run)
             target = run_dir / entry.name
@@ -86,24 +120,45 @@ def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None) -> str | No
     return f"{len(plain)} files and checkpoints ({'; '.join(pulled) or 'none'})"
 
 
-def _pull_checkpoints(fs, remote: str, local: Path, log) -> int | None:
-    """The newest remote checkpoint that verifies, and the best one (lowest metric) when it is another;
-    data first, meta last. The newest one's step (None: none verifies)."""
+def _candidates(fs, root: str, names: list[str], log, quiet: bool) -> dict[int, dict]:
+    """The run's own checkpoints (not a nested job's) whose meta describes a complete checkpoint, newest first,
+    by step: their records. The config of a remote without config.json comes from the first."""
+    steps = sorted((int(m.group(1)) for n in names if (m := META_RE.match(n.removeprefix("checkpoints/")))),
+                   reverse=True)
+    records = {}
+    for step in steps:
+        record = _read_record(fs, f"{root}/checkpoints", step)
+        problem = checkpoint_problem(step, record)
+        if problem is None and isinstance(record.get("config"), dict):
+            records[step] = record
+        elif not quiet:
+            log(f"remote checkpoint step {step}: {problem or 'its meta records no config'}; passed over")
+    return records
+
+
+def _read_record(fs, remote: str, step: int):
+    try:
+        return json.loads(fs.cat_file(f"{remote}/meta_{step:08d}.json"))
+    except (ValueError, UnicodeDecodeError, FileNotFoundError):
+        return None
+
+
+def _pull_checkpoints(fs, remote: str, local: Path, log) -> tuple[int | None, dict | None]:
+    """The newest remote checkpoint that is complete (checkpoint_problem: every file of its step listed) and whose
+    files all match their SHA-256, and the best one (lowest metric) when it is another; data first, meta last. Each
+    one passed over is named and set aside on the remote. The newest one's step and record (None: none verifies)."""
     names = [p.rsplit("/", 1)[-1] for p in fs.ls(remote, detail=False)]
     records = {}
     for step in sorted((int(m.group(1)) for n in names if (m := META_RE.match(n))), reverse=True):
-        try:
-            record = json.loads(fs.cat_file(f"{remote}/meta_{step:08d}.json"))
-        except (ValueError, UnicodeDecodeError):
-            record = None
-        if isinstance(record, dict) and isinstance(record.get("files"), dict) and \
-                all(isinstance(n, str) and CHECKPOINT_FILE.match(n) for n in record["files"]):
+        record = _read_record(fs, remote, step)
+        problem = checkpoint_problem(step, record)
+        if problem is None:
             records[step] = record
         else:
-            log(f"remote checkpoint step {step}: its meta is not a checkpoint record; set aside")
+            log(f"remote checkpoint step {step}: {problem}; set aside, trying an older one")
             _set_aside(fs, remote, step)
     scored = sorted((r["metric"], -s, s) for s, r in records.items() if isinstance(r.get("metric"), (int, float))
-                    and not isinstance(r.get("metric"), bool) and r["metric"] == r["metric"])
+                    and not isinstance(r.get("metric"), bool) and math.isfinite(r["metric"]))
     newest, tried = None, set()
     for step in records:  # newest first
         tried.add(step)
@@ -114,7 +169,7 @@ def _pull_checkpoints(fs, remote: str, local: Path, log) -> int | None:
         if newest is None or step == newest or (step not in tried and
                                                  _pull_one(fs, remote, local, step, records[step], log)):
             break
-    return newest
+    return newest, records.get(newest)
 
 
 def _pull_one(fs, remote: str, local: Path, step: int, record: dict, log) -> bool:
@@ -163,9 +218,16 @@ def restore_from_remote(url: str | None, run_dir: Path, ctx, cfg=None, fix=None)
     if url is None:
         return None
     outcome = None
+    check_only = os.environ.get("TRAINERS_CHECK_ONLY") == "1"
+    restart = cfg is not None and cfg.for_attempt(ctx.restart_count).restart
     if ctx.is_main:
         try:
-            pulled = None if holds_a_run(Path(run_dir)) else pull_run(url, Path(run_dir), cfg=cfg, fix=fix)
+            if check_only:  # the deploy's check phase: a missing bucket fails here, not in torchrun's workers
+                check_writable(url, Path(run_dir))
+            if holds_a_run(Path(run_dir)) or (restart and not check_only):
+                pulled = None  # (--restart: the remote's checkpoints are removed, so there is nothing to pull)
+            else:
+                pulled = pull_run(url, Path(run_dir), cfg=cfg, fix=fix, check_only=check_only)
             outcome = ("ok", pulled)
         except UsageError as exc:
             outcome = ("refused", str(exc))
@@ -177,5 +239,24 @@ def restore_from_remote(url: str | None, run_dir: Path, ctx, cfg=None, fix=None)
     if kind == "refused":
         raise UsageError(text)
     if text and ctx.is_main:
-        print(f"resumed the run folder {run_dir} from --remote {redact(url)}: {text}", flush=True)
+        print(f"{'would resume' if check_only else 'resumed'} the run folder {run_dir} from --remote {redact(url)}: "
+              f"{text}", flush=True)
     return text
+
+
+def check_writable(url: str, run_dir: Path) -> None:
+    """One probe object written, read back and removed: the remote exists and takes writes (credentials, bucket,
+    a mounted volume that is writable). A mounted volume's run folder that the probe created goes with it."""
+    fs, root = open_remote(url)
+    check_remote_place(fs, root, url, run_dir)
+    folder = mounted_folder(fs, root)
+    created = folder is not None and not folder.exists()
+    probe = f"{root}/.probe-{uuid.uuid4().hex[:12]}"
+    try:
+        put_bytes(fs, probe, b"trainers: a write check; removed at once")
+        fs.cat_file(probe)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm_file(probe)
+        if created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()

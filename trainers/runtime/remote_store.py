@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -33,6 +34,7 @@ def redact(url: str) -> str:
     return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}"
 
 
+PROCESS_LOCAL = ("memory",)  # fsspec stores that live in the process: nothing on them outlives a lost pod
 URL_HELP = "give a URL like s3://bucket/prefix, gs://bucket/prefix or file:///mounted/volume/run"
 
 
@@ -56,6 +58,12 @@ def check_remote_url(url: str | None) -> None:
                          f"current folder or the root")
     if scheme != "file" and not authority:
         raise UsageError(f"--remote {url!r} names no bucket: {URL_HELP}")
+    if scheme in PROCESS_LOCAL:  # (the mirror would say "caught up" to a store that dies with the process)
+        raise UsageError(f"--remote {url!r}: {scheme}:// lives in this process's memory and is gone when it ends, so "
+                         f"it cannot keep a run; {URL_HELP}")
+    if "//" in rest.rstrip("/")[1 if scheme == "file" else 0:]:  # s3://b//run: stores and fsspec disagree on it
+        raise UsageError(f"--remote {url!r} has an empty part ('//') in its path, which object stores and fsspec "
+                         f"read differently; write each part once, e.g. {scheme}://{authority}/run")
 
 
 def open_remote(url: str):
@@ -72,6 +80,67 @@ def open_remote(url: str):
         raise UsageError(f"--remote {redact(url)}: {str(exc).splitlines()[0]} (install the backend for its scheme: "
                          f"s3fs for s3://, gcsfs for gs://)") from None
     return fs, root.rstrip("/")
+
+
+def mounted_folder(fs, root: str) -> Path | None:
+    """The local folder of a file:// remote (a mounted volume), else None."""
+    return Path(fs._strip_protocol(root)).resolve() if "file" in _protocols(fs) else None
+
+
+def check_remote_place(fs, root: str, url: str, run_dir: Path, volume: bool = True) -> None:
+    """A file:// remote must be a folder of its own on a volume that is there: not the run folder, inside it or
+    above it (the mirror would copy itself into itself, one level deeper each sync), not inside another run's
+    folder, and (`volume`: where the user's URL enters, a pull, a check, a push) not on a path whose parent folder
+    is missing (an unmounted volume: the run would be "mirrored" to the local disk it was meant to outlive)."""
+    local = mounted_folder(fs, root)
+    if local is None:
+        return
+    run = Path(run_dir).resolve()
+    if local == run or local.is_relative_to(run) or run.is_relative_to(local):
+        where = "the run folder" if local == run else "inside the run folder" if local.is_relative_to(run) else \
+            "a folder above the run folder"
+        raise UsageError(f"--remote {redact(url)} is {where} {run_dir}: a mirror must be a folder of its own, e.g. "
+                         f"file:///mnt/volume/{run.name}")
+    if (local / ".lock").is_file():  # (a mirror holds no lock file: only a run folder does)
+        raise UsageError(f"--remote {redact(url)} is another run's folder: give the remote a folder of its own")
+    for parent in local.parents:
+        if (parent / "config.json").is_file() and ((parent / "checkpoints").is_dir() or (parent / ".lock").is_file()):
+            raise UsageError(f"--remote {redact(url)} lies inside {parent}, another run's folder: give the remote a "
+                             f"folder of its own")
+    if volume and not local.exists() and not local.parent.is_dir():  # (volume=False: a nested run's mirror, whose
+        # parents its job's mirror makes: the job's own entry checked the volume)
+        raise UsageError(f"--remote {redact(url)}: {local.parent} does not exist (is the volume mounted?); "
+                         f"mount it, or create the folder yourself if a local folder is what you want")
+
+
+def checkpoint_problem(step: int, record) -> str | None:
+    """Why a checkpoint's meta (as read from a remote) does not describe a complete checkpoint of `step`, or
+    None: a JSON object of that step whose files are named for that step, with a SHA-256 each, including the
+    shared model file, one file per rank of its world size, and the shards' .metadata when it was sharded.
+    (A hash check of the files themselves comes after: this says only whether there is anything to check.)"""
+    if not isinstance(record, dict):
+        return "its meta is not a JSON object"
+    files, world = record.get("files"), record.get("world_size")
+    if record.get("step") != step:
+        return f"its meta is of step {record.get('step')!r}, not {step}"
+    if not isinstance(files, dict) or not files:
+        return "its meta lists no files"
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        return f"its meta gives no world size ({world!r})"
+    tag = f"{step:08d}"
+    for name, digest in files.items():
+        if not isinstance(name, str) or not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+            return f"its meta lists {str(name)[:60]!r} without a SHA-256"
+        m = re.fullmatch(r"(?:model|rank\d{3}|consolidated)_(\d{8})\.pt|shards_(\d{8})/[^/]+", name)
+        if not m or (m.group(1) or m.group(2)) != tag:
+            return f"its meta lists {name[:60]!r}, which is not a file of step {step}"
+    needed = [f"model_{tag}.pt", *(f"rank{r:03d}_{tag}.pt" for r in range(world))]
+    if record.get("sharded"):
+        needed.append(f"shards_{tag}/.metadata")
+    missing = [n for n in needed if n not in files]
+    if missing:
+        return f"its meta leaves out {', '.join(missing[:3])}"
+    return None
 
 
 def put_bytes(fs, path: str, data: bytes) -> None:
@@ -100,18 +169,39 @@ class Lease:
     def __init__(self, fs, root: str, run_dir: Path, url: str):
         self.fs, self.path, self.url = fs, f"{root}/{LEASE}", url
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "run_dir": str(run_dir),
-                   "token": uuid.uuid4().hex[:12]}
+                   "token": uuid.uuid4().hex[:12], **machine_identity()}
 
     def take(self) -> None:
-        held = self.read()
-        if held is not None and held.get("token") != self.me["token"] and not self._holder_gone(held):
-            age = time.time() - held["time"]  # (negative: its clock is ahead of ours; fresh all the same)
-            if age < LEASE_STALE_S:
-                raise UsageError(f"--remote {self.url} is being written by {held.get('host')} "
-                                 f"(pid {held.get('pid')}, {held.get('run_dir')}), which said so {max(age, 0):.0f} s "
-                                 f"ago: stop that run first, or wait {LEASE_STALE_S - max(age, 0):.0f} s for its lease "
-                                 f"to go stale (its machine was lost)")
+        self.refuse_if_held()
         self.refresh()
+
+    def refuse_if_held(self) -> None:
+        """A UsageError while another writer holds the lease (fresh, and not a dead process of this machine);
+        reads only (a pull checks this before it writes anything)."""
+        held = self.read()
+        if held is None or held.get("token") == self.me["token"] or self._holder_gone(held):
+            return
+        age = self.age_s(held)
+        if age < LEASE_STALE_S:
+            raise UsageError(f"--remote {self.url} is being written by {held.get('host')} "
+                             f"(pid {held.get('pid')}, {held.get('run_dir')}), which said so {max(age, 0):.0f} s "
+                             f"ago: stop that run first, or wait {LEASE_STALE_S - max(age, 0):.0f} s for its lease "
+                             f"to go stale (its machine was lost)")
+
+    def age_s(self, held: dict) -> float:
+        """How long ago the holder last wrote the lease. The store's own clock (the object's modification time)
+        where the store gives one, when it is the older: a holder whose clock runs ahead, or a lease edited to 1e18,
+        would otherwise look fresh forever; else the holder's own time."""
+        try:
+            info = self.fs.info(self.path)
+        except (FileNotFoundError, OSError):
+            info = {}
+        modified = info.get("LastModified") or info.get("mtime") or info.get("created")
+        stamp = modified.timestamp() if hasattr(modified, "timestamp") else modified
+        said = held["time"]
+        if isinstance(stamp, (int, float)) and math.isfinite(stamp) and stamp > 0:
+            said = min(said, float(stamp))  # (the older of the two: a time written ahead never outlives the write)
+        return max(time.time() - said, 0.0)
 
     def still_mine(self) -> bool:
         """False once another writer took the lease over (ours went stale: an outage longer than
@@ -121,8 +211,14 @@ class Lease:
 
     @staticmethod
     def _holder_gone(held: dict) -> bool:
-        """A holder on this very machine whose process has ended (killed, crashed): no need to wait."""
-        if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
+        """A holder on this very machine whose process has ended (killed, crashed): no need to wait. The same
+        machine is the same kernel boot and pid namespace, not only the same hostname (containers on different
+        hosts share hostnames; a pid means nothing in another namespace)."""
+        if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int) or \
+                isinstance(held.get("pid"), bool) or held["pid"] <= 0:
+            return False
+        mine = machine_identity()
+        if not mine or any(held.get(k) != v for k, v in mine.items()):
             return False
         try:
             os.kill(held["pid"], 0)
@@ -139,7 +235,7 @@ class Lease:
         except (FileNotFoundError, ValueError, UnicodeDecodeError):
             return None
         if not isinstance(held, dict) or isinstance(held.get("time"), bool) or \
-                not isinstance(held.get("time"), (int, float)) or held["time"] != held["time"]:
+                not isinstance(held.get("time"), (int, float)) or not math.isfinite(held["time"]):
             return None
         return held
 
@@ -150,6 +246,15 @@ class Lease:
         held = self.read()
         if held is not None and held.get("token") == self.me["token"]:
             self.fs.rm_file(self.path)
+
+
+def machine_identity() -> dict:
+    """This kernel's boot id and this process's pid namespace (Linux), or {} where they cannot be read."""
+    try:
+        return {"boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                "pid_ns": os.readlink("/proc/self/ns/pid")}
+    except OSError:
+        return {}
 
 
 def bounded(call, seconds: float) -> bool:

@@ -48,6 +48,7 @@ class StopAgreement:
         self.reserve_s = 0.0  # kept free at the end of a budget for the final save and evaluation
         self.exit_allowance_s = 0.0  # and for writing results and leaving the process, when that counts too
         self.signal_name: str | None = None
+        self.budget_stop: dict | None = None  # this rank's clock when the budget stop was agreed (`agree`)
         self._previous_handlers: dict[int, object] = {}
         if counted_from is not None:
             self.count_from(counted_from)
@@ -107,9 +108,15 @@ class StopAgreement:
 
         The budget reserves `reserve_s`: the time the final checkpoint and evaluation will take
         (measured by the run), so the whole run, results included, ends inside the budget."""
-        local = max(self._local, self.budget.exceeded(self.elapsed_s(), self.reserve_s))
+        elapsed = self.elapsed_s()
+        local = max(self._local, self.budget.exceeded(elapsed, self.reserve_s))
         agreed = all_reduce_max(self.ctx, [float(local), *(float(v) for v in values)], on_device=diverged)
         reason = StopReason(int(agreed[0]))
+        if reason in (StopReason.TIME_BUDGET, StopReason.MONEY_BUDGET) and self.budget_stop is None:
+            # what results.json records of the decision: a test (or a user) checks the budget held by these,
+            # not by a wall clock that a loaded machine stretches after the decision
+            self.budget_stop = {"elapsed_s": round(elapsed, 3), "reserve_s": round(self.reserve_s, 3),
+                                "limit_s": self.budget.limit_s()}
         if diverged is not None:
             if agreed[-1] > 0:
                 reason = max(reason, StopReason.DIVERGED)
