@@ -49,7 +49,12 @@ def _env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_cli(args: list[str], env: dict | None = None, timeout: float = 300, check: bool = False):
+# A subprocess's timeout bounds a hang, never a speed: generous enough for a 2-core machine that other jobs keep
+# busy (a load average of 17 made a 300-s bound fail a test whose commands take 20 s on an idle machine).
+HANG_S = 900
+
+
+def run_cli(args: list[str], env: dict | None = None, timeout: float = HANG_S, check: bool = False):
     proc = subprocess.run([sys.executable, "-m", "trainers", *args], capture_output=True, text=True,
                           env=_env(env), timeout=timeout)
     if check and proc.returncode != 0:
@@ -63,7 +68,7 @@ def torchrun_cmd(args: list[str], nproc: int = 2, extra: list[str] | None = None
 
 
 def run_torchrun(args: list[str], nproc: int = 2, extra: list[str] | None = None, env: dict | None = None,
-                 timeout: float = 300, check: bool = True):
+                 timeout: float = HANG_S, check: bool = True):
     proc = subprocess.run(torchrun_cmd(args, nproc, extra), capture_output=True, text=True, env=_env(env),
                           timeout=timeout)
     if check and proc.returncode != 0:

@@ -250,9 +250,19 @@ def test_a_budget_stop_leaves_a_checkpoint_and_results(name, workdir):
     r = read_results(run_dir)
     t = r["training"]
     assert t["stop_reason"] == "time_budget" and 0 < t["steps"] < t["total_steps"]
-    assert 0 < t["elapsed_s_all_attempts"] <= 1.8 + 5  # stopped inside the budget (it keeps time for the end)
     stopped = c.run_of(run_dir, r)
     one = read_results(stopped)
+    # stopped inside the budget, keeping time for the end: judged by what the run recorded at its decision, not by
+    # the host's clock after it (a loaded machine stretches the final save and evaluation: 10.6 s for 1.8 s)
+    if name == "lstm":  # (the job's wind-down decides for its symbols: their own runs have no budget)
+        assert t["budget_s"] == pytest.approx(1.8) and one["training"]["stop_reason"] in ("signal", "time_budget")
+        assert t["elapsed_s_all_attempts"] < 1.8 + 120  # a bound on a hang only
+    else:  # no step after the budget was spent: the stop came at the first agreement that reached it
+        decision = t["budget_stop"]
+        assert decision["limit_s"] == pytest.approx(1.8), decision
+        reserve, before = decision["reserve_s"], decision["previous_agreement_elapsed_s"]
+        assert (before is None or before + reserve < 1.8) and 1.8 <= decision["elapsed_s"] + reserve, decision  # (None:
+        # the budget was spent before the first agreement, in the start-up it counts)
     assert (stopped / "checkpoints" / f"meta_{one['training']['steps']:08d}.json").exists()
     evaluation = one["evaluation"]
     assert "skipped" not in evaluation and "pending" not in evaluation and evaluation["checkpoint_step"] is not None

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import run_cli, run_torchrun, torchrun_cmd, wait_for
+from conftest import HANG_S, run_cli, run_torchrun, torchrun_cmd, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -130,16 +130,16 @@ def test_a_running_job_holds_its_folder_against_a_second_job_evaluate_and_export
     try:
         wait_for(lambda: any(run_dir.rglob("checkpoints/meta_*.json")), 120, first)
         holder = f"is in use by pid {first.pid} on "
-        assert holder in one_line(run_cli(args, timeout=60))  # refused at once, in one line, exit 2
-        check = run_cli(args, env={"TRAINERS_CHECK_ONLY": "1"}, timeout=60)  # the deploy's check before torchrun
+        assert holder in one_line(run_cli(args, timeout=HANG_S))  # refused at once, in one line, exit 2
+        check = run_cli(args, env={"TRAINERS_CHECK_ONLY": "1"}, timeout=HANG_S)  # the deploy's check before torchrun
         assert check.returncode == 2 and holder in one_line(check)
         for verb in (["evaluate", "--device", "cpu"], ["export"]):
-            proc = run_cli(["lstm", *verb, "--run-dir", str(run_dir)], timeout=60)
+            proc = run_cli(["lstm", *verb, "--run-dir", str(run_dir)], timeout=HANG_S)
             assert proc.returncode == 2 and holder in one_line(proc), verb
         assert not any(run_dir.glob("symbols/*/done.json"))  # nothing marked failed (or done) by the others
     finally:
         first.send_signal(signal.SIGTERM)
-        assert first.wait(timeout=60) == 0, first.stderr.read()[-3000:]
+        assert first.wait(timeout=HANG_S) == 0, first.stderr.read()[-3000:]
     r = json.loads((run_dir / "results.json").read_text())
     assert r["training"]["stop_reason"] == "signal" and r["training"]["symbols"]["failed"] == 0
     assert "in use" not in (run_dir / "training.log").read_text()

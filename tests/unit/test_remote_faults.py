@@ -331,3 +331,34 @@ def test_remote_status_reads_around_nan_times_wrong_types_and_a_garbage_meta(tmp
     text = " ".join(status["unreadable"])
     for name in ("heartbeat.json", LEASE, "results.json", "meta_99999999.json"):
         assert name in text, text
+
+
+# ---- 14, 15. user files read with a bound --------------------------------------------------------------------
+def test_plan_prices_from_dev_zero_or_a_fifo_or_past_the_flags_cap_is_one_line(tmp_path):
+    from trainers.ops.commands import read_prices
+
+    fifo = tmp_path / "prices.fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    big.write_text('{"h200": 2.0, "_note": "' + "x" * (70 << 10) + '"}')
+    huge = tmp_path / "huge.json"
+    huge.write_text('{"h200": 1e308}')
+    for path, says in (("/dev/zero", "not a plain file"), (fifo, "not a plain file"), (big, "over 64 KiB"),
+                       (huge, r"at most 3.40282e\+38")):
+        with pytest.raises(UsageError, match=says):
+            read_prices(str(path), None, "h200")
+
+
+def test_deploy_status_on_an_empty_or_fifo_state_file_is_one_line_and_exit_2(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "deploy-forecast.state").write_text("")
+    os.mkfifo(out / "deploy-gpt.state")
+    for trainer, says in (("forecast", "holds no key=value line"), ("gpt", "is not a file")):
+        proc = subprocess.run([sys.executable, "-m", "trainers", "status", "--out", str(out), "--trainer", trainer],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "UNKNOWN" not in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "trainers", "status", "--out", str(out)], capture_output=True,
+                          text=True, timeout=60)  # every job: each broken one said, none read without end
+    assert proc.returncode == 0 and proc.stdout.count("BROKEN STATE FILE") == 2, proc.stdout + proc.stderr

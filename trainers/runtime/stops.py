@@ -49,6 +49,7 @@ class StopAgreement:
         self.exit_allowance_s = 0.0  # and for writing results and leaving the process, when that counts too
         self.signal_name: str | None = None
         self.budget_stop: dict | None = None  # this rank's clock when the budget stop was agreed (`agree`)
+        self._agreed_at: float | None = None  # and at the agreement before
         self._previous_handlers: dict[int, object] = {}
         if counted_from is not None:
             self.count_from(counted_from)
@@ -116,7 +117,9 @@ class StopAgreement:
             # what results.json records of the decision: a test (or a user) checks the budget held by these,
             # not by a wall clock that a loaded machine stretches after the decision
             self.budget_stop = {"elapsed_s": round(elapsed, 3), "reserve_s": round(self.reserve_s, 3),
-                                "limit_s": self.budget.limit_s()}
+                                "limit_s": self.budget.limit_s(), "previous_agreement_elapsed_s":
+                                    None if self._agreed_at is None else round(self._agreed_at, 3)}
+        self._agreed_at = elapsed
         if diverged is not None:
             if agreed[-1] > 0:
                 reason = max(reason, StopReason.DIVERGED)
