@@ -34,6 +34,7 @@ PPO_GUARDS = "tests/ppo/test_ppo_guards.py"
 LSTM_FEATURES = "tests/lstm/test_lstm_features.py"
 LSTM_GUARDS = "tests/lstm/test_lstm_guards.py"
 GPT_UNITS = "tests/gpt/test_gpt_units.py"
+REMOTE_FAULTS = "tests/unit/test_remote_faults.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---- the forecaster's windows ---------------------------------------------------------------
@@ -249,4 +250,26 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/lstm/test_lstm_cohort.py::test_a_cohort_job_trains_what_the_one_at_a_time_job_trains",),
            "a cohort step that feeds every member the first member's windows: each model trains on another "
            "symbol's data"),
+    # ---- the remote mirror and the files it must not lose (issue 65) -----------------------------------------
+    Mutant("push_skips_the_config_check", "remote mirror", "trainers/ops/remote.py",
+           (("    mirror.start(config=config)  # another run's remote is refused", "    mirror.start()"),),
+           (f"{REMOTE_FAULTS}::test_a_push_of_another_run_to_a_remote_is_refused_and_the_bucket_is_unchanged",),
+           "trainers remote push of one run to another run's remote replaces its config, results and logs"),
+    Mutant("package_replaces_any_output", "remote mirror", "trainers/ops/package.py",
+           (("    check_replaceable(output, run_dir.name)\n", ""),),
+           (f"{REMOTE_FAULTS}::test_package_cli_refuses_an_existing_file_in_one_line_and_keeps_it",),
+           "trainers package --output NOTES turns the user's file into a gzip"),
+    Mutant("mirror_misses_a_store_emptied", "remote mirror", "trainers/runtime/remote.py",
+           (("        lost = self._remote_lost_files()\n", "        lost = None\n"),),
+           (f"{REMOTE_FAULTS}::test_a_store_emptied_mid_run_gets_the_whole_run_again_and_a_fresh_folder_resumes",),
+           "a store restarted empty mid-run is never written again, while results.json says caught up"),
+    Mutant("pull_takes_a_meta_without_its_files", "remote mirror", "trainers/runtime/remote_pull.py",
+           (("        problem = checkpoint_problem(step, record)\n        if problem is None:\n",
+             "        problem = None if isinstance(record, dict) else \"not a record\"\n        if problem is None:\n"),),
+           (f"{REMOTE_FAULTS}::test_a_pull_passes_over_metas_that_list_nothing_or_another_steps_files_and_names_them",),
+           "a pull takes a newer meta that lists no files (or another step's) over the good checkpoints"),
+    Mutant("ppo_refuses_close_only_files", "remote mirror", "trainers/ppo/features.py",
+           (("    from_close = ranges_from_close(panel)\n", "    from_close = []\n"),),
+           ("tests/ppo/test_ppo_pipeline.py::test_a_close_only_price_file_trains_evaluates_and_exports",),
+           "PPO refuses every close-only price file: no stock has a high and a low"),
 )

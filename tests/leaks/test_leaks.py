@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 GUARANTEES = ("forecaster windows", "causal features / normalisation", "splits, walk-forward",
               "point-in-time universe", "PPO", "LSTM", "GPT", "GNN", "published figures' market",
-              "device placement")
+              "device placement", "remote mirror")
 # a failed assert; pytest.fail and "DID NOT RAISE" (pytest's Failed names its module "builtins")
 ASSERTION_TYPES = {"builtins.AssertionError", "builtins.Failed", "_pytest.outcomes.Failed"}
 

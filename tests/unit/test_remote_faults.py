@@ -362,3 +362,16 @@ def test_deploy_status_on_an_empty_or_fifo_state_file_is_one_line_and_exit_2(tmp
     proc = subprocess.run([sys.executable, "-m", "trainers", "status", "--out", str(out)], capture_output=True,
                           text=True, timeout=60)  # every job: each broken one said, none read without end
     assert proc.returncode == 0 and proc.stdout.count("BROKEN STATE FILE") == 2, proc.stdout + proc.stderr
+
+
+def test_a_training_start_refused_by_its_remote_leaves_no_folder_and_no_lock(tmp_path):
+    """A regression: a remote that cannot be written (here /proc, which takes no new file; a missing bucket alike)
+    was refused after the run folder and its .lock were made: the refusal wrote them."""
+    from conftest import TINY_DATA, run_cli
+
+    run_dir = tmp_path / "new" / "run"
+    proc = run_cli(["forecast", "train", *TINY_DATA, "--epochs", "1", "--device", "cpu", "--run-dir", str(run_dir),
+                    "--remote", "file:///proc/trainers-remote-check"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "cannot be written" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "new").exists(), listing(tmp_path)
