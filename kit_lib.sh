@@ -355,7 +355,7 @@ phase_install() {
       run python3 -m venv "$REPO/.venv"
       run "$PY" -m pip install --quiet --upgrade pip
       if ! "$PY" -c 'import torch' >/dev/null 2>&1; then
-        local torch_spec="${TORCH_SPEC:-torch}"
+        local torch_spec="${TORCH_SPEC:-torch>=2.7,<3}"  # (trainers/versions.py: the tested range)
         if [[ -n "${TORCH_INDEX_URL:-}" ]]; then
           run "$PY" -m pip install --quiet "$torch_spec" --index-url "$TORCH_INDEX_URL"
         else
@@ -367,6 +367,10 @@ phase_install() {
       [[ "$DRY_RUN" -eq 1 ]] || touch "$stamp"
     fi
   fi
+  # A torch (or ONNX stack) outside the tested range stops here, in one line with the pip command, not ten minutes
+  # into training. The box's own CUDA build is kept, never replaced behind the user's back: a torch upgraded in place
+  # may not match the driver, and the user picks the CUDA build (trainers/versions.py).
+  [[ "$DRY_RUN" -eq 1 ]] || "$PY" -m trainers.versions || die "the Python at $PY has versions the kit is not tested with (above); nothing was run"
   [[ "$DRY_RUN" -eq 1 ]] || "$PY" -c 'import trainers, torch; print("trainers", trainers.__version__, "torch", torch.__version__)'
 }
 

@@ -2,7 +2,13 @@
 # Container smoke test (opt-in, not part of CI): build docker/Dockerfile with podman on a stand-in CPU
 # base image and run the image as a user would, to a verified tarball.
 #
-#   sudo bash docker/smoke.sh [--out FILE] [--work DIR] [--rebuild-base] [--no-gnn] [--verbose]
+#   sudo bash docker/smoke.sh [--out FILE] [--work DIR] [--rebuild-base] [--no-gnn] [--verbose] [--cuda]
+#
+# --cuda: the base carries the CUDA build of torch from PyPI instead (torch==2.7.1, the kit's floor and the
+# Dockerfile's default base's torch, unless TORCH_SPEC says otherwise), with the CUDA, cuDNN and NCCL libraries
+# of its nvidia-* wheels: the image users pull, less the GPU. Inside it a step records torch.version.cuda, cuDNN's
+# and NCCL's versions and that their libraries load (into the summary's "cuda"); the rest of the smoke runs as
+# on the CPU base. Its summary goes to bench/results/docker_cuda_smoke.json.
 #
 # Steps: 1. the stand-in base (Debian bookworm via debootstrap + python3/pip + the CPU torch wheel),
 # built once and cached as an image; 2. docker/Dockerfile built on it (--build-arg BASE_IMAGE=...);
@@ -32,12 +38,19 @@ ARGS=("$@")
 REBUILD_BASE=0
 GNN=1
 VERBOSE=0
-TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+CUDA=0
+for arg in "$@"; do [[ "$arg" != --cuda ]] || CUDA=1; done
+if [[ "$CUDA" -eq 1 ]]; then
+  TORCH_SPEC="${TORCH_SPEC:-torch==2.7.1}"
+  OUT_JSON="$REPO/bench/results/docker_cuda_smoke.json"
+else
+  TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
+fi
 TORCH_INDEX_URL="${TORCH_INDEX_URL:-}"
 DEBIAN_MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 ROOTFS_IMAGE="localhost/trainers-smoke-rootfs:bookworm"
 TORCH_TAG="${TORCH_SPEC//==/-}"
-BASE_IMAGE="localhost/trainers-smoke-base:bookworm-${TORCH_TAG//[^A-Za-z0-9_.-]/-}-cpu"
+BASE_IMAGE="localhost/trainers-smoke-base:bookworm-${TORCH_TAG//[^A-Za-z0-9_.-]/-}-$([[ "$CUDA" -eq 1 ]] && echo cuda || echo cpu)"
 IMAGE="localhost/trainers:smoke"
 # Small data: the whole forecaster pipeline in a few minutes on 2 CPU cores.
 FORECAST_ARGS=(--synthetic-tickers 16 --synthetic-days 800 --window 32 --horizon 5 --epochs 1)
@@ -51,8 +64,9 @@ while [[ $# -gt 0 ]]; do
     --rebuild-base) REBUILD_BASE=1; shift ;;
     --no-gnn) GNN=0; shift ;;
     -v|--verbose) VERBOSE=1; shift ;;
+    --cuda) shift ;;  # (read above: it picks the torch build)
     -h|--help) sed -n '2,/^set -euo pipefail/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown option '$1' (use --out FILE, --work DIR, --rebuild-base, --no-gnn, --verbose)" ;;
+    *) die "unknown option '$1' (use --out FILE, --work DIR, --rebuild-base, --no-gnn, --verbose, --cuda)" ;;
   esac
 done
 
@@ -156,7 +170,7 @@ summary() {  # summary PASSED: the JSON record of this run at $OUT_JSON
   S_BASE="$BASE_IMAGE" S_BASE_ID="$(image_id "$BASE_IMAGE" || true)" S_BASE_SIZE="$(image_size "$BASE_IMAGE" || true)" \
   S_BASE_BUILT="$BASE_BUILT" S_BASE_S="$BASE_S" S_WHEEL="${WHEEL_NAME:-}" \
   S_IMAGE="$IMAGE" S_IMAGE_ID="$(image_id "$IMAGE" || true)" S_IMAGE_SIZE="$(image_size "$IMAGE" || true)" \
-  S_IMAGE_S="${IMAGE_S:-0}" S_VERSIONS="${VERSIONS:-}" \
+  S_IMAGE_S="${IMAGE_S:-0}" S_VERSIONS="${VERSIONS:-}" S_CUDA="${CUDA_FACTS:-}" S_CUDA_MODE="$CUDA" \
   python3 - "$CHECKS" "$OUT_JSON" "$BASE_RECORD" <<'PY'
 import json, os, platform, sys
 
@@ -191,9 +205,12 @@ record = {
                    "built_this_run": e["S_BASE_BUILT"] == "1", "build_seconds": float(e["S_BASE_S"]),
                    "torch_wheel": e["S_WHEEL"], "built_by_an_earlier_run": built_by,
                    "what": "stand-in for pytorch/pytorch:*-cuda*: Debian bookworm (debootstrap minbase), python3, "
-                           "pip, python-is-python3, the CPU torch wheel, PEP 668 marker removed"},
+                           "pip, python-is-python3, " + ("the CUDA torch wheel from PyPI with its nvidia-* CUDA, cuDNN "
+                           "and NCCL wheels" if e["S_CUDA_MODE"] == "1" else "the CPU torch wheel") +
+                           ", PEP 668 marker removed"},
     "image": {"name": e["S_IMAGE"], "id": e["S_IMAGE_ID"] or None, "size_bytes": int(e["S_IMAGE_SIZE"] or 0) or None,
               "build_seconds": float(e["S_IMAGE_S"]), "dockerfile": "docker/Dockerfile", "versions": e["S_VERSIONS"]},
+    "cuda": json.loads(e["S_CUDA"]) if e["S_CUDA"] else None,  # (--cuda: the CUDA stack inside the image)
     "checks": checks,
     "not_proven": ["the real base image pytorch/pytorch:*-cuda* (conda Python, CUDA libraries, Ubuntu packages)",
                    "RunPod itself: its proxy to port 22, how it passes PUBLIC_KEY and RUNPOD_* (set by hand here), "
@@ -282,7 +299,7 @@ else
   wheels=("$ctx"/wheel/torch-*.whl)
   WHEEL_NAME=$(basename "${wheels[0]}")
   [[ -f "${wheels[0]}" ]] || fail base-wheel 1 "pip download $TORCH_SPEC gave no torch wheel in $ctx/wheel"
-  [[ "$WHEEL_NAME" == *+cpu* ]] || echo "warning: $WHEEL_NAME is not a +cpu build; its install pulls the CUDA libraries (set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu)" >&2
+  [[ "$WHEEL_NAME" == *+cpu* || "$CUDA" -eq 1 ]] || echo "warning: $WHEEL_NAME is not a +cpu build; its install pulls the CUDA libraries (set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu, or use --cuda)" >&2
   pass base-wheel "$WHEEL_NAME"
 
   step base-debootstrap 0 debootstrap --variant=minbase --include=python3,python3-pip,python-is-python3,ca-certificates \
@@ -355,6 +372,27 @@ step entry-shell 0 "${RUN[@]}" --name "$C" "$IMAGE" shell -c \
 expect entry-shell "shell ok in /workspace"
 VERSIONS=$(grep '^python ' "$STEP_LOG" | head -n1)
 pass entry-shell "$VERSIONS"
+
+CUDA_FACTS=""
+if [[ "$CUDA" -eq 1 ]]; then  # the CUDA stack inside the image: versions as torch reports them, libraries loaded
+  container cuda
+  step cuda-inside 0 "${RUN[@]}" --name "$C" --entrypoint python "$IMAGE" -c '
+import ctypes, glob, json, os, sys, torch
+import nvidia
+found = {}
+for lib in ("libcudart.so.*", "libcublas.so.*", "libcudnn.so.*", "libnccl.so.*"):
+    paths = sorted(p for root in nvidia.__path__ for p in glob.glob(os.path.join(root, "*", "lib", lib)))
+    assert paths, f"no {lib} in the nvidia-* wheels"
+    ctypes.CDLL(paths[0])  # loads, with its own dependencies
+    found[lib.split(".")[0]] = os.path.basename(paths[0])
+facts = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+         "nccl": ".".join(map(str, torch.cuda.nccl.version())), "libraries_loaded": found,
+         "cuda_available": torch.cuda.is_available()}
+print("CUDA_FACTS " + json.dumps(facts, sort_keys=True))'
+  expect cuda-inside '"cuda": "'
+  CUDA_FACTS=$(grep '^CUDA_FACTS ' "$STEP_LOG" | head -n1 | cut -d' ' -f2-)
+  pass cuda-inside "$CUDA_FACTS"
+fi
 
 container command
 step entry-command 0 "${RUN[@]}" --name "$C" "$IMAGE" trainers --help

@@ -33,6 +33,11 @@ FILESYSTEM_ERRORS = {
 }
 
 
+# The verbs that load torch and the ONNX stack (`gnn color` runs where only NumPy and onnxruntime are, `gpt size` and
+# the data verbs need no model): each checks their versions first (trainers/versions.py).
+TORCH_VERBS = ("train", "evaluate", "export", "sample", "serve")
+
+
 def out_of_memory(exc: BaseException) -> str | None:
     """What a failed host allocation said (NumPy raises MemoryError, torch's CPU allocator a
     RuntimeError in its own words), in one line; None for any other error."""
@@ -71,11 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = [x for x in extra if x != "--"]
     try:
+        if args.command in TRAINERS and args.verb in TORCH_VERBS:  # before data is fetched or a step trained
+            from trainers.versions import check
+
+            check()
         return args.func(args)
     except (UsageError, CheckFailed, RunFailed, RunEnded) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        if isinstance(exc, RunEnded):  # non-zero under torchrun too: its restarts must not train again
-            from trainers.runtime.dist import remember_terminal_stop
+        if isinstance(exc, (RunEnded, UsageError)) and "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's restarts
+            from trainers.runtime.dist import remember_terminal_stop  # must not train again, nor meet it 3 times more
 
             remember_terminal_stop(str(exc))
         return exc.exit_code

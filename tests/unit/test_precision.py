@@ -134,6 +134,12 @@ def test_a_step_whose_compile_fails_runs_eager_from_then_on(failure):
     reference = [p.detach().clone() for p in model.parameters()]
     step = CompiledOrEager(torch.compile(model, backend=backend), model, logging.getLogger("test"))
     x = torch.randn(5, 3)
+    if failure == "backward" and not step.backward_with_forward:
+        # torch below 2.10 compiles the backward at the first backward, outside the call the fallback guards: the
+        # failure reaches the caller (said at the start, in the log), as it did before the option existed
+        with pytest.raises(Exception, match="no compiler for this graph"):
+            step(x).sum().backward()
+        return
     step(x).sum().backward()
     assert not step.is_compiled and step.error
     grads = [p.grad.clone() for p in model.parameters()]

@@ -375,3 +375,22 @@ def test_a_training_start_refused_by_its_remote_leaves_no_folder_and_no_lock(tmp
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "cannot be written" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert not (tmp_path / "new").exists(), listing(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_refusal_under_torchrun_is_not_retried_by_its_restarts(tmp_path):
+    """A regression: a remote that cannot be written made torchrun run the workers 4 times (--max-restarts 3), each
+    failing on the store, for about 2 minutes. A refusal is remembered in torchrun's store like a terminal stop:
+    each restart ends at once, before building anything."""
+    from conftest import TINY_DATA, run_torchrun
+
+    started = time.monotonic()
+    proc = run_torchrun(["forecast", "train", *TINY_DATA, "--epochs", "1", "--device", "cpu", "--run-dir",
+                         str(tmp_path / "run"), "--remote", "file:///proc/trainers-remote-check"],
+                        extra=["--max-restarts", "3"], check=False)
+    took = time.monotonic() - started
+    assert proc.returncode != 0
+    assert proc.stderr.count("cannot be written") >= 1, proc.stderr[-3000:]
+    assert proc.stderr.count("so this restart does not train") >= 3, proc.stderr[-3000:]  # each restart, at once
+    assert not (tmp_path / "run").exists()
+    print(f"4 attempts in {took:.1f} s")

@@ -100,6 +100,18 @@ def check_gpus(expect: int | None) -> tuple[list[Check], list[GpuInfo]]:
     return checks, gpus
 
 
+def check_versions() -> Check:
+    """torch and the ONNX stack inside the tested range (trainers/versions.py), read without importing them."""
+    from trainers.versions import REQUIRED, problems
+
+    found = problems()
+    if found:
+        return Check("versions", FAIL, found[0] + (f" (and {len(found) - 1} more: {'; '.join(found[1:])})"
+                                                   if len(found) > 1 else ""))
+    return Check("versions", PASS, "torch, onnx, onnxscript and onnxruntime in the tested range ("
+                 + ", ".join(f"{name}{'>=' + '.'.join(map(str, low))}" for name, low, _high, _why in REQUIRED) + ")")
+
+
 def check_torch(n_smi_gpus: int) -> list[Check]:
     import torch
 
@@ -246,7 +258,7 @@ def run_preflight(expect_gpus: int | None, out_dir: str, disk_need: int, nccl: b
                   json_path: str | None, shm_path: str = "/dev/shm", workload=None, usd_per_gpu_hour=None,
                   plan_json: str | None = None) -> int:
     gpu_checks, gpus = check_gpus(expect_gpus)
-    checks = list(gpu_checks)
+    checks = [check_versions(), *gpu_checks]
     if not gpus:  # fail fast: nothing below matters without a GPU
         return _report(checks, json_path)
     if workload is not None:

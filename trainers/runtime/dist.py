@@ -94,8 +94,9 @@ def _job_store(timeout_s: float = 30.0):
 
 
 def remember_terminal_stop(why: str) -> None:
-    """A run ended for good (diverged, the disk full): tell the worker groups torchrun starts after this one,
-    which end at once with it. (A file would not do: the disk may be the thing that is full.)"""
+    """A run ended for good (diverged, the disk full) or was refused (a usage error: the same options meet the same
+    refusal): tell the worker groups torchrun starts after this one, which end at once with it. (A file would not
+    do: the disk may be the thing that is full, and a refusal writes nothing.)"""
     store = _job_store()
     if store is not None and not store.check([TERMINAL_STOP_KEY]):  # the first ending is the one to tell
         store.set(TERMINAL_STOP_KEY, why)

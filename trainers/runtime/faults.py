@@ -118,7 +118,9 @@ def _raise_if_device_lost() -> None:
         import torch
 
         # CUDA's words after a kernel fault (torch raises them as AcceleratorError, a RuntimeError)
-        raise torch.AcceleratorError(f"CUDA error: an illegal memory access was encountered ({_device_lost})")
+        # (torch.AcceleratorError is 2.8's; before it CUDA's errors were plain RuntimeErrors, as it still is one)
+        error = torch.AcceleratorError if hasattr(torch, "AcceleratorError") else RuntimeError
+        raise error(f"CUDA error: an illegal memory access was encountered ({_device_lost})")
 
 
 def memory_limit() -> int | None:

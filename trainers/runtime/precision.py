@@ -114,6 +114,12 @@ class CompiledOrEager:
         self.ran_compiled = False  # a compiled call has returned (a run that stepped nothing compiled nothing)
         self.failures = (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.TritonMissing,
                          torch._inductor.exc.GPUTooOldForTriton)  # (the last two reach us unwrapped)
+        # torch 2.10 added the option that compiles the backward with the forward, inside this call's fallback;
+        # before it, a backward that fails to compile fails at the first backward, outside it (said once)
+        self.backward_with_forward = "force_non_lazy_backward_lowering" in torch._functorch.config.get_config_copy()
+        if not self.backward_with_forward and log is not None:
+            log.info("torch %s compiles the backward at the first backward (force_non_lazy_backward_lowering is "
+                     "2.10's): a backward that fails to compile is not caught by the eager fallback", torch.__version__)
 
     @property
     def is_compiled(self) -> bool:
@@ -122,7 +128,8 @@ class CompiledOrEager:
     def __call__(self, *args, **kwargs):
         if self.error is None:
             try:
-                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True) if \
+                        self.backward_with_forward else contextlib.nullcontext():
                     out = self.compiled(*args, **kwargs)
                 self.ran_compiled = True
                 return out

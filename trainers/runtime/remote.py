@@ -42,7 +42,8 @@ from trainers.runtime.remote_store import (
     Lease,
     bounded,
     check_remote_place,
-    checkpoint_problem,
+    check_remote_run,
+    newest_local_step,
     open_remote,
     put_bytes,
     redact,
@@ -103,58 +104,12 @@ class Mirror:
         """Refuse a remote that holds another run (another config, or checkpoints newer than this folder's:
         its history would be overwritten), or another live writer; then start uploading. `cfg`: the run's
         options (a training run); `config`: the folder's config.json as written (`trainers remote push`)."""
-        self._check_remote_run(cfg, config)
+        check_remote_run(self.fs, self.root, self.url, self.run_dir, cfg, config)
         self.lease.take()  # refuses a second writer before anything is uploaded
         self._thread = threading.Thread(target=self._work, name="remote-mirror", daemon=True)
         self._thread.start()
         threading.Thread(target=self._keep_lease, name="remote-lease", daemon=True).start()
         return self
-
-    def _check_remote_run(self, cfg, config: dict | None) -> None:
-        from trainers.runtime import config as cfgmod
-
-        try:
-            saved = json.loads(self.fs.cat_file(f"{self.root}/config.json"))
-        except FileNotFoundError:
-            saved = None
-        except (ValueError, UnicodeDecodeError):
-            saved = {}
-        if saved is not None and cfg is not None:
-            diffs = cfgmod.incompatible_fields(saved, cfg) if isinstance(saved, dict) else ["not a config"]
-        elif saved is not None and config is not None:  # the same run's config.json is the same JSON
-            diffs = [f"{k}: remote {saved.get(k)!r}, here {config.get(k)!r}" for k in sorted({*saved, *config})
-                     if saved.get(k) != config.get(k)] if isinstance(saved, dict) else ["not a config"]
-        else:
-            diffs = []
-        if diffs:
-            raise UsageError(f"--remote {self.url} holds a run with a different config ({'; '.join(diffs[:3])}); "
-                             f"give this run another --remote; nothing was changed")
-        if cfg is not None and cfg.restart:
-            return  # its checkpoints are the old run's, removed before the first upload (forget_checkpoints)
-        try:
-            listed = [int(m.group(1)) for p in self.fs.ls(f"{self.root}/checkpoints", detail=False)
-                      if (m := META_RE.match(p.rsplit("/", 1)[-1]))]
-        except FileNotFoundError:
-            listed = []
-        remote = [step for step in listed if step > self._newest_local() and
-                  checkpoint_problem(step, self._remote_record(step)) is None]  # (a garbage meta is no checkpoint)
-        if remote:
-            local = self._newest_local()
-            raise UsageError(f"--remote {self.url} holds a newer checkpoint (step {max(remote)}) than {self.run_dir} "
-                             f"({'step ' + str(local) if local >= 0 else 'none'}): to resume from the remote, start "
-                             f"with an empty --run-dir; to go on from this folder, give another --remote; nothing "
-                             f"was changed")
-
-    def _newest_local(self) -> int:
-        folder = self.run_dir / "checkpoints"
-        return max((int(m.group(1)) for p in folder.iterdir() if (m := META_RE.match(p.name))), default=-1) \
-            if folder.is_dir() else -1
-
-    def _remote_record(self, step: int):
-        try:
-            return json.loads(self.fs.cat_file(f"{self.root}/checkpoints/meta_{step:08d}.json"))
-        except (FileNotFoundError, ValueError, UnicodeDecodeError):
-            return None
 
     def sync(self) -> None:
         """Upload every file of the run folder but the checkpoints that changed since its last upload
@@ -286,7 +241,7 @@ class Mirror:
             self._synced[name] = (st.st_size, st.st_mtime_ns)
             self.uploaded_files += 1
         if lost:  # the newest checkpoint again (a resume needs one); the older ones were pruned locally or follow
-            newest = self._newest_local()
+            newest = newest_local_step(self.run_dir)
             if newest >= 0:
                 self._upload_checkpoint(newest)
 

@@ -271,3 +271,55 @@ def bounded(call, seconds: float) -> bool:
     thread.start()
     thread.join(seconds)
     return bool(done and done[0])
+
+
+def check_remote_run(fs, root: str, url: str, run_dir: Path, cfg, config: dict | None) -> None:
+    """Refuse a remote that holds another run: another config (`cfg`, a training run's options; `config`, the
+    folder's config.json as written, for `trainers remote push`), or a complete checkpoint newer than the folder's
+    (its history would be overwritten; a garbage meta is no checkpoint); --restart's old checkpoints are removed."""
+    from trainers.runtime import config as cfgmod
+
+    try:
+        saved = json.loads(fs.cat_file(f"{root}/config.json"))
+    except FileNotFoundError:
+        saved = None
+    except (ValueError, UnicodeDecodeError):
+        saved = {}
+    if saved is not None and cfg is not None:
+        diffs = cfgmod.incompatible_fields(saved, cfg) if isinstance(saved, dict) else ["not a config"]
+    elif saved is not None and config is not None:  # the same run's config.json is the same JSON
+        diffs = [f"{k}: remote {saved.get(k)!r}, here {config.get(k)!r}" for k in sorted({*saved, *config})
+                 if saved.get(k) != config.get(k)] if isinstance(saved, dict) else ["not a config"]
+    else:
+        diffs = []
+    if diffs:
+        raise UsageError(f"--remote {url} holds a run with a different config ({'; '.join(diffs[:3])}); "
+                         f"give this run another --remote; nothing was changed")
+    if cfg is not None and cfg.restart:
+        return  # its checkpoints are the old run's, removed before the first upload (Mirror.forget_checkpoints)
+    try:
+        listed = [int(m.group(1)) for p in fs.ls(f"{root}/checkpoints", detail=False)
+                  if (m := META_RE.match(p.rsplit("/", 1)[-1]))]
+    except FileNotFoundError:
+        listed = []
+    local = newest_local_step(run_dir)
+    newer = [step for step in listed if step > local and checkpoint_problem(step, _record(fs, root, step)) is None]
+    if newer:
+        raise UsageError(f"--remote {url} holds a newer checkpoint (step {max(newer)}) than {run_dir} "
+                         f"({'step ' + str(local) if local >= 0 else 'none'}): to resume from the remote, start "
+                         f"with an empty --run-dir; to go on from this folder, give another --remote; nothing was "
+                         f"changed")
+
+
+def newest_local_step(run_dir: Path) -> int:
+    """The newest checkpoint meta's step in a run folder, -1 for none."""
+    folder = Path(run_dir) / "checkpoints"
+    return max((int(m.group(1)) for p in folder.iterdir() if (m := META_RE.match(p.name))), default=-1) \
+        if folder.is_dir() else -1
+
+
+def _record(fs, root: str, step: int):
+    try:
+        return json.loads(fs.cat_file(f"{root}/checkpoints/meta_{step:08d}.json"))
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None

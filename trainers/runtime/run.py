@@ -26,43 +26,20 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from trainers.errors import RunEnded, UsageError
+from trainers.errors import RunEnded
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
 from trainers.runtime.checkpointer import Checkpointer, Start, Stateful, WriteFailed
 from trainers.runtime.dist import DistContext, barrier
 from trainers.runtime.faults import maybe_inject
 from trainers.runtime.info import run_facts
-from trainers.runtime.lock import LOCK_NAME
 from trainers.runtime.logs import StepLog
 from trainers.runtime.options import RunOptions
 from trainers.runtime.remote import SIGNAL_WAIT_S, start_mirror
 from trainers.runtime.results import ending, merge_results, run_record, write_training
-from trainers.runtime.rundir import Heartbeat, open_run_dir, take_run_folder
+from trainers.runtime.rundir import Heartbeat, open_run_dir, take_run_folder, undone_on_refusal
 from trainers.runtime.stops import AgreementCadence, FiniteWatch, StopAgreement, StopReason, ValidationRecord
 from trainers.runtime.throughput import ThroughputClock
-
-
-def first_missing(folder: Path) -> Path | None:
-    """The outermost of `folder` and its parents that does not exist yet (None: the folder exists)."""
-    missing = None
-    for path in (folder, *folder.parents):
-        if path.exists():
-            return missing
-        missing = path
-    return missing
-
-
-def remove_created(folder: Path, created: Path | None) -> None:
-    """Undo a refused start: the lock file, then each folder from `folder` up to `created` while it is empty."""
-    if created is None:
-        return
-    (folder / LOCK_NAME).unlink(missing_ok=True)
-    for path in (folder, *folder.parents):
-        with contextlib.suppress(OSError):  # (not empty: something else is in it, and it stays)
-            path.rmdir()
-        if path == created:
-            return
 
 
 class Run:
@@ -81,16 +58,10 @@ class Run:
         self.step, self.reason, self._metric_to_save, self._exit = 0, StopReason.NONE, None, contextlib.ExitStack()
 
     def __enter__(self) -> "Run":
-        created = first_missing(self.run_dir)  # (a refusal below removes what the lock created: it writes nothing)
-        lock = take_run_folder(self.run_dir, self.ctx, self.trainer, self.data_fingerprint, self.cfg.restart)
-        self._exit.callback(lambda: lock is not None and lock.release())
-        try:
+        with undone_on_refusal(self.run_dir, self.ctx, self._exit):  # (a remote refused: not even the lock's folder)
+            lock = take_run_folder(self.run_dir, self.ctx, self.trainer, self.data_fingerprint, self.cfg.restart)
+            self._exit.callback(lambda: lock is not None and lock.release())
             self.mirror = self._exit.enter_context(start_mirror(self.cfg.remote, self.run_dir, self.ctx, self.cfg))
-        except UsageError:
-            self._exit.close()
-            if self.ctx.is_main:
-                remove_created(self.run_dir, created)
-            raise
         self.log, self.metrics = open_run_dir(self.run_dir, self.cfg, self.ctx, self.data_fingerprint, self.cfg.restart)
         self._exit.callback(self.metrics.close)
         gpu = device_mod.gpu_like(self.ctx.device, self.cfg.gpu_defaults)  # a GPU deploy's defaults, or rehearsed
@@ -101,8 +72,7 @@ class Run:
         self.val, self.finite = ValidationRecord(self.cfg.patience, self.cfg.min_delta), FiniteWatch()
         self.cadence = AgreementCadence(self.cfg.agree_every, gpu)
         self.stopper = StopAgreement(self.ctx, self.cfg.budget(self.ctx.world_size), counted_from=self.budget_from)
-        self.stopper.install_signal_handlers()
-        self._exit.callback(self.stopper.restore_signal_handlers)
+        self._exit.callback(self.stopper.install_signal_handlers())  # (it returns their restore)
         self.steps = StepLog(self.metrics, self.total_steps, self.ctx.is_main, self.trainer, self.metric_name)
         self._exit.callback(self.steps.close)
         self.clock.entered_at = time.time()
@@ -258,8 +228,7 @@ class Run:
         training = {"stop_reason": self.reason.name.lower(), "signal": self.signal_name, "steps": self.step,
                     "total_steps": self.total_steps, **self.val.summary(self.metric_name), "throughput": throughput,
                     "mfu": self.clock.mfu(throughput["per_s_steady"]), "deterministic": self.cfg.deterministic,
-                    "wall_time_s_this_attempt": time.time() - self.clock.started_at,
-                    **({"budget_stop": self.stopper.budget_stop} if self.stopper.budget_stop else {}),
+                    "wall_time_s_this_attempt": time.time() - self.clock.started_at, **self.stopper.decision(),
                     **run_facts(self.ctx, elapsed, self.cfg.budget(self.ctx.world_size).cost_usd(elapsed)),
                     **summary.pop("training", {})}
         ended = ending(self.reason, self.trainer, self.run_dir, self.signal_name, self.step,

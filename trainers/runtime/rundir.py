@@ -25,7 +25,7 @@ from trainers.runtime import config as cfgmod
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.dist import DistContext, barrier, broadcast_object
 from trainers.runtime.files import DiskFull, atomic_write_json, remove_stale_temp_files
-from trainers.runtime.lock import FolderLock, describe_holder, held_by_other
+from trainers.runtime.lock import LOCK_NAME, FolderLock, describe_holder, held_by_other
 from trainers.runtime.logs import MetricsWriter, get_logger
 
 HEARTBEAT = "heartbeat.json"
@@ -85,6 +85,29 @@ def take_run_folder(run_dir: Path, ctx: DistContext, trainer: str, data_fingerpr
     if check_only:
         raise CheckPassed(f"{trainer}: every check before training passed for {run_dir}")
     return lock
+
+
+@contextlib.contextmanager
+def undone_on_refusal(run_dir: Path, ctx: DistContext, opened: contextlib.ExitStack):
+    """A start refused inside (a remote that cannot be written, after the lock made the run folder) writes nothing:
+    what `opened` holds is closed (the lock released), then the lock file and each folder the start created go."""
+    created = None
+    for path in (run_dir, *run_dir.parents):  # the outermost folder this start will create
+        if path.exists():
+            break
+        created = path
+    try:
+        yield
+    except UsageError:
+        opened.close()
+        if ctx.is_main and created is not None:
+            (run_dir / LOCK_NAME).unlink(missing_ok=True)
+            for path in (run_dir, *run_dir.parents):
+                with contextlib.suppress(OSError):  # (not empty: something else is in it, and it stays)
+                    path.rmdir()
+                if path == created:
+                    break
+        raise
 
 
 def single_process_context(device: str = "cpu") -> DistContext:

@@ -76,6 +76,10 @@ class StopAgreement:
     def elapsed_s(self) -> float:
         return self.elapsed_before_s + (time.monotonic() - self._start)
 
+    def decision(self) -> dict:
+        """results.json's record of a budget stop's decision (none without one)."""
+        return {"budget_stop": self.budget_stop} if self.budget_stop else {}
+
     def request(self, reason: StopReason, signal_name: str | None = None) -> None:
         """This rank wants to stop (agreed at the next agreement). `signal_name`: the signal behind
         it when it came from elsewhere (another worker of a job); the first one named is kept."""
@@ -87,13 +91,15 @@ class StopAgreement:
         self.signal_name = signal.Signals(signum).name
         self.request(StopReason.SIGNAL)
 
-    def install_signal_handlers(self) -> None:
+    def install_signal_handlers(self):
         """SIGTERM and SIGINT stop the run (checkpoint, results, exit 0). SIGHUP — the terminal went
         away — stops it too when the job runs in the foreground of that terminal, and is ignored by
-        a detached job (TRAINERS_ON_HANGUP=ignore, set by the deploy kit), which must outlive it."""
+        a detached job (TRAINERS_ON_HANGUP=ignore, set by the deploy kit), which must outlive it. Returns the call
+        that restores the previous handlers."""
         for sig in HANDLED_SIGNALS:
             self._previous_handlers[sig] = signal.signal(sig, self._on_signal if sig in stop_signals() else
                                                          signal.SIG_IGN)
+        return self.restore_signal_handlers
 
     def restore_signal_handlers(self) -> None:
         for sig, handler in self._previous_handlers.items():
