@@ -280,3 +280,19 @@ def test_a_wall_clock_budget_holds_the_whole_process_with_checkpoint_and_results
     reserve, before = decision["reserve_s"], decision["previous_agreement_elapsed_s"]
     assert before is not None and before + reserve < budget_s <= decision["elapsed_s"] + reserve, decision
     assert t["elapsed_s_all_attempts"] < wall, (wall, t["elapsed_s_all_attempts"])  # the process's start counted
+
+
+def test_the_final_steps_validation_is_in_the_training_record(tmp_path):
+    """A regression (issue 66): a budget's last step, which no evaluation cadence hits, was measured for `best` to
+    pick, but after results.json's training section was built: it recorded a best of 1.861 at step 1400 while the
+    final step, 1594, scored 1.752 and was the checkpoint "best" loaded. Here no cadence step comes at all."""
+    run_dir = tmp_path / "run"
+    run_cli(["gpt", "train", *GPT_TINY, "--batch-tokens", "256", "--max-hours", "0.003", "--eval-every", "100000",
+             "--run-dir", str(run_dir)], check=True)
+    r = read_results(run_dir)
+    t = r["training"]
+    assert t["stop_reason"] == "time_budget" and t["steps"] > 0
+    assert t["best_val"]["step"] == t["steps"] == t["best_val_step"], t["best_val"]
+    assert t["last_val"] == t["best_val"]["value"] is not None
+    meta = json.loads((run_dir / "checkpoints" / f"meta_{t['steps']:08d}.json").read_text())
+    assert meta["metric"] == t["last_val"] and r["evaluation"]["checkpoint_step"] == t["steps"]

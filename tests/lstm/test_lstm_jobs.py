@@ -532,3 +532,15 @@ def test_the_deploys_verdict_counts_the_launchs_own_failures(tmp_path):
         proc = subprocess.run([sys.executable, "-", str(tmp_path / "results.json")], input=verdict, text=True,
                               capture_output=True)
         assert proc.returncode == code, (failed_asked, proc.stdout, proc.stderr)
+
+
+@pytest.mark.parametrize("failing, reason", [("SYN000,SYN001", "failed"), ("SYN001", "partial")])
+def test_a_job_whose_symbols_failed_says_so_in_its_stop_reason(tmp_path, failing, reason):
+    """A regression (issue 66): a job whose every symbol failed recorded "stop_reason": "completed" (exit 1, ok 0,
+    failed 2). Only failures: "failed"; a mix: "partial"; the exit status is 1 either way."""
+    faults = ", ".join(f"{s}@step1:always" for s in failing.split(","))
+    proc = run_cli(["lstm", "train", *TINY[:1], "2", *TINY[2:], "--run-dir", str(tmp_path / "job")],
+                   env={"TRAINERS_FAULT_RAISE": faults})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    t = json.loads((tmp_path / "job" / "results.json").read_text())["training"]
+    assert t["stop_reason"] == reason and t["symbols"]["failed"] == len(failing.split(",")), t

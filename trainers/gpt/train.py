@@ -355,16 +355,12 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
             if run.step_done(step, stream.position(), cfg.batch_tokens, loss=window_loss) != StopReason.NONE:
                 break
 
+        if not run.reason.skips_evaluation:  # (after a signal or a failure no evaluation runs, as in run.finish)
+            with run.timing("evaluation"):  # before the summary and results.json's training section are written
+                score_the_last_checkpoint(run, ctx, lambda: validation_loss(
+                    model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx, precision, utf8)["loss"])
+
         def final_evaluation() -> dict | None:
-            # The last step (saved at the stop) was not evaluated unless the cadence hit it; at the end
-            # of a wsd cooldown it is often the best: measure it, so "best" can pick it.
-            newest = run.ckpt.manager.complete_steps()[:1]
-            if newest and (run.ckpt.manager.meta(newest[0]) or {}).get("metric") is None:
-                last = validation_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx,
-                                       precision, utf8)
-                if ctx.is_main:
-                    run.ckpt.manager.record_metric(newest[0], last["loss"])
-                barrier(ctx)
             best = run.restore_best()
             result = validation_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx, precision,
                                      utf8)
@@ -383,6 +379,22 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
         summary = summary_of(cfg, corpus, shape, len(train_np), len(val_np), model, run, step, parallel, checkpointing,
                              compile_facts(compiled, ctx), precision.name, accum, memory, stream)
         return run.finish(summary, evaluate=final_evaluation)
+
+
+def score_the_last_checkpoint(run: Run, ctx: DistContext, measure) -> None:
+    """The newest checkpoint (the stop's) is unscored unless the evaluation cadence hit its step (a budget's end,
+    where the steps are not known); at the end of a wsd cooldown it is often the best. Collective: `measure()` (the
+    validation loss) goes into the run's validation record (results.json's best and last) and into its meta (what
+    `best` picks from). It went into the meta alone, so a run's best_val said step 1400 while the step 1594 it
+    loaded scored lower."""
+    newest = run.ckpt.manager.complete_steps()[:1]
+    if not newest or (run.ckpt.manager.meta(newest[0]) or {}).get("metric") is not None:
+        return
+    loss = measure()
+    run.val.update(newest[0], loss, run.metric_name, run.log, run.metrics)
+    if ctx.is_main:
+        run.ckpt.manager.record_metric(newest[0], loss)
+    barrier(ctx)
 
 
 def gradient_sync(train_model, sync: bool):

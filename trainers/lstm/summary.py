@@ -150,8 +150,8 @@ def _job_summary(job_dir: Path, cfg, plan, attempt: dict, ctx, device, stop: dic
     phase_seconds = {k: float(sum(p.get(k) or 0.0 for p in phases)) for k in sorted({k for p in phases for k in p})}
     if stop and stop.get("reason") in STOPPED:
         reason = stop["reason"]
-    elif asked["ok"] + asked["failed"] == len(plan.symbols):
-        reason = "completed"
+    elif asked["ok"] + asked["failed"] == len(plan.symbols):  # every symbol asked for ended: how, in one word
+        reason = "failed" if asked["failed"] and not asked["ok"] else "partial" if asked["failed"] else "completed"
     else:
         reason = "incomplete"
     budget = Budget(cfg.max_hours, cfg.budget_usd, cfg.usd_per_gpu_hour, attempt["devices"])
