@@ -64,6 +64,12 @@ def check() -> None:
                                      if len(found) > 1 else ""))
 
 
+def installed_release(name: str, parts: int) -> str | None:
+    """The installed distribution's release to `parts` numbers ('2.13' for torch 2.13.0+cpu), or None."""
+    version = _installed(name)
+    return None if version is None else ".".join(map(str, release(version)[:parts]))
+
+
 def _installed(name: str) -> str | None:
     try:
         return metadata.version(name)

@@ -328,7 +328,11 @@ def test_the_gpu_configuration_rehearsed_on_a_cpu_keeps_the_contract(variant, wo
     one = read_results(c.run_of(ref_dir, {"training": {"stopped_by": {"symbol": "SYN000"}}}))["training"]
     assert one["throughput"]["checkpoint_writes_behind_s"] > 0 or "fsdp" in variant  # FSDP2 shards: written in the loop
     if name in ("forecast", "gpt"):
-        assert one.get("compiled") and one.get("precision") == "bf16"
+        from trainers.gpt.train import recompute_refused
+
+        eager_here = recompute_refused(True) if variant == "gpt-fsdp" else None  # (torch 2.7: CheckpointError)
+        assert one.get("precision") == "bf16" and (one.get("compiled") if eager_here is None else
+                                                   (one.get("compile_error") or "").endswith(eager_here)), one
 
     # SIGKILL: resumes from a complete checkpoint, ends equal. With the saves written behind the loop this is also
     # --ckpt-async's SIGKILL case (a test of its own repeated the forecaster's without compile and bf16).

@@ -648,7 +648,17 @@ def test_the_committed_plans_are_what_their_commands_print_now(name, tmp_path, c
     out = tmp_path / name
     assert main(["plan", *QUOTED_PLANS[name], "--json", str(out)]) == 0
     capsys.readouterr()
-    assert json.loads(out.read_text()) == json.loads((REPO / "bench/results" / name).read_text())
+    now, committed = json.loads(out.read_text()), json.loads((REPO / "bench/results" / name).read_text())
+    if now["measured_with_torch"] != committed["measured_with_torch"]:
+        # another torch saves other tensors for backward, where a small model's activations are measured on the CPU
+        # (plan.saved_bytes): those figures, and what adds them up, are the committed torch's; the rest is the same
+        for plan_json in (now, committed):
+            plan_json.pop("measured_with_torch")
+            for strategy in plan_json.get("strategies", {}).values():
+                for measured in ("activations", "overhead", "total"):  # (the allocator overhead is a share of them)
+                    strategy.get("memory_bytes", {}).pop(measured, None)
+                strategy.pop("headroom_bytes", None)
+    assert now == committed
 
 
 def test_the_plan_sizes_what_the_run_leaves_to_the_device_for_the_planned_gpu_and_workers():

@@ -189,6 +189,23 @@ def every_rank_compiles(ctx: DistContext, failures: tuple) -> str | None:
     return f"rank {failed[0]} cannot compile, so no rank does (FSDP2): {every[failed[0]]}" if failed else None
 
 
+COMPILED_FSDP_RECOMPUTE_FROM = (2, 13)  # the oldest torch seen to recompute a compiled FSDP2 block as its forward did
+
+
+def recompute_refused(checkpointing: bool) -> str | None:
+    """Why a compiled FSDP2 block with activation checkpointing must train eager on this torch, or None. torch 2.7's
+    recomputation in the backward met other tensors than the compiled forward saved (CheckpointError: "Recomputed
+    values ... have different metadata"; the floor pass's gpt-fsdp contract); 2.13's does not, and the versions
+    between are untested, so they are taken as 2.7 is. The same on every rank (the same torch)."""
+    from trainers.versions import release
+
+    if not checkpointing or release(torch.__version__)[:2] >= COMPILED_FSDP_RECOMPUTE_FROM:
+        return None
+    return (f"torch {torch.__version__} recomputes a compiled FSDP2 block with other tensors than its forward saved "
+            f"(CheckpointError), so this run trains eager; torch>={'.'.join(map(str, COMPILED_FSDP_RECOMPUTE_FROM))} "
+            f"compiles it, and so does --activation-checkpointing off")
+
+
 def materialise(model: GPT, parallel: str, seed: int, ctx: DistContext) -> None:
     """Allocate the weights on the device and draw them. DDP: the same draw on every rank. FSDP:
     each rank draws its own shards (a stream per rank), so no rank ever holds the full model."""
@@ -251,7 +268,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
         materialise(model, parallel, cfg.seed, ctx)
         compiled = eager_when_compile_fails(model, log) if compile_blocks else None
         if compiled is not None and parallel == "fsdp" and ctx.distributed:
-            refused = every_rank_compiles(ctx, compiled.failures)
+            refused = every_rank_compiles(ctx, compiled.failures) or recompute_refused(checkpointing)
             if refused:
                 compiled.fall_back(refused)
         n_params = count_parameters(model)  # DTensors count their global size

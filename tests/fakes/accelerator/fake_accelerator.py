@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -603,6 +604,10 @@ def steady_step_syncs(record: dict | FakeAccelerator, first_steady: int = 2) -> 
 def activate_for_process() -> FakeAccelerator:
     """What sitecustomize calls once torch is imported: the fake for the whole process (device index =
     LOCAL_RANK, as CUDA's would be), the run instrumented, the record written at exit."""
+    # torch._dynamo's import, on torch below 2.10, maps builtins to tensor methods by calling them and asserts that no
+    # torch-function mode took the call (the fake's would): imported first, before the fake's modes are entered
+    if tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 10):
+        importlib.import_module("torch._dynamo")
     acc = FakeAccelerator(int(os.environ.get("LOCAL_RANK", "0"))).__enter__()
     instrument_run(acc)
     folder = os.environ.get("TRAINERS_FAKE_ACCELERATOR_LOG")
