@@ -604,7 +604,12 @@ job_command() {  # job_command status|attach|stop ARGS...
   if [[ -z "$OUT" ]]; then
     if [[ -d /workspace/output ]]; then OUT=/workspace/output; else OUT="$PWD/output"; fi
   fi
-  [[ -d "$OUT" ]] || die "--out '$OUT' is not a folder a deploy wrote"
+  if [[ ! -d "$OUT" ]]; then  # (the default: the quick start's --out runs is the usual one given instead)
+    local found
+    found=$(find . -maxdepth 2 -name 'deploy-*.state' -printf '%h\n' 2>/dev/null | sed 's|^\./||' | sort -u | paste -sd' ' -)
+    [[ -z "$found" ]] || die "--out '$OUT' is not a folder a deploy wrote; deploys wrote here: $found (e.g. --out ${found%% *})"
+    die "--out '$OUT' is not a folder a deploy wrote (give the --out the deploy was given)"
+  fi
   OUT="$(cd "$OUT" && pwd)"
   if [[ -z "$TRAINER" ]]; then
     local states=("$OUT"/deploy-*.state)

@@ -409,3 +409,13 @@ def test_the_lstm_packs_jobs_per_gpu_into_torchrun_workers(tmp_path):
                         (["--symbols", "A", "--tickers-file", "f"], "give --symbols or --tickers-file, not both")):
         proc, _ = deploy(tmp_path, "--dry-run", "--trainer", "lstm", *bad)
         assert proc.returncode == 2 and needle in proc.stderr
+
+
+def test_status_without_out_names_the_folders_deploys_wrote(tmp_path):
+    """A newcomer's first hour (issue 66): the quick start deploys into runs/, `status` looks in output/ by default,
+    and its refusal did not say where to look. It names the folders holding a deploy's state now."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "deploy-forecast.state").write_text("trainer=forecast\nstate=finished\n")
+    proc = subprocess.run(["bash", str(ROOT / "deploy_8gpu.sh"), "status"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "TRAINERS_PYTHON": sys.executable})
+    assert proc.returncode != 0 and "deploys wrote here: runs (e.g. --out runs)" in proc.stderr, proc.stderr
