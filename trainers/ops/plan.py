@@ -436,7 +436,7 @@ def format_plan(p: Plan, w: Workload) -> str:
     lines.append(f"  {'fits (GiB)':<16}" + "".join(f"{headroom(s):>{COLUMN}}" for s in shown))
     lines.append(f"plan: {p.chosen}" if p.chosen else f"does NOT fit: {p.fix}")
     t = p.time
-    lines.append(f"step: {t['items_per_step']:,.0f} {w.unit}, compute {t['compute_s'] * 1e3:,.1f} ms + gradient "
+    lines.append(f"step: {t['items_per_step']:,.0f} {w.unit} (the global batch, over all {p.gpus} GPU(s)), compute {t['compute_s'] * 1e3:,.1f} ms + gradient "
                  f"traffic {t['communication_s'] * 1e3:,.1f} ms at MFU {percent(p.mfu['value'])} ({p.mfu['source']})"
                  + (f", but at least {t['step_s'] * 1e3:.0f} ms a step ({t.get('step_floor_why', w.min_step_why)})"
                     if t.get("launch_bound") else "")
