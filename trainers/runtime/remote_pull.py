@@ -16,7 +16,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -32,6 +31,7 @@ from trainers.runtime.remote_store import (
     mounted_folder,
     open_remote,
     put_bytes,
+    read_meta,
     redact,
     sha256_bytes,
 )
@@ -40,9 +40,6 @@ from trainers.runtime.remote_store import (
 def holds_a_run(run_dir: Path) -> bool:
     return (run_dir / "config.json").exists() or any((run_dir / "checkpoints").glob("meta_*.json")) or \
         any(run_dir.glob("symbols/*/config.json"))
-
-
-CHECKPOINT_FILE = re.compile(r"^(?:(?:model|rank\d{3}|consolidated)_\d{8}\.pt|shards_\d{8}/[^/]+)$")
 
 
 def safe_name(name: str) -> bool:
@@ -63,7 +60,7 @@ def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None, check_only:
     fs, root = open_remote(url)
     check_remote_place(fs, root, url, run_dir)
     names = [p[len(root) + 1:] for p in fs.find(root)]
-    candidates = _candidates(fs, root, [n for n in names if n.startswith("checkpoints/")], log, check_only)
+    candidates = _candidates(fs, root, [n for n in names if n.startswith("checkpoints/")])
     if "config.json" not in names and not candidates:
         return None
     Lease(fs, root, run_dir, redact(url)).refuse_if_held()  # a second writer is refused before anything is pulled
@@ -73,7 +70,7 @@ def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None, check_only:
         except (ValueError, UnicodeDecodeError):
             raise UsageError(f"--remote {redact(url)}: its config.json is not JSON; nothing was changed") from None
         config_from = None
-    else:  # (the record of a checkpoint the pull may yet pass over: checked again below against what is pulled)
+    else:
         config_from = next(iter(candidates))
         saved = candidates[config_from].get("config")
     if cfg is not None:
@@ -95,17 +92,16 @@ def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None, check_only:
         plain = [n for n in names if n.rsplit("/", 1)[-1] != LEASE and "checkpoints/" not in n]
         for name in plain:
             _write(stage / name, fs.cat_file(f"{root}/{name}"))
-        pulled, records = [], {}
+        pulled = []
         for folder in sorted({n.rsplit("checkpoints/", 1)[0] for n in names if "checkpoints/" in n}):
-            step, record = _pull_checkpoints(fs, f"{root}/{folder}checkpoints", stage / folder / "checkpoints", log)
+            step = _pull_checkpoints(fs, f"{root}/{folder}checkpoints", stage / folder / "checkpoints", log)
             if step is None:
                 raise UsageError(f"--remote {redact(url)}: no checkpoint of {folder or 'the run'} is complete and passes "
                                  f"its SHA-256 check (above); nothing was changed. Add --restart to train it again "
                                  f"from step 0 (the remote's checkpoints are then removed), or give another --remote")
             pulled.append(f"{folder or './'} step {step}")
-            records[folder] = record
-        if config_from is not None:  # the config of the checkpoint actually pulled
-            _write(stage / "config.json", json.dumps(records[""].get("config"), indent=1).encode())
+        if config_from is not None:  # the config the options were checked against (one run's checkpoints share it)
+            _write(stage / "config.json", json.dumps(saved, indent=1).encode())
             log(f"--remote {redact(url)} holds no config.json (a store emptied and written again?): it is the one "
                 f"the pulled checkpoint's meta records")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -120,37 +116,25 @@ def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None, check_only:
     return f"{len(plain)} files and checkpoints ({'; '.join(pulled) or 'none'})"
 
 
-def _candidates(fs, root: str, names: list[str], log, quiet: bool) -> dict[int, dict]:
-    """The run's own checkpoints (not a nested job's) whose meta describes a complete checkpoint, newest first,
-    by step: their records. The config of a remote without config.json comes from the first."""
+def _candidates(fs, root: str, names: list[str]) -> dict[int, dict]:
+    """The run's own checkpoints (not a nested job's) whose meta describes a complete checkpoint and records its
+    config, newest first, by step: their records. The config of a remote without config.json comes from the first.
+    (Quiet: the pull names each meta it passes over, once.)"""
     steps = sorted((int(m.group(1)) for n in names if (m := META_RE.match(n.removeprefix("checkpoints/")))),
                    reverse=True)
-    records = {}
-    for step in steps:
-        record = _read_record(fs, f"{root}/checkpoints", step)
-        problem = checkpoint_problem(step, record)
-        if problem is None and isinstance(record.get("config"), dict):
-            records[step] = record
-        elif not quiet:
-            log(f"remote checkpoint step {step}: {problem or 'its meta records no config'}; passed over")
-    return records
+    records = {step: read_meta(fs, f"{root}/checkpoints", step) for step in steps}
+    return {step: r for step, r in records.items()
+            if checkpoint_problem(step, r) is None and isinstance(r.get("config"), dict)}
 
 
-def _read_record(fs, remote: str, step: int):
-    try:
-        return json.loads(fs.cat_file(f"{remote}/meta_{step:08d}.json"))
-    except (ValueError, UnicodeDecodeError, FileNotFoundError):
-        return None
-
-
-def _pull_checkpoints(fs, remote: str, local: Path, log) -> tuple[int | None, dict | None]:
+def _pull_checkpoints(fs, remote: str, local: Path, log) -> int | None:
     """The newest remote checkpoint that is complete (checkpoint_problem: every file of its step listed) and whose
     files all match their SHA-256, and the best one (lowest metric) when it is another; data first, meta last. Each
-    one passed over is named and set aside on the remote. The newest one's step and record (None: none verifies)."""
+    one passed over is named and set aside on the remote. The newest one's step (None: none verifies)."""
     names = [p.rsplit("/", 1)[-1] for p in fs.ls(remote, detail=False)]
     records = {}
     for step in sorted((int(m.group(1)) for n in names if (m := META_RE.match(n))), reverse=True):
-        record = _read_record(fs, remote, step)
+        record = read_meta(fs, remote, step)
         problem = checkpoint_problem(step, record)
         if problem is None:
             records[step] = record
@@ -169,7 +153,7 @@ def _pull_checkpoints(fs, remote: str, local: Path, log) -> tuple[int | None, di
         if newest is None or step == newest or (step not in tried and
                                                  _pull_one(fs, remote, local, step, records[step], log)):
             break
-    return newest, records.get(newest)
+    return newest
 
 
 def _pull_one(fs, remote: str, local: Path, step: int, record: dict, log) -> bool:

@@ -303,7 +303,8 @@ def check_remote_run(fs, root: str, url: str, run_dir: Path, cfg, config: dict |
     except FileNotFoundError:
         listed = []
     local = newest_local_step(run_dir)
-    newer = [step for step in listed if step > local and checkpoint_problem(step, _record(fs, root, step)) is None]
+    newer = [step for step in listed if step > local and
+             checkpoint_problem(step, read_meta(fs, f"{root}/checkpoints", step)) is None]
     if newer:
         raise UsageError(f"--remote {url} holds a newer checkpoint (step {max(newer)}) than {run_dir} "
                          f"({'step ' + str(local) if local >= 0 else 'none'}): to resume from the remote, start "
@@ -318,8 +319,10 @@ def newest_local_step(run_dir: Path) -> int:
         if folder.is_dir() else -1
 
 
-def _record(fs, root: str, step: int):
+def read_meta(fs, folder: str, step: int):
+    """A remote checkpoint folder's meta of `step` as JSON, or None when it is gone or not JSON (checkpoint_problem
+    then says why it is no checkpoint)."""
     try:
-        return json.loads(fs.cat_file(f"{root}/checkpoints/meta_{step:08d}.json"))
+        return json.loads(fs.cat_file(f"{folder}/meta_{step:08d}.json"))
     except (FileNotFoundError, ValueError, UnicodeDecodeError):
         return None
