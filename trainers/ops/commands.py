@@ -11,6 +11,7 @@ from trainers.errors import UsageError
 from trainers.ops.devices import DEVICES, TABLE_DATE
 from trainers.ops.package import package_run
 from trainers.ops.plan import compare, duration, format_plan, plan
+from trainers.ops.status import read_capped
 from trainers.registry import trainer_config, trainer_module
 from trainers.runtime.config import FLOAT_MAX, check_folder_writable
 from trainers.runtime.files import atomic_write_json
@@ -41,14 +42,9 @@ MAX_PRICE = FLOAT_MAX  # what --usd-per-gpu-hour accepts (every number option's 
 def read_prices(path: str | None, fallback: float | None, gpu: str) -> dict[str, float]:
     if path is None:
         return {gpu: fallback} if fallback else {}
-    if not Path(path).is_file():  # (/dev/zero or a FIFO: read without end)
-        raise UsageError(f"--prices {path}: not a plain file; give a JSON file of GPU -> USD per hour")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(PRICES_CAP + 1)
-        if len(raw) > PRICES_CAP:
-            raise UsageError(f"--prices {path}: over {PRICES_CAP >> 10} KiB; a price list is a few lines of JSON")
-        data = json.loads(raw)
+    try:  # (/dev/zero or a FIFO would be read without end)
+        data = json.loads(read_capped(Path(path), PRICES_CAP, f"--prices {path}", "give a JSON file of GPU -> USD "
+                                      "per hour, a few lines"))
     except (OSError, ValueError, RecursionError) as exc:
         raise UsageError(f"--prices {path}: not a readable JSON object of GPU -> USD per hour ({exc})") from None
     if not isinstance(data, dict):

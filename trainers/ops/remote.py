@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 from trainers.errors import UsageError
+from trainers.ops.status import STATE_CAP, read_capped
+from trainers.runtime.config import saved_config
 from trainers.runtime.remote import Mirror
 from trainers.runtime.remote_store import (
     LEASE,
@@ -58,7 +60,8 @@ def _local_inputs(args) -> tuple[bytes | None, dict | None, list[Path]]:
     config.json, the --file paths)."""
     if args.state is not None:
         try:
-            return read_capped(Path(args.state), STATE_CAP, "--state"), None, []
+            return read_capped(Path(args.state), STATE_CAP, f"--state {args.state}", "give the deploy's state file "
+                               "(<out>/deploy-<trainer>.state)"), None, []
         except FileNotFoundError:
             raise UsageError(f"--state {args.state}: no such file") from None
     if args.run_dir is None:
@@ -66,33 +69,14 @@ def _local_inputs(args) -> tuple[bytes | None, dict | None, list[Path]]:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir} is not a folder")
-    try:
-        config = json.loads((run_dir / "config.json").read_text())
-    except FileNotFoundError:
-        raise UsageError(f"--run-dir {run_dir} holds no config.json: not a run folder a training run wrote") from None
-    except (ValueError, UnicodeDecodeError):
-        raise UsageError(f"{run_dir / 'config.json'} is not JSON; it was not written by a training run") from None
-    if not isinstance(config, dict):
-        raise UsageError(f"{run_dir / 'config.json'} holds a {type(config).__name__}, not a config")
+    config = saved_config(run_dir)  # (garbage there: one line, as for training)
+    if config is None:
+        raise UsageError(f"--run-dir {run_dir} holds no config.json: not a run folder a training run wrote")
     files = [Path(f) for f in args.file]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise UsageError(f"--file {', '.join(missing)}: no such file")
     return None, config, files
-
-
-STATE_CAP = 1 << 20  # a deploy's state file is a few hundred bytes
-
-
-def read_capped(path: Path, cap: int, what: str) -> bytes:
-    """A file of the user's, at most `cap` bytes (a FIFO or /dev/zero is refused, not read without end)."""
-    if path.exists() and not path.is_file():
-        raise UsageError(f"{what} {path} is not a plain file")
-    with open(path, "rb") as f:
-        data = f.read(cap + 1)
-    if len(data) > cap:
-        raise UsageError(f"{what} {path} is over {cap >> 20} MiB: not a file this kit wrote")
-    return data
 
 
 def _push(args, state: bytes | None, config: dict | None, files: list[Path]) -> int:

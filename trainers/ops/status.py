@@ -29,17 +29,27 @@ from trainers.runtime.lock import is_locked
 STATE_CAP = 1 << 20  # a deploy's state file is a few hundred bytes
 
 
+def read_capped(path: Path, cap: int, name: str, holds: str) -> bytes:
+    """A file a user points at (`name`: how messages name it; `holds`: what it should be), read whole but at most
+    `cap` bytes: a FIFO or a device (/dev/zero) in its place is refused, as is a larger file, in one line each,
+    never read without end. A missing file raises FileNotFoundError, for the caller's words."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise UsageError(f"{name}: not a plain file; {holds}")
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        size = f"{cap >> 20} MiB" if cap >= 1 << 20 else f"{cap >> 10} KiB"
+        raise UsageError(f"{name}: over {size}; {holds}")
+    return data
+
+
 def read_state(path: Path) -> dict:
     """The deploy's key=value lines; bytes that are not UTF-8 become U+FFFD (shown, not fatal). A FIFO or device
     in its place is refused (a read would block, or never end), and so is a file with no key=value line at all (the
     deploy writes it whole: empty is a file truncated or replaced by hand: `unreadable_state`)."""
-    if not path.is_file():
-        raise UsageError(f"{path} is not a plain file (a deploy writes its state as one); move it away and rerun "
-                         f"the deploy to write it again")
-    with open(path, "rb") as f:
-        data = f.read(STATE_CAP + 1)
-    if len(data) > STATE_CAP:
-        raise UsageError(f"{path} is over {STATE_CAP >> 20} MiB: not a state file a deploy wrote")
+    data = read_capped(path, STATE_CAP, str(path), "a deploy writes its state as a plain file of a few key=value "
+                                                   "lines; move it away and rerun the deploy to write it again")
     state = {}
     for line in data.decode(errors="replace").splitlines():
         key, sep, value = line.partition("=")
