@@ -31,7 +31,8 @@ import pytest
 
 from conftest import ROOT
 
-READMES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "trainers").glob("*/README.md"))]
+READMES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")),
+           *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "trainers").glob("*/README.md"))]
 MARK = re.compile(r"<!--\s*(claim|external):\s*(.*?)\s*-->", re.S)
 UNITS = (r"(?:ms|s|min|h|hours?|minutes?|seconds?|GB|GiB|MB|MiB|KiB|kB|TB/s|GB/s|TFLOP/s|"
          r"[a-zA-Z_]+/s)")

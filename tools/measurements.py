@@ -1,0 +1,97 @@
+"""docs/measurements.md, made from bench/results/index.json and the JSONs it names.
+
+    python tools/measurements.py            # rewrite docs/measurements.md
+    python tools/measurements.py --check    # exit 1 when the page is not what this prints (CI: test_measurements)
+
+Every figure is read from its file and printed at the digits the index gives, with a claim mark naming that one
+number, so the page can neither drift from its measurements nor be edited by hand. The machine, versions,
+commit and command of each row come from the measured file itself ("not recorded" where it has none)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+INDEX = ROOT / "bench" / "results" / "index.json"
+PAGE = ROOT / "docs" / "measurements.md"
+NOT_RECORDED = "not recorded"
+
+
+def leaf(record, key: str):
+    node = record
+    for part in key.split("."):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        raise ValueError(f"{key} is not one number: {type(node).__name__}")
+    return node
+
+
+def figure_text(value: float, figure: dict, file: str) -> str:
+    scale = figure.get("scale", 1)
+    digits = figure["digits"]
+    option = f" scale={scale}" if scale != 1 else ""
+    unit = figure["unit"]
+    joined = "" if unit.startswith("%") else " "
+    return (f"{value * scale:,.{digits}f}{joined}{unit}"
+            f" <!-- claim: {file}#{figure['key']}{option} -->")
+
+
+def provenance(record: dict) -> dict:
+    """What the measured file says of where it ran: the device's name, torch, the commit and the command."""
+    versions = record.get("versions") if isinstance(record.get("versions"), dict) else {}
+    device = record.get("device") if isinstance(record.get("device"), str) else None
+    if device in (None, "auto", "cpu", "cuda", "x86_64"):
+        device = None
+    commit = record.get("git_commit") if isinstance(record.get("git_commit"), str) else None
+    return {"device": device, "torch": versions.get("torch") or NOT_RECORDED,
+            "commit": commit[:7] if commit else NOT_RECORDED,
+            "dirty": record.get("git_dirty"), "by_hand": "measured_tree_note" in record,
+            "date": str(record.get("measured_at") or record.get("date") or NOT_RECORDED)[:10],
+            "command": record.get("command") if isinstance(record.get("command"), str) else NOT_RECORDED}
+
+
+def render(index: dict) -> str:
+    lines = ["# Measurements", "",
+             "The latest result of each benchmark on each device, made by `python tools/measurements.py` from",
+             "[`bench/results/index.json`](../bench/results/index.json) and the JSON files it names; do not edit it by",
+             "hand (a test compares it with the generator's output). Each figure is read from its file. The device,",
+             "torch, commit and date are what that file recorded when the benchmark ran; the commands are below the",
+             "table. The CPU rows ran on the 2-core, no-GPU development machine (a shared VM: seconds move between",
+             "runs). Older results are in git's history. Back to the [README](../README.md).", "",
+             "| measured | figures | device | torch | commit | date |", "| --- | --- | --- | --- | --- | --- |"]
+    commands = []
+    for n, row in enumerate(index["rows"], 1):
+        file = row["file"]
+        record = json.loads((ROOT / file).read_text())
+        facts = provenance(record)
+        figures = "; ".join(figure_text(leaf(record, f["key"]), f, file) for f in row["figures"])
+        note = f" ({row['note']} <!-- external: {row['note_source']} -->)" if row.get("note_source") else (
+            f" ({row['note']})" if row.get("note") else "")
+        device = f"`{facts['device']}`" if facts["device"] else f"`{row['device']}` (the index's word: the file names none)"
+        commit = facts["commit"] + (" (dirty tree)" if facts["dirty"] else "") + (
+            " (set by hand afterwards: the file's measured_tree_note says why)" if facts["by_hand"] else "")
+        lines.append(f"| {n}. {row['what']}{note} | {figures} | {device} | {facts['torch']} | {commit} | "
+                     f"{facts['date']} |")
+        commands.append(f"{n}. [`{file.removeprefix('bench/results/')}`](../{file}): `{facts['command']}`")
+    return "\n".join(lines + ["", "## The commands", "", *commands, ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when the page differs from what is printed")
+    args = parser.parse_args(argv)
+    page = render(json.loads(INDEX.read_text()))
+    if args.check:
+        if not PAGE.is_file() or PAGE.read_text() != page:
+            print(f"{PAGE} is not what tools/measurements.py makes: run it", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(page)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
