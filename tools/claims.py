@@ -1,0 +1,265 @@
+"""The claims guard: every figure a page publishes is tied to the one number it was measured as.
+
+    python tools/claims.py [PAGE ...]     # the problems of each page (all of them without arguments); exit 1 if any
+
+A measured figure is followed by `<!-- claim: bench/results/FILE.json#dotted.path -->`, which names exactly one
+number: a leaf of the JSON (an index into a list counts as a key), never an object or a list. The mark ties to the
+last number printed before it, after the previous mark, within its paragraph, list item or table row; that
+number must equal the JSON's at the printed precision (`12.3` is 12.25 to 12.35; `3.0e-08` compares its mantissa's
+digits). Thousands separators and `−` are read; a figure printed with `%` is compared with the leaf and with the leaf
+x 100 (a fraction); `scale=K` multiplies the leaf first (`scale=1000` for seconds printed in ms); `abs` compares
+magnitudes (a loss printed as a gap).
+
+A figure from outside this repository (a seed's projection, a paper, another project's log, a vendor's default)
+is followed by `<!-- external: SOURCE -->` instead, which names its source and covers the measured-looking
+numbers before it in its span. A figure measured here is never external: a source that names this repository's
+files, a log or work done by hand is refused.
+
+Measured-looking, and so needing a mark: a number with a decimal point, a percentage, or a count followed by a
+unit of time, size, rate or speed-up (`12.3 s`, `48.9 %`, `518 graphs/s`, `3.9x`; a range's first end takes the
+unit of its second, `10-20 %`), outside code spans, code blocks and link targets; in a table, also a cell holding
+only a number under a header that names a unit. Dates, versions (`torch 2.13`), commits, products (`H100 80GB
+HBM3`, `64 x depth`) and plain counts are not; a count that is a measurement is marked all the same (the mark then
+checks it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = re.compile(r"<!--\s*(claim|external):\s*(.*?)\s*-->", re.S)
+UNITS = (r"(?:ms|s|min|h|hours?|minutes?|seconds?|GB|GiB|MB|MiB|KiB|kB|TB/s|GB/s|TFLOP/s|"
+         r"[a-zA-Z_]+/s)")
+NUMBER = re.compile(r"(?:(?<![\w.\-/])|(?<=\d[-–]))([+\-−]?\d[\d,]*(?:\.\d+)?(?:[eE][+\-]?\d+)?)"
+                    r"(\s?%|\s?" + UNITS + r"(?![\w/])|[x×](?![\w/]))?")
+RANGE_UNIT = re.compile(r"[-–]\d[\d,]*(?:\.\d+)?(?:\s?%|\s?" + UNITS + r"(?![\w/])|[x×](?![\w/]))")
+VERSIONED = re.compile(r"(?:Python|torch|PyTorch|Lightning|podman|CUDA|NCCL|Debian|Ubuntu|onnxruntime|yfinance|"
+                       r"NumPy|pandas|gymnasium|pip)\s?(?:[≥≤<>=]=?\s?)?$")
+PRODUCT_AFTER = re.compile(r"GB HBM|GB PCIe|GB SXM|-SXM|-PCIe")
+HEADER_UNIT = re.compile(r"(?<![\w/])(?:%|" + UNITS + r")(?![\w/])")
+ROW_BOUNDARY = re.compile(r"\n\n|\n[ \t]*\||\n[ \t]*(?:[-*+]|\d+\.)[ \t]")
+# an external source may not be this repository's own measurement
+NOT_EXTERNAL = re.compile(r"bench/|\.json\b|\.log\b|\bby hand\b|\bthis repo|\bmeasured here\b|\bour\b", re.I)
+
+
+def pages() -> list[str]:
+    """Every page the guard reads: the README, docs/, each trainer's README and the READMEs of the results."""
+    found = ["README.md"]
+    found += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
+    found += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "trainers").glob("*/README.md"))
+    return found
+
+
+def prose(text: str) -> str:
+    """The text with code blocks, code spans, link targets and HTML comments other than marks blanked (replaced
+    by spaces, so positions stay)."""
+    def blank(m: re.Match) -> str:
+        return re.sub(r"[^\n]", " ", m.group(0))
+
+    text = re.sub(r"```.*?```", blank, text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", blank, text)
+    text = re.sub(r"\]\([^)]*\)", blank, text)
+    text = re.sub(r"https?://\S+", blank, text)
+    return re.sub(r"<!--(?!\s*(?:claim|external):).*?-->", blank, text, flags=re.S)
+
+
+class Figure:
+    """A number printed on a page: where, as printed, its decimals (None: e-notation), whether it is
+    measured-looking (needs a mark) and whether it carries a percent sign."""
+
+    def __init__(self, pos: int, end: int, printed: str, decimals: int | None, measured: bool, percent: bool):
+        self.pos, self.end, self.printed, self.decimals = pos, end, printed, decimals
+        self.measured, self.percent = measured, percent
+
+    def __repr__(self) -> str:
+        return f"Figure({self.printed!r} at {self.pos})"
+
+
+def numbers_in(text: str) -> list[Figure]:
+    """Every number of the text (marks blanked first), measured-looking or not, without dates, versions, product
+    names and numbers inside words (`H200`, `d12`)."""
+    out: dict[int, Figure] = {}
+    for m in NUMBER.finditer(text):
+        number, unit = m.group(1), (m.group(2) or "").strip()
+        start = m.start(1)
+        if re.match(r"\d{4}-\d\d", text[start:start + 7]) or re.search(r"\d{4}-\d\d-$", text[max(0, start - 8):start]):
+            continue  # a date
+        if re.match(r"[\d.]+\.\d+\.\d+", text[start:]) or VERSIONED.search(text[max(0, start - 20):start]):
+            continue  # a version
+        if PRODUCT_AFTER.match(text, m.end(1)):
+            continue  # a product's name: H100 80GB HBM3, h100-sxm
+        if not unit and RANGE_UNIT.match(text, m.end(1)):
+            unit = "range"
+        mantissa, _, exponent = number.lower().partition("e")
+        decimal = "." in mantissa
+        decimals = None if exponent else (len(mantissa.split(".")[1]) if decimal else 0)
+        out[start] = Figure(start, m.end(), number, decimals, bool(decimal or unit), unit == "%")
+    for figure in table_cells(text):
+        out.setdefault(figure.pos, figure)
+        out[figure.pos].measured = True
+    return sorted(out.values(), key=lambda f: f.pos)
+
+
+def table_cells(text: str) -> list[Figure]:
+    """Table cells holding only a number under a header that names a unit (`samples/s`, `wall s`, `%`): the unit
+    is printed once for the column, so each of them is measured-looking too."""
+    out = []
+    lines, offsets, pos = text.split("\n"), [], 0
+    for line in lines:
+        offsets.append(pos)
+        pos += len(line) + 1
+    i = 0
+    while i < len(lines):
+        if not (lines[i].lstrip().startswith("|") and i + 1 < len(lines)
+                and re.fullmatch(r"\s*\|[\s:|-]*-[\s:|-]*", lines[i + 1])):
+            i += 1
+            continue
+        header = lines[i].strip().strip("|").split("|")
+        units = [HEADER_UNIT.search(cell) for cell in header]
+        i += 2
+        while i < len(lines) and lines[i].lstrip().startswith("|"):
+            line, start = lines[i], offsets[i]
+            cells = line.split("|")
+            at = start + len(cells[0]) + 1
+            for column, cell in enumerate(cells[1:-1]):
+                number = re.fullmatch(r"\s*(?:\*\*)?([+\-−]?\d[\d,]*(?:\.\d+)?)(?:\*\*)?\s*", cell)
+                if number and column < len(units) and units[column]:
+                    printed = number.group(1)
+                    decimals = len(printed.split(".")[1]) if "." in printed else 0
+                    begin = at + number.start(1)
+                    out.append(Figure(begin, begin + len(printed), printed, decimals, True,
+                                      units[column].group(0) == "%"))
+                at += len(cell) + 1
+            i += 1
+    return out
+
+
+def to_float(printed: str) -> float:
+    return float(printed.replace(",", "").replace("−", "-"))
+
+
+def load_json(file: str):
+    return json.loads((ROOT / file).read_text())
+
+
+def resolve(spec: str, load: Callable = load_json) -> tuple[float | None, dict, str | None]:
+    """The one number a claim names, its options, or why it names none."""
+    words = spec.split()
+    options = []
+    while len(words) > 1 and (words[-1] == "abs" or words[-1].startswith("scale=")):
+        options.insert(0, words.pop())
+    target = " ".join(words)  # (a key may hold spaces: "compile on", "64 symbols, cohort 64")
+    file, _, path = target.partition("#")
+    if not path:
+        return None, {}, f"{target} names no key: a claim names one number (FILE.json#dotted.key)"
+    try:
+        node = load(file)
+    except OSError:
+        return None, {}, f"{file} does not exist"
+    except ValueError as exc:
+        return None, {}, f"{file} is not JSON ({exc})"
+    for key in path.split("."):
+        if isinstance(node, list) and key.lstrip("-").isdigit():
+            if not -len(node) <= int(key) < len(node):
+                return None, {}, f"{file}#{path}: no item {key}"
+            node = node[int(key)]
+        elif isinstance(node, dict) and key in node:
+            node = node[key]
+        else:
+            return None, {}, f"{file}#{path}: no key {key!r}"
+    if isinstance(node, (dict, list)):
+        return None, {}, f"{file}#{path} is {'an object' if isinstance(node, dict) else 'a list'}: name one number"
+    if isinstance(node, bool) or not isinstance(node, (int, float)) or not math.isfinite(node):
+        return None, {}, f"{file}#{path} is {node!r}, not a finite number"
+    parsed: dict = {"scale": 1.0, "abs": False}
+    for option in options:
+        if option.startswith("scale="):
+            try:
+                parsed["scale"] = float(option[6:])
+            except ValueError:
+                return None, {}, f"bad option {option!r}"
+        elif option == "abs":
+            parsed["abs"] = True
+        else:
+            return None, {}, f"unknown option {option!r}"
+    return float(node), parsed, None
+
+
+def equal_as_printed(figure: Figure, value: float, options: dict) -> bool:
+    """Whether the leaf, scaled, prints as the figure does at the figure's precision."""
+    x = to_float(figure.printed)
+    candidates = [value * options["scale"]]
+    if figure.percent and options["scale"] == 1.0:
+        candidates.append(value * 100)
+    for c in candidates:
+        if options["abs"]:
+            c, y = abs(c), abs(x)
+        else:
+            y = x
+        if figure.decimals is None:
+            digits = len(figure.printed.lower().partition("e")[0].partition(".")[2])
+            if f"{c:.{digits}e}" == f"{y:.{digits}e}":
+                return True
+        elif f"{c:.{figure.decimals}f}" == f"{y:.{figure.decimals}f}" or (y == 0 and abs(c) < 0.5 * 10 ** -figure.decimals):
+            return True
+    return False
+
+
+def check(text: str, load: Callable = load_json) -> list[str]:
+    """Every problem with the figures of one page."""
+    clean = prose(text)
+    bare = MARK.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), clean)
+    figures = numbers_in(bare)
+    boundaries = [m.start() for m in ROW_BOUNDARY.finditer(clean)]
+    covered: set[int] = set()
+    problems = []
+    previous = 0
+    for mark in MARK.finditer(clean):
+        kind, spec = mark.group(1), mark.group(2)
+        start = max([previous] + [b for b in boundaries if b < mark.start()])
+        previous = mark.end()
+        line = clean.count("\n", 0, mark.start()) + 1
+        mine = [f for f in figures if start <= f.pos < mark.start()]
+        if kind == "external":
+            if not spec or NOT_EXTERNAL.search(spec):
+                problems.append(f"line {line}: external {spec!r}: an external figure names a source outside this "
+                                "repository; a figure measured here is a claim on its JSON")
+            covered |= {f.pos for f in mine}
+            continue
+        value, options, problem = resolve(spec, load)
+        if problem:
+            problems.append(f"line {line}: claim {spec}: {problem}")
+            covered |= {f.pos for f in mine[-1:]}
+            continue
+        if not mine:
+            problems.append(f"line {line}: claim {spec} follows no number")
+            continue
+        figure = mine[-1]
+        covered.add(figure.pos)
+        if not equal_as_printed(figure, value, options):
+            problems.append(f"line {line}: {figure.printed} is not {spec} ({value!r}) at its printed precision")
+    for figure in figures:
+        if figure.measured and figure.pos not in covered:
+            problems.append(f"line {clean.count(chr(10), 0, figure.pos) + 1}: {figure.printed} has no claim or "
+                            "external mark")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    bad = 0
+    for page in argv or pages():
+        problems = check((ROOT / page).read_text())
+        bad += len(problems)
+        for problem in problems:
+            print(f"{page}: {problem}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
