@@ -25,6 +25,7 @@ checks it).
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import re
@@ -211,28 +212,57 @@ def equal_as_printed(figure: Figure, value: float, options: dict) -> bool:
     return False
 
 
-def check(text: str, load: Callable = load_json) -> list[str]:
-    """Every problem with the figures of one page."""
+def spans(text: str) -> tuple[list[Figure], list[tuple[str, str, int, list[Figure]]]]:
+    """The page's numbers, and each mark with the numbers of its span: (kind, spec, line, numbers before it after
+    the previous mark, within its paragraph, list item or table row)."""
     clean = prose(text)
     bare = MARK.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), clean)
     figures = numbers_in(bare)
     boundaries = [m.start() for m in ROW_BOUNDARY.finditer(clean)]
-    covered: set[int] = set()
-    problems = []
+    starts = [f.pos for f in figures]
+    newlines = [i for i, c in enumerate(clean) if c == "\n"]
+    marks = []
     previous = 0
     for mark in MARK.finditer(clean):
-        kind, spec = mark.group(1), mark.group(2)
-        start = max([previous] + [b for b in boundaries if b < mark.start()])
+        before = bisect.bisect_left(boundaries, mark.start())
+        start = max(previous, boundaries[before - 1] if before else 0)
         previous = mark.end()
-        line = clean.count("\n", 0, mark.start()) + 1
-        mine = [f for f in figures if start <= f.pos < mark.start()]
+        mine = figures[bisect.bisect_left(starts, start):bisect.bisect_left(starts, mark.start())]
+        marks.append((mark.group(1), mark.group(2), bisect.bisect_left(newlines, mark.start()) + 1, mine))
+    return figures, marks
+
+
+def ties(text: str) -> list[tuple[Figure, str, int]]:
+    """Each claim mark with the figure it ties to (the last number of its span) and its line."""
+    return [(mine[-1], spec, line) for kind, spec, line, mine in spans(text)[1] if kind == "claim" and mine]
+
+
+def check(text: str, load: Callable = load_json) -> list[str]:
+    """Every problem with the figures of one page."""
+    figures, marks = spans(text)
+    read: dict = {}
+
+    def once(file: str):  # each JSON parsed once a check (a page cites one file many times)
+        if file not in read:
+            try:
+                read[file] = (load(file), None)
+            except (OSError, ValueError) as exc:
+                read[file] = (None, exc)
+        value, exc = read[file]
+        if exc is not None:
+            raise exc
+        return value
+
+    covered: set[int] = set()
+    problems = []
+    for kind, spec, line, mine in marks:
         if kind == "external":
             if not spec or NOT_EXTERNAL.search(spec):
                 problems.append(f"line {line}: external {spec!r}: an external figure names a source outside this "
                                 "repository; a figure measured here is a claim on its JSON")
             covered |= {f.pos for f in mine}
             continue
-        value, options, problem = resolve(spec, load)
+        value, options, problem = resolve(spec, once)
         if problem:
             problems.append(f"line {line}: claim {spec}: {problem}")
             covered |= {f.pos for f in mine[-1:]}
@@ -244,9 +274,10 @@ def check(text: str, load: Callable = load_json) -> list[str]:
         covered.add(figure.pos)
         if not equal_as_printed(figure, value, options):
             problems.append(f"line {line}: {figure.printed} is not {spec} ({value!r}) at its printed precision")
+    text_before = prose(text)
     for figure in figures:
         if figure.measured and figure.pos not in covered:
-            problems.append(f"line {clean.count(chr(10), 0, figure.pos) + 1}: {figure.printed} has no claim or "
+            problems.append(f"line {text_before.count(chr(10), 0, figure.pos) + 1}: {figure.printed} has no claim or "
                             "external mark")
     return problems
 
