@@ -42,7 +42,7 @@ def figure_text(value: float, figure: dict, file: str) -> str:
 def provenance(record: dict) -> dict:
     """What the measured file says of where it ran: the device's name, torch, the commit and the command."""
     versions = record.get("versions") if isinstance(record.get("versions"), dict) else {}
-    device = record.get("device") if isinstance(record.get("device"), str) else None
+    device = record.get("device_name") or (record.get("device") if isinstance(record.get("device"), str) else None)
     if device in (None, "auto", "cpu", "cuda", "x86_64"):
         device = None
     commit = record.get("git_commit") if isinstance(record.get("git_commit"), str) else None
