@@ -247,9 +247,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("cohort_rows_of_another_symbol", "LSTM", "trainers/lstm/cohort.py",
            (("xs, ys = zip(*(m.data.gather(anchors) for m, anchors, _ in rows))",
              "xs, ys = zip(*(rows[0][0].data.gather(anchors) for m, anchors, _ in rows))"),),
-           ("tests/lstm/test_lstm_cohort.py::test_a_cohort_job_trains_what_the_one_at_a_time_job_trains",),
+           ("tests/lstm/test_lstm_cohort.py::test_each_symbols_weights_are_the_same_alone_and_in_a_cohort",),
            "a cohort step that feeds every member the first member's windows: each model trains on another "
            "symbol's data"),
+    Mutant("lstm_job_of_failures_completed", "LSTM", "trainers/lstm/summary.py",
+           (('reason = "failed" if asked["failed"] and not asked["ok"] else "partial" if asked["failed"] else '
+             '"completed"', 'reason = "partial" if asked["failed"] and asked["ok"] else "completed"'),),
+           ("tests/lstm/test_lstm_jobs.py::test_a_job_whose_symbols_failed_says_so_in_its_stop_reason[SYN000,SYN001-failed]",),
+           "a job whose every symbol failed records stop_reason completed (issue 66: exit 1, ok 0, failed 2)"),
     # ---- the remote mirror and the files it must not lose (issue 65) -----------------------------------------
     Mutant("push_skips_the_config_check", "remote mirror", "trainers/ops/remote.py",
            (("    mirror.start(config=config)  # another run's remote is refused", "    mirror.start()"),),
