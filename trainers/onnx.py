@@ -26,6 +26,18 @@ from trainers.runtime.files import atomic_write
 INLINE_LIMIT_BYTES = 1_800_000_000  # protobuf caps a single ONNX file at 2 GB
 
 
+class _NoTorchvisionNotice(logging.Filter):
+    """torch's exporter warns, once per export, for each torchvision op it could not register when torchvision
+    is absent (four lines: nms, roi_align, roi_pool, ...). No model of the kit uses one; the lines only alarmed
+    a newcomer reading the demo's export (issue 66)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torchvision is not installed" not in record.getMessage()
+
+
+logging.getLogger("torch.onnx._internal.exporter._registration").addFilter(_NoTorchvisionNotice())
+
+
 class ExportMismatch(CheckFailed):
     """onnxruntime's output differs from PyTorch's by more than the tolerance."""
 

@@ -191,3 +191,31 @@ def test_when_the_export_with_markers_fails_every_model_is_exported_and_it_is_no
     for k, m in enumerate(models):
         check_parity(m, tmp_path / f"{k}.onnx", {"batch_3": (torch.randn(3, 6, 5),)}, ["features"], tolerance=1e-5)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.onnx", "1.onnx", "2.onnx"]
+
+
+def test_an_export_without_torchvision_prints_no_notice_about_it(tmp_path):
+    """torch's exporter warned four times per export that torchvision is not installed (issue 66: a newcomer read
+    them as a failure); no model of the kit uses a torchvision op. A handler on the exporter's own logger sees
+    what its handlers would print, after the logger's filters."""
+    import importlib.util
+    import logging
+
+    from trainers.onnx import export_program
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: the exporter has nothing to say about it")
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    handler = Collect(level=logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        export_program(torch.nn.Linear(3, 2), (torch.randn(2, 3),), tmp_path / "m.onnx", ["x"], ["y"],
+                       {"input": {0: torch.export.Dim("batch", min=1)}})
+    finally:
+        logger.removeHandler(handler)
+    assert not [m for m in seen if "torchvision" in m], seen

@@ -26,7 +26,7 @@ def get_logger(rank: int, run_dir: Path | None, name: str = "trainers") -> loggi
     close_handlers(logger)
     logger.propagate = False
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
-    console = logging.StreamHandler(sys.stderr)
+    console = BarAwareHandler(sys.stderr)
     console.setFormatter(logging.Formatter(f"%(asctime)s [rank{rank}] %(levelname)s %(message)s", "%H:%M:%S"))
     logger.addHandler(console)
     if rank == 0:
@@ -39,6 +39,17 @@ def get_logger(rank: int, run_dir: Path | None, name: str = "trainers") -> loggi
     else:
         logger.setLevel(logging.WARNING)
     return logger
+
+
+class BarAwareHandler(logging.StreamHandler):
+    """The console: a line logged while the progress bar is drawn gets a line of its own (tqdm.write lifts the
+    bar, prints, and draws it again below), where it was glued onto the bar: `loss=0.9769]21:41:17 [rank0] INFO`."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging's own contract: a handler that fails reports and never raises into the loop
+            self.handleError(record)
 
 
 def logger_name(rank: int, run_dir: Path | None, name: str = "trainers") -> str:
