@@ -54,6 +54,7 @@ def pages() -> list[str]:
     found = ["README.md"]
     found += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
     found += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "trainers").glob("*/README.md"))
+    found += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench" / "results").rglob("README.md"))
     return found
 
 
@@ -280,6 +281,42 @@ def check(text: str, load: Callable = load_json) -> list[str]:
             problems.append(f"line {text_before.count(chr(10), 0, figure.pos) + 1}: {figure.printed} has no claim or "
                             "external mark")
     return problems
+
+
+def provenance_gaps(record) -> list[str]:
+    """What a cited JSON does not record of where and on what code it ran: the device, torch's version, the commit.
+    Read where each benchmark writes them (bench/record.py's fields; a results.json's `run`; a merged GPU session's
+    `session`; a CPU machine's record with no GPU driver is its CPU). A file of several runs answers for each."""
+    if isinstance(record, dict) and record.get("benchmark") == "runs":
+        return sorted({gap for run in record.get("runs", []) for gap in provenance_gaps(run)})
+    if not isinstance(record, dict):
+        return ["device", "torch", "commit"]
+    get = lambda key: record.get(key) if isinstance(record.get(key), dict) else {}  # noqa: E731
+    run, session, training, machine = get("run"), get("session"), get("training"), get("machine")
+    named = record.get("device") if record.get("device") not in (None, "auto", "cpu", "cuda", "x86_64") else None
+    versions = get("versions") or (run.get("versions") or {})
+    # a CPU run: the machine it recorded has no GPU driver, or its torch is a CPU build (no CUDA)
+    image = get("image").get("versions")  # the Docker smokes: the torch inside the image ("torch 2.13.0+cpu ...")
+    no_gpu = machine.get("gpu_driver") is None and ("cuda" in versions and versions["cuda"] is None
+                                                   or "+cpu" in str(versions.get("torch", "")) or "gpu_driver" in machine
+                                                   or get("cuda").get("cuda_available") is False
+                                                   or "+cpu" in str(image))
+    cpu = f"CPU ({machine.get('processor') or machine.get('arch')})" if no_gpu and (
+        machine.get("processor") or machine.get("arch")) else None
+    device = record.get("device_name") or named or training.get("device_name") or session.get("device_name") or cpu
+    torch = (versions.get("torch") or record.get("torch") or get("cuda").get("torch") or session.get("torch")
+             or (image if isinstance(image, str) and "torch" in image else None))
+    commit = record.get("git_commit") or run.get("git_commit") or session.get("tree_measured")
+    return [name for name, value in (("device", device), ("torch", torch), ("commit", commit)) if not value]
+
+
+def cited_files() -> dict[str, list[str]]:
+    """Every JSON a claim on a page cites, with the pages citing it."""
+    files: dict[str, list[str]] = {}
+    for page in pages():
+        for _figure, spec, _line in ties((ROOT / page).read_text()):
+            files.setdefault(spec.split("#")[0], []).append(page)
+    return files
 
 
 def main(argv: list[str]) -> int:

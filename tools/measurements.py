@@ -41,15 +41,25 @@ def figure_text(value: float, figure: dict, file: str) -> str:
 
 def provenance(record: dict) -> dict:
     """What the measured file says of where it ran: the device's name, torch, the commit and the command."""
-    versions = record.get("versions") if isinstance(record.get("versions"), dict) else {}
+    run = record.get("run") if isinstance(record.get("run"), dict) else {}  # a results.json's own record of its run
+    versions = record.get("versions") if isinstance(record.get("versions"), dict) else run.get("versions") or {}
+    session = record.get("session") if isinstance(record.get("session"), dict) else {}
     device = record.get("device_name") or (record.get("device") if isinstance(record.get("device"), str) else None)
     if device in (None, "auto", "cpu", "cuda", "x86_64"):
+        device = session.get("device_name")
+    if device in (None, "auto", "cpu", "cuda", "x86_64"):
         device = None
-    commit = record.get("git_commit") if isinstance(record.get("git_commit"), str) else None
+    commit = record.get("git_commit") or run.get("git_commit")
+    commit = commit if isinstance(commit, str) else None
+    tree = None
+    if session.get("tree_measured") and (commit or "")[:7] != session["tree_measured"]:
+        # the session's own account of its tree, where the device's copy recorded another commit (its note says why)
+        tree = f"{session['tree_measured']} (the file records {(commit or 'none')[:7]}: see its session note)"
     return {"device": device, "torch": versions.get("torch") or NOT_RECORDED,
-            "commit": commit[:7] if commit else NOT_RECORDED,
+            "commit": tree or (commit[:7] if commit else NOT_RECORDED),
             "dirty": record.get("git_dirty"), "by_hand": "measured_tree_note" in record,
-            "date": str(record.get("measured_at") or record.get("date") or NOT_RECORDED)[:10],
+            "date": str(record.get("measured_at") or record.get("date") or run.get("written_at")
+                        or session.get("date") or NOT_RECORDED)[:10],
             "command": record.get("command") if isinstance(record.get("command"), str) else NOT_RECORDED}
 
 
@@ -65,9 +75,12 @@ def render(index: dict) -> str:
     commands = []
     for n, row in enumerate(index["rows"], 1):
         file = row["file"]
-        record = json.loads((ROOT / file).read_text())
+        stored = json.loads((ROOT / file).read_text())
+        # a benchmark run in several sessions keeps every run in one <name>.runs.json: the row names the run
+        record, prefix = (stored["runs"][row["run"]], f"runs.{row['run']}.") if "run" in row else (stored, "")
         facts = provenance(record)
-        figures = "; ".join(figure_text(leaf(record, f["key"]), f, file) for f in row["figures"])
+        figures = "; ".join(figure_text(leaf(record, f["key"]), dict(f, key=prefix + f["key"]), file)
+                            for f in row["figures"])
         note = f" ({row['note']} <!-- external: {row['note_source']} -->)" if row.get("note_source") else (
             f" ({row['note']})" if row.get("note") else "")
         device = f"`{facts['device']}`" if facts["device"] else f"`{row['device']}` (the index's word: the file names none)"

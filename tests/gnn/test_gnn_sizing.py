@@ -117,11 +117,11 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 def test_the_compile_pays_after_the_steps_the_h200_measured_and_the_default_follows_them():
     """The H200 ran the GNN's job (65,536 nodes a step) eager and compiled, one command apart
-    (bench/results/gpu_h200_66d4c37/): the constants are those runs', and by default a GPU run (or its rehearsal)
+    (bench/results/gpu_h200/): the constants are those runs', and by default a GPU run (or its rehearsal)
     compiles only when its steps left are at least the break-even; --compile and --no-compile are obeyed."""
     from trainers.gnn.size import COMPILE_EAGER_STEP_RATIO, COMPILE_PAYS_AFTER_STEPS, COMPILE_S, compiles
 
-    runs = {mode: json.loads((REPO / f"bench/results/gpu_h200_66d4c37/gnn_{mode}_results.json").read_text())
+    runs = {mode: json.loads((REPO / f"bench/results/gpu_h200/gnn_{mode}_results.json").read_text())
             for mode in ("compile", "no-compile")}
     assert runs["compile"]["training"]["compiled"] is True and runs["no-compile"]["training"]["compiled"] is False
     differ = {k for k in runs["compile"]["config"] if runs["compile"]["config"][k] != runs["no-compile"]["config"][k]}

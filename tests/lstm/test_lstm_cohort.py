@@ -803,7 +803,7 @@ def test_a_members_checkpoint_comes_to_the_host_in_one_copy_a_state_and_holds_no
     host buffer per tensor for the copy behind the loop, every member its own (a cudaHostAlloc apiece: the
     caching allocator cannot reuse a buffer still held), and a `.item()` for its step count; on the H200 the
     clones (6,656) and the buffers (2,733 `host_buffer` calls) were among the largest times cProfile gave the
-    64-symbol cohort job (its times add across threads: bench/results/gpu_h200_aadb2aa/profile_lstm_cohort_gpu.json).
+    64-symbol cohort job (its times add across threads: bench/results/gpu_h200/profile_lstm_cohort_gpu.runs.json).
     On the fake accelerator, where the saves are written behind the loop as on CUDA: a member's model and its
     optimizer state come to the host in one copy each, whatever the number of tensors, and the copy behind the
     loop holds no page-locked buffer of its own."""

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -26,6 +27,7 @@ def test_every_figure_is_tied_to_its_measurement(page):
 
 def test_the_pages_include_the_readmes_of_the_results():
     assert "README.md" in PAGES and "docs/measurements.md" in PAGES
+    assert any(p.startswith("bench/results/") and p.endswith("README.md") for p in PAGES)
 
 
 def page_with(tmp_path, record: dict, text: str):
@@ -106,3 +108,29 @@ def test_table_cells_under_a_unit_header_and_keys_with_spaces(tmp_path):
             "| 2 | 1,124 |\n\n- one bullet's 4.5 s <!-- claim: R.json#b -->\n- the next one's 4.5 s\n")
     assert page_with(tmp_path, record, text) == ["line 4: 1,124 has no claim or external mark",
                                                  "line 7: 4.5 has no claim or external mark"]
+
+
+def test_every_json_a_claim_cites_records_where_and_on_what_code_it_ran():
+    """Issue 66: about 60 claims rested on GPU JSONs that named no device, and three cited files recorded no device,
+    torch or commit at all. Each cited file now says all three (tools/claims.py's provenance_gaps: where each
+    benchmark writes them)."""
+    gaps = {file: claims.provenance_gaps(json.loads((ROOT / file).read_text()))
+            for file in claims.cited_files()}
+    assert not {f: g for f, g in gaps.items() if g}, {f: g for f, g in gaps.items() if g}
+
+
+def test_the_provenance_check_names_what_a_record_lacks():
+    assert claims.provenance_gaps({"device": "auto", "git_commit": "abc"}) == ["device", "torch"]
+    assert claims.provenance_gaps({"device_name": "NVIDIA H200", "versions": {"torch": "2.11.0+cu130"},
+                                   "git_commit": "abc"}) == []
+    cpu = {"machine": {"processor": "x86_64", "gpu_driver": None}, "versions": {"torch": "2.13.0+cpu", "cuda": None},
+           "git_commit": "abc"}
+    assert claims.provenance_gaps(cpu) == []
+    assert claims.provenance_gaps({"benchmark": "runs", "runs": [cpu, {"git_commit": "abc"}]}) == ["device", "torch"]
+
+
+def test_no_result_file_or_folder_is_stamped_with_a_commit():
+    """The history of a result is git's: a benchmark measured again replaces its file (or joins its .runs.json)."""
+    stamped = [str(p.relative_to(ROOT)) for p in (ROOT / "bench" / "results").rglob("*")
+               if re.search(r"(?:^|_)[0-9a-f]{7,40}(?:_|\.|$)", p.name)]
+    assert not stamped, stamped

@@ -463,11 +463,12 @@ def test_the_lstm_jobs_time_in_cohorts_is_the_h200s_measured_cohort_jobs():
     """A GPU's LSTM job trains in cohorts (--cohort's default there): the plan forms the cohorts (256 at most, as
     even as the symbols allow), gives each stacked step every member's batch at the H200's measured time per
     sample, and counts a cohort's and a member's time outside the steps, fitted to the H200's two cohort jobs
-    (bench/results/gpu_h200_aadb2aa/cohort_packing_gpu.json): the constants are that fit, and the plan comes
+    (bench/results/gpu_h200/cohort_packing_gpu.runs.json): the constants are that fit, and the plan comes
     within 15 % of both jobs' wall time."""
     from trainers.lstm.size import COHORT_RUN_S, COHORT_SYMBOL_RUN_S, SMALL_STEP_S, STACKED_SAMPLE_S
 
-    jobs = json.loads((REPO / "bench/results/gpu_h200_aadb2aa/cohort_packing_gpu.json").read_text())["jobs"]
+    jobs = json.loads((REPO / "bench/results/gpu_h200/cohort_packing_gpu.runs.json").read_text())["runs"][0]["jobs"]
+    # (run 0: the 2026-11-27 session at aadb2aa, the one the constants were fitted on)
     cohort_jobs = {j["symbols"]: j for j in jobs if j["cohort"] == "auto"}
     outside = {n: j["sum_symbol_s"] * j["share_outside_steps"] for n, j in cohort_jobs.items()}
     assert COHORT_RUN_S + 64 * COHORT_SYMBOL_RUN_S == pytest.approx(outside[64], rel=0.01)
@@ -493,12 +494,12 @@ def test_the_lstm_jobs_time_in_cohorts_is_the_h200s_measured_cohort_jobs():
 def test_the_lstm_jobs_held_bests_take_the_h200s_measured_saving_off():
     """--ckpt-at-eval held (the LSTM's default) writes a new best only at the symbol's next checkpoint: the plan takes
     off each symbol what the H200's 500-symbol job saved in step_done against improved, one command apart, with the
-    same final evaluations (bench/results/gpu_h200_8779957/lstm_ckpt_at_eval_gpu.json), for each evaluation before
+    same final evaluations (bench/results/gpu_h200/lstm_ckpt_at_eval_gpu.json), for each evaluation before
     its last (5 epochs: 4), in cohorts and one at a time; improved and always take nothing off, nor does one epoch
     (its one evaluation is the last) or a step cadence as frequent as the evaluations (a best is written at once)."""
     from trainers.lstm.size import HELD_SAVES_PER_EVAL_S
 
-    run = json.loads((REPO / "bench/results/gpu_h200_8779957/lstm_ckpt_at_eval_gpu.json").read_text())
+    run = json.loads((REPO / "bench/results/gpu_h200/lstm_ckpt_at_eval_gpu.json").read_text())
     ways = {w["way"]: w for w in run["ways"]}
     assert run["same_evaluations"] and run["symbols"] == 500 and all(w["symbols_ok"] == 500 for w in ways.values())
     assert ways["held"]["written"] < ways["improved"]["written"] and ways["improved"]["held"] == 0
@@ -529,15 +530,18 @@ def test_the_lstm_jobs_time_counts_its_onnx_exports_as_measured():
     """--export (the default) adds each worker's first export and the one that works out the graph's reuse, and
     each symbol's reused graph, parity check and latency: the worker's part from the dev VM's run
     (bench/results/lstm_export_default_cpu.json), a symbol's from the H200 host's 500-symbol jobs with and without,
-    one command apart (bench/results/gpu_h200_eab6a5d/); --no-export adds nothing. Both the cohort and the one-at-a-time job, shared
+    one command apart (bench/results/gpu_h200/); --no-export adds nothing. Both the cohort and the one-at-a-time job, shared
     by the workers."""
     from trainers.lstm.size import EXPORT_SYMBOL_S, EXPORT_WORKER_S
 
     run = json.loads((REPO / "bench/results/lstm_export_default_cpu.json").read_text())
     reused = run["export_symbol"][0]["median_symbol_s"]
     assert EXPORT_WORKER_S + run["symbols"] * reused == pytest.approx(run["job_wall_export_minus_no_export_s"], rel=0.01)
-    gpu = REPO / "bench/results/gpu_h200_eab6a5d"
-    exported, without = (json.loads((gpu / f"cohort_{name}_job.json").read_text()) for name in ("export", "noexport"))
+    gpu = REPO / "bench/results/gpu_h200/"
+    # the 2026-11-27 session at 1be637a: its export job is run 1 of cohort_export_job.runs.json (run 0 is the session
+    # before, whose parity checks used every core), its job without exports the only one measured
+    exported = json.loads((gpu / "cohort_export_job.runs.json").read_text())["runs"][1]
+    without = json.loads((gpu / "cohort_noexport_job.json").read_text())
     for job in (exported, without):
         assert job["training"]["symbols"]["ok"] == 500 and job["training"]["device_name"] == "NVIDIA H200"
     differ = {k for k in exported["config"] if exported["config"][k] != without["config"].get(k)}
@@ -568,13 +572,13 @@ def test_the_lstm_jobs_exports_behind_are_what_its_exporter_has_left_when_the_tr
     """--export-behind: a cohort's symbols go to the worker's exporter when the cohort ends; the exporter pays its
     first exports once, then a symbol after another, while the worker trains on; the job waits for what is left.
     The exporter's time a symbol is fitted to the H200's 500-symbol job three ways, one command apart
-    (bench/results/gpu_h200_8779957/lstm_export_behind_gpu.json: every way complete, 500 exported both exporting
+    (bench/results/gpu_h200/lstm_export_behind_gpu.json: every way complete, 500 exported both exporting
     ways, the same ONNX bytes): its two cohorts ending at their share of the training alone, the model gives the
     cost measured. A worker with one cohort (8 GPUs for those 500 symbols) waits for all its exports, more than
     in the worker (the exporter's thread is the slower); one symbol at a time the exporter keeps up."""
     from trainers.lstm.size import EXPORT_BEHIND_SYMBOL_S, EXPORT_WORKER_S, exports_after_training_s
 
-    run = json.loads((REPO / "bench/results/gpu_h200_8779957/lstm_export_behind_gpu.json").read_text())
+    run = json.loads((REPO / "bench/results/gpu_h200/lstm_export_behind_gpu.json").read_text())
     ways = {w["way"]: w for w in run["ways"]}
     assert run["complete"] and run["same_onnx_bytes"] and all(w["symbols_ok"] == 500 for w in ways.values())
     assert ways["in_worker"]["exported"] == ways["behind"]["exported"] == 500 and ways["no_export"]["exported"] == 0
@@ -598,8 +602,8 @@ def test_the_lstm_jobs_exports_behind_are_what_its_exporter_has_left_when_the_tr
     assert on_eight["behind"] == pytest.approx(EXPORT_WORKER_S + 63 * EXPORT_BEHIND_SYMBOL_S)
     assert on_eight["behind"] > on_eight["in_worker"]
     # one cohort (64 symbols on one H200, measured after the plan said so): behind costs more than in the worker,
-    # in the plan and on the H200 (bench/results/gpu_h200_8bdab04/lstm_export_behind64_gpu.json)
-    measured = json.loads((REPO / "bench/results/gpu_h200_8bdab04/lstm_export_behind64_gpu.json").read_text())
+    # in the plan and on the H200 (bench/results/gpu_h200/lstm_export_behind64_gpu.json)
+    measured = json.loads((REPO / "bench/results/gpu_h200/lstm_export_behind64_gpu.json").read_text())
     assert measured["complete"] and measured["same_onnx_bytes"]
     assert measured["export_cost_s"]["behind"] > measured["export_cost_s"]["in_worker"]
     small = ["--epochs", "5", "--synthetic-tickers", "64"]
@@ -649,6 +653,9 @@ def test_the_committed_plans_are_what_their_commands_print_now(name, tmp_path, c
     assert main(["plan", *QUOTED_PLANS[name], "--json", str(out)]) == 0
     capsys.readouterr()
     now, committed = json.loads(out.read_text()), json.loads((REPO / "bench/results" / name).read_text())
+    # where each was made: its own commit and versions (a plan made at another commit is the same plan)
+    for made in (now.pop("run"), committed.pop("run")):
+        assert set(made) == {"git_commit", "versions"} and made["versions"]["torch"], made
     if now["measured_with_torch"] != committed["measured_with_torch"]:
         # another torch saves other tensors for backward, where a small model's activations are measured on the CPU
         # (plan.saved_bytes): those figures, and what adds them up, are the committed torch's; the rest is the same

@@ -24,12 +24,12 @@ MAX_AUTO_NODES = 65536  # a GPU's default at most: 10x fewer aten ops per graph 
 MIN_STEPS_PER_EPOCH = 16  # a GPU's default never leaves an epoch fewer steps than this (a small dataset)
 ACTIVATION_MEMORY_SHARE = 0.25  # of a GPU's memory, for a step's saved activations
 DEVICE_BYTES_PER_NODE, DEVICE_BYTES_PER_EDGE = 2 * 4 + 8, 2 * 2 * 4  # degree features + offsets; both directions
-# Whether a compile pays for itself (bench/results/gpu_h200_66d4c37/: the job at 65,536 nodes a step, 108 steps,
+# Whether a compile pays for itself (bench/results/gpu_h200/: the job at 65,536 nodes a step, 108 steps,
 # eager and compiled on one H200, one run each): the compiled run's first window took 16.73 s, the eager one's 0.80 s,
 # and a steady step took 5.70 ms compiled against 7.28 ms eager (98 steps each). So about 10,000 steps before the
 # compile is paid back; the deploy's default job (20 epochs of its 20,000 graphs) is about 1,000. Thin: one GPU,
 # one step size, one pair of runs, and the same compiled job ran 7.14 and 8.26 ms a step on two other H200s
-# (run_gnn_gpu.json of gpu_h200_1adc135 and gpu_h200_eab6a5d, 44 steady steps each): there it would pay only after
+# (bench/results/gpu_h200/run_gnn_gpu.runs.json, runs 2 and 3: 44 steady steps each): there it would pay only after
 # far more steps. Eager for the default job holds either way; a run near the break-even loses at most the compile.
 EAGER_STEP_S, COMPILED_STEP_S = 0.7133 / 98, 0.5586 / 98  # the steady steps' seconds / their count
 COMPILE_S = 16.7345 - 0.8017  # the first windows, compiled less eager

@@ -95,7 +95,7 @@ def export_symbol(folder: Path, checkpoint: str = "best", tolerance: float = 1e-
     export_s = time.perf_counter() - t0
     # Beside torch on several threads, onnxruntime on one: its own pool (every core, spinning between runs) made
     # these three tiny cases 1.5x slower at the median on the dev VM's 2 cores and 8.4x on the H200 host's 16
-    # (bench/results/onnx_parity_threads_cpu.json, gpu_h200_eab6a5d/onnx_parity_threads_gpu.json); with torch on one
+    # (bench/results/onnx_parity_threads_cpu.json, gpu_h200/onnx_parity_threads_gpu.json); with torch on one
     # thread its pool was the faster on both. There a reused symbol's export went from 0.18 s to 0.041 s.
     parity = check_parity(module, path, cases(cfg.window, model_info["n_features"], CHECK_BATCHES), ["features"],
                           tolerance, threads=parity_threads or (1 if torch.get_num_threads() > 1 else None))

@@ -2,7 +2,7 @@
 symbol's ONNX export to a process of its own and trains its next symbols while that process exports.
 
 Why: in the worker, the exports of 500 symbols took 33.8 s of a 97.7-s job on the H200, while its GPU idled
-(bench/results/gpu_h200_eab6a5d: 97.7 s with exports, 63.9 s with --no-export). An export is CPU work
+(bench/results/gpu_h200/: 97.7 s with exports, 63.9 s with --no-export). An export is CPU work
 (torch.onnx, onnxruntime's parity check) that needs nothing of the device.
 
 What does not change: a symbol's done marker is written by its worker, once its export is over, with what an export
@@ -22,7 +22,7 @@ and so does STOPPING_STALL_S without an answer then.
 It ignores SIGINT, SIGTERM and SIGHUP sent to it (slurm's and systemd's reach every process): its worker ends it.
 It sees no GPU (CUDA_VISIBLE_DEVICES empty), runs torch and onnxruntime's parity sessions on one thread each (beside
 a 2-core training on the dev VM, 32 symbols' exports cost the job 26.2 s with the exporter on every core and 14.9 s
-on one: bench/results/lstm_export_behind_cpu_7843f41.json and lstm_export_behind_cpu.json), and dies with its worker
+on one: bench/results/lstm_export_behind_every_core_cpu.json and lstm_export_behind_cpu.json), and dies with its worker
 (the kernel's parent-death signal on Linux; elsewhere it stops before its next export). It keeps the job's first
 graph, as a worker does (trainers.onnx.export_reusing): the later symbols reuse it.
 

@@ -21,7 +21,7 @@ SMALL_STEP_S = 0.003  # an eager step of a small model on a GPU: launches and Py
 # one at a time took 127.4 s of job time, 0.255 s a symbol, of which its 30 steps at SMALL_STEP_S are 0.09 s.
 SYMBOL_RUN_S = 0.165
 # In cohorts (--cohort, a GPU's default), from the H200's two cohort jobs of the default model, 5 epochs
-# (bench/results/gpu_h200_aadb2aa/cohort_packing_gpu.json, aadb2aa; each job's time outside its steps is
+# (bench/results/gpu_h200/cohort_packing_gpu.runs.json, aadb2aa; each job's time outside its steps is
 # sum_symbol_s x share_outside_steps, its steps' the rest): 64 symbols in one cohort spent 10.31 s outside their
 # steps, 500 in two (256 + 244) 47.38 s. A cohort's own part (its set-up, its first steps' warm-up, its end) and a
 # member's solve 10.31 = c + 64 s and 47.38 = 2 c + 500 s: a fit of two runs, not an independent check. The
@@ -33,7 +33,7 @@ COHORT_SYMBOL_RUN_S = 0.072
 # A new best held in host memory until the symbol's next checkpoint (--ckpt-at-eval held, the default since
 # 0f6f438; a symbol's run never has a budget of its own, so every symbol holds): the 500-symbol job of the default
 # model on the H200, 5 epochs (an evaluation at each epoch's end), run both ways one command apart
-# (bench/results/gpu_h200_8779957/lstm_ckpt_at_eval_gpu.json: 2,095 checkpoints written against 774), spent 26.64 s
+# (bench/results/gpu_h200/lstm_ckpt_at_eval_gpu.json: 2,095 checkpoints written against 774), spent 26.64 s
 # of its members' time in step_done writing each new best and 17.25 s holding them, the same final evaluations. A
 # symbol's last evaluation is written either way: the saving is counted for each evaluation before it (none at one
 # epoch), and none where the step cadence (--ckpt-every) comes at least as often as the evaluations, since a best
@@ -55,11 +55,11 @@ STACKED_SAMPLE_S = 10.117 / (500 * 5 * 1391)
 # with its own weights and onnxruntime's parity check. The worker's part from the development VM
 # (bench/results/lstm_export_default_cpu.json: 32 symbols of the default model, one worker of one thread, 14.76 s
 # longer with the exports on, 0.043 s of it a reused symbol's median). A symbol's from the H200 host
-# (bench/results/gpu_h200_eab6a5d/, eab6a5d: the 500-symbol job of the default model, 5 epochs, one worker, run
+# (bench/results/gpu_h200/, eab6a5d: the 500-symbol job of the default model, 5 epochs, one worker, run
 # twice by the same command, torch on every core: 97.72 s with the exports on, 63.89 s with --no-export), the
 # worker's part taken off: 0.041 s a symbol, the dev VM's speed. The session before (1adc135) had measured 0.18 s,
 # its parity check's onnxruntime on its default pool (every core, spinning) beside torch's 16 threads: 8.4x slower
-# a check on that host (gpu_h200_eab6a5d/onnx_parity_threads_gpu.json), and one thread since. Thin: one run's difference of two
+# a check on that host (bench/results/gpu_h200/onnx_parity_threads_gpu.json), and one thread since. Thin: one run's difference of two
 # job times, of the default model whatever the shape, a worker's part charged once whatever its symbols (and once
 # per architecture: a job of mixed feature counts pays it per group).
 EXPORT_WORKER_S = 14.76 - 32 * 0.043
@@ -68,7 +68,7 @@ EXPORT_SYMBOL_S = (97.72 - 63.89 - EXPORT_WORKER_S) / 500
 # thread). A cohort's symbols finish together and go to the exporter then; it pays its first exports once
 # (EXPORT_WORKER_S) and then takes a symbol after another, while the worker trains its next cohort: the job waits
 # for what is left when its training ends (exports_after_training_s). The exporter's time a symbol is fitted to
-# the 500-symbol job on one H200 three ways, one command apart (bench/results/gpu_h200_8779957/
+# the 500-symbol job on one H200 three ways, one command apart (bench/results/gpu_h200/
 # lstm_export_behind_gpu.json): the training alone (--no-export) 54.49 s, its two cohorts (256, 244) ending at
 # their share of it, and 24.08 s more with the exports behind. The exporter was behind from its first cohort on:
 # 0.075 s a symbol, slower than in the worker (torch on one thread beside the training, where the worker's export

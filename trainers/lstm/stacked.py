@@ -226,7 +226,7 @@ def host_rows(stacked: list[torch.Tensor], k: int) -> list[torch.Tensor]:
     Why: a cohort member's checkpoint took, per tensor (about 30 for a model and its AdamW state), a clone on
     the device, a page-locked host buffer (each member its own: a cudaHostAlloc apiece) and a copy. On the H200
     the clones and the buffers were among the largest times cProfile gave the 64-symbol cohort job (its times
-    add across threads; bench/results/gpu_h200_aadb2aa/profile_lstm_cohort_gpu.json). Now one gather kernel and
+    add across threads; bench/results/gpu_h200/profile_lstm_cohort_gpu.runs.json). Now one gather kernel and
     one copy a state, into pageable memory."""
     rows = [t[k].detach() for t in stacked]
     if len({r.dtype for r in rows}) > 1:

@@ -6,7 +6,7 @@ trained (in the worker once their cohort is over, or those waiting at its export
 A single run keeps time for its final save and evaluation (trainers.runtime.stops); the job kept none and ran past
 its budget by those ends: 64 small symbols in one cohort on the dev VM ended 1.7 s past a 3.6-s budget, and on the
 H200 a cohort's finishes alone took 33 ms a symbol (16.4 s of the 500-symbol job,
-bench/results/gpu_h200_8bdab04/cohort_default_job.json, packing.sum_phase_seconds.finish).
+bench/results/gpu_h200/cohort_default_job.json, packing.sum_phase_seconds.finish).
 
 So each worker measures, as the job goes, what a symbol's end costs here (its final step's checkpoint and its
 finish; in a cohort, the ends made together at one step, per symbol), an export (in the worker, or the exporter's

@@ -102,9 +102,12 @@ def plan_command(args) -> int:
             print(out["compute_optimal"]["line"])
     if args.json:  # the torch it ran with: small models' activations are measured on it (plan.saved_bytes), and
         # another release saves other tensors (nn.LSTM: 147 MB at 2.13, 181 MB at 2.7 for the same 500-symbol plan)
+        from trainers.runtime.info import kit_commit, versions
         from trainers.versions import installed_release
 
-        atomic_write_json(Path(args.json), {**out, "measured_with_torch": installed_release("torch", 2)})
+        # and where the plan was made: the commit of the code that planned it and its versions (issue 66)
+        atomic_write_json(Path(args.json), {**out, "measured_with_torch": installed_release("torch", 2),
+                                            "run": {"git_commit": kit_commit(), "versions": versions()}})
     return 0
 
 

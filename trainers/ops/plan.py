@@ -146,33 +146,24 @@ def measured_configuration(trainer: str, device: Device, root: Path | None = Non
     of a configuration counts once, with its best row; the configuration's MFU is the median of its runs, and
     the best configuration's runs are returned (the compiled one a GPU deploy runs, where it is the faster).
     The median, not the best run: the same configuration measured on two H200s gave the GNN 8.7 M and 7.6 M
-    nodes/s (bench/results/gpu_h200_1adc135, gpu_h200_eab6a5d), and the best of them promised every user the
+    nodes/s (bench/results/gpu_h200/run_gnn_gpu.runs.json, runs 2 and 3), and the best of them promised every user the
     luckier machine."""
     root = root or Path(__file__).resolve().parents[2] / "bench" / "results"
-    rows: list[tuple[float, int | None, int | None, bool | None, Path]] = []  # (mfu, parameters, items a step,
-    # compiled or not, the run's file)
-    # in any folder below (a GPU run's files are kept together with their README: bench/results/gpu_h200)
+    rows: list[tuple[float, int | None, int | None, bool | None, tuple]] = []  # (mfu, parameters, items a step,
+    # compiled or not, the run: its file and its place in it)
+    # in any folder below (a device's folder: bench/results/gpu_h200); a benchmark run in several sessions keeps
+    # every run in one `<name>.runs.json` ({"benchmark": "runs", "runs": [record, ...]}), each run counted once
     for path in sorted(root.rglob(f"*{trainer}*gpu*.json")) + sorted(root.rglob("train_gpu*.json")):
         try:
-            record = json.loads(path.read_text())
+            stored = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if not isinstance(record, dict):  # a file rewritten on a machine we do not control: skip, never stop
+        if not isinstance(stored, dict):  # a file rewritten on a machine we do not control: skip, never stop
             continue
-        name = str(record.get("device", ""))
-        if record.get("trainer", trainer) != trainer or device.name.split(" (")[0].upper() not in name.upper():
-            continue
-        training = record.get("training") if isinstance(record.get("training"), dict) else {}
-        table = record.get("results") or record.get("rows")  # train_throughput's presets; gpt_throughput's runs
-        for row in table if isinstance(table, list) else []:
-            if not isinstance(row, dict):
-                continue
-            measured = row.get("kit") if isinstance(row.get("kit"), dict) else row
-            value, size = measured.get("mfu"), measured.get("parameters") or row.get("parameters")
-            compiled = _compiled(row.get("compile"), record.get("compile"), training.get("compiled"))
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-                rows.append((float(value), _positive_int(size), _positive_int(row.get("items_per_step")), compiled,
-                             path))
+        runs = stored.get("runs") if stored.get("benchmark") == "runs" else [stored]
+        for place, record in enumerate(runs if isinstance(runs, list) else []):
+            if isinstance(record, dict):
+                rows += _mfu_rows(record, trainer, device, (path, place))
     for given, at in ((parameters, 1), (items_per_step, 2)):
         sized = [r for r in rows if r[at] is not None]
         if given is not None and given > 0 and sized:  # (a size that is not one matches every row)
@@ -181,7 +172,7 @@ def measured_configuration(trainer: str, device: Device, root: Path | None = Non
     # a configuration: a size, a step and whether it compiled (a run that does not say joins the compiled runs of its
     # size and step, else the eager ones); each run of it counts once (its best row)
     flagged = {(size, step, compiled) for _value, size, step, compiled, _path in rows if compiled is not None}
-    runs: dict[tuple, dict[Path, float]] = {}
+    runs: dict[tuple, dict[tuple, float]] = {}
     for value, size, step, compiled, path in rows:
         if compiled is None:
             compiled = True if (size, step, True) in flagged else False if (size, step, False) in flagged else None
@@ -190,6 +181,26 @@ def measured_configuration(trainer: str, device: Device, root: Path | None = Non
     medians = {key: statistics.median(values.values()) for key, values in runs.items()}
     best = max(medians, key=medians.get, default=None)
     return (sorted(runs[best].values()), best[0]) if best is not None else ([], None)
+
+
+def _mfu_rows(record: dict, trainer: str, device: Device, run: tuple) -> list[tuple]:
+    """One benchmark run's rows that measured this trainer's MFU on this device: (mfu, parameters, items a step,
+    compiled or not, the run)."""
+    rows: list[tuple] = []
+    name = str(record.get("device", ""))
+    if record.get("trainer", trainer) != trainer or device.name.split(" (")[0].upper() not in name.upper():
+        return rows
+    training = record.get("training") if isinstance(record.get("training"), dict) else {}
+    table = record.get("results") or record.get("rows")  # train_throughput's presets; gpt_throughput's runs
+    for row in table if isinstance(table, list) else []:
+        if not isinstance(row, dict):
+            continue
+        measured = row.get("kit") if isinstance(row.get("kit"), dict) else row
+        value, size = measured.get("mfu"), measured.get("parameters") or row.get("parameters")
+        compiled = _compiled(row.get("compile"), record.get("compile"), training.get("compiled"))
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+            rows.append((float(value), _positive_int(size), _positive_int(row.get("items_per_step")), compiled, run))
+    return rows
 
 
 def _compiled(*said) -> bool | None:

@@ -13,7 +13,7 @@ CPU_ENVS = 64  # the CPU default: the environments' ~60 small float64 kernels a 
 MAX_AUTO_ENVS = 4096  # a GPU's default at most. The training loop's operations per env step fall with the batch
 # (16x fewer at 1,024 than at 64 environments, bench/results/ppo_ops_batch8192_cpu.json), and on an H200 the
 # env steps/s in training with it: 83,514 at 1,024, 111,961 at 2,048, 125,804 at 4,096, each 16 updates of one
-# agent (bench/results/gpu_h200_aadb2aa/run_ppo*_gpu.json). MIN_UPDATES_PER_AGENT keeps a job's updates: a larger
+# agent (bench/results/gpu_h200/run_ppo*_gpu.json). MIN_UPDATES_PER_AGENT keeps a job's updates: a larger
 # batch is only chosen for a job long enough to give it 16 of them
 MIN_UPDATES_PER_AGENT = 16  # a GPU's default never leaves an agent fewer PPO updates than this: more environments
 # per update means fewer updates for the same env steps (the 8-GPU deploy default of 504,000 env steps an agent

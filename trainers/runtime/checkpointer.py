@@ -25,7 +25,7 @@ FSDP2's sharded states (torch.distributed.checkpoint) are written synchronously.
 position and RNG streams at that step) and written as that step's checkpoint with the next write: before the next
 save (the cadence's, a stop's), at `settle` (the loop's end), before the best is read back. A newer best replaces it
 unwritten. Why: an LSTM cohort member's saves were most of its bookkeeping (`step_done`, 24.4 s of the 500-symbol
-job's 59.6 s of members' time on the H200, bench/results/gpu_h200_eab6a5d), and most new bests are replaced before the
+job's 59.6 s of members' time on the H200, bench/results/gpu_h200/), and most new bests are replaced before the
 member ends. What it costs: a kill loses what was held (the run resumes from the last checkpoint written), and so
 does a stop whose write of it fails (a full disk). `for_run` says which runs hold.
 """
