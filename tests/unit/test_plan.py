@@ -1016,3 +1016,14 @@ def test_the_runs_own_ends_cap_the_plans_hours_and_reach_preflight(tmp_path):
     short.write_text("hello world!")
     with pytest.raises(UsageError, match="too short for two blocks"):
         load_workload("gpt", ["--data", str(short), "--max-steps", "10"])
+
+
+def test_the_forecasters_plan_says_whose_data_an_epoch_counts():
+    """Issue 66: the plan for the 151m deploy said "one epoch is 74,640 samples", the synthetic demo's market (the
+    plan's default --source), which a newcomer read as the S&P 500 the deploy trains on."""
+    demo = load_workload("forecast", ["--preset", "151m"])
+    real = load_workload("forecast", ["--preset", "151m", "--source", "cache"])
+    demo_note = next(n for n in demo.notes if n.startswith("one epoch is"))
+    real_note = next(n for n in real.notes if n.startswith("one epoch is"))
+    assert "of the synthetic market" in demo_note and "--source cache or yfinance" in demo_note
+    assert "of --source cache" in real_note and real.items_total > 10 * demo.items_total

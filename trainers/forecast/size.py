@@ -138,4 +138,8 @@ def workload(cfg: ForecastConfig, compute_bytes: int = 2) -> Workload:
                + (f" in all over the {cfg.walk_forward} folds (--walk-forward: each a run)"
                   if cfg.walk_forward and cfg.fold is None else "")
                + (" (estimated before the fetch: the exact count depends on each ticker's history)"
-                  if estimated else "")])
+                  if estimated else "")
+               # the plan counts the data its --source names: by default the synthetic demo's market, where a
+               # deploy trains on the S&P 500 (issue 66: a newcomer read the demo's count as the deploy's)
+               + (f" of the synthetic market (--source {cfg.source}; plan with --source cache or yfinance for the "
+                  "S&P 500 a deploy fetches)" if cfg.source == "synthetic" else f" of --source {cfg.source}")])
