@@ -6,7 +6,7 @@ file's SHA-256, its fsync) runs in a thread that holds the GIL while it pickles;
 the GIL go for an op, it may wait for the writer to give it back. An LSTM cohort writes every member's
 checkpoint behind the loop, each member in a thread of its own, so at an epoch's end K writers run beside the
 next steps' launches. On the H200 the 64-symbol cohort job's profile put its main thread's largest times in
-cheap calls (a reshape at about 1 ms; bench/results/gpu_h200_aadb2aa/profile_lstm_cohort_gpu.json).
+cheap calls (a reshape at about 1 ms; bench/results/gpu_h200/profile_lstm_cohort_gpu.runs.json).
 
 This times, in one process: the main thread's tiny in-place op (the stand-in for a launch: the same binding,
 the same GIL release) alone, then with 1 and with 4 threads each writing a default LSTM member's checkpoint

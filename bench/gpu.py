@@ -209,7 +209,7 @@ def trainer_runs(s: Setup) -> list[Step]:
 
     graphs = w / "graphs"
     # 7,000 graphs (about 1.09M nodes): the GPU's own step size, 65,536 nodes (gnn/size.py keeps 16 steps an epoch;
-    # the H200's 1,000 graphs held it at 8,192: 1,153,729 nodes/s, bench/results/gpu_h200_aadb2aa/run_gnn_gpu.json)
+    # the H200's 1,000 graphs held it at 8,192: 1,153,729 nodes/s, bench/results/gpu_h200/run_gnn_gpu.runs.json)
     g_data = ["--train", "32", "--val", "8", "--max-nodes", "50"] if dry else ["--train", "7000", "--val", "32"]
     g_shape = (["--epochs", "2", "--nodes-per-batch", "150", "--hidden", "16", "--layers", "2"] if dry else
                ["--epochs", "3"])

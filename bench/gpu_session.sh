@@ -152,7 +152,7 @@ export_behind_64() {
     || { echo "lstm_export_behind (64) failed: exit $?"; status=1; }
 }
 # the 500-symbol job as a GPU deploy runs it (held checkpoints, exports behind): its job wall beside the plan's 75 s
-# (bench/results/plan_lstm500_h200_export_behind.json) and the 78.6 s of gpu_h200_8779957's behind way
+# (bench/results/plan_lstm500_h200_export_behind.json) and the 78.6 s of the behind way (gpu_h200/lstm_export_behind_gpu.json)
 cohort_default() {
   step 200 python3 -m trainers lstm train --synthetic-tickers 500 --epochs 5 --patience 0 --device auto \
     --run-dir "$out/lstm_default" >"$out/bench/cohort_default.log" 2>&1 \
@@ -168,7 +168,7 @@ cohort_noexport() {
   cp "$out/lstm_noexport/results.json" "$out/bench/cohort_noexport_results.json" 2>/dev/null || true
 }
 # the GNN's job (run_gnn's data and options, 6 epochs) eager and compiled: at 65,536 nodes a step the H200 spent
-# 16-18 s of a 22-24 s run compiling for ~0.35 s of steady steps (gpu_h200_1adc135, gpu_h200_eab6a5d): whether
+# 16-18 s of a 22-24 s run compiling for ~0.35 s of steady steps (gpu_h200/run_gnn_gpu.runs.json, runs 2 and 3): whether
 # the compile pays on a job of this length. Each job's command wall (process start to exit) in gnn_walls.txt
 gnn_compile_or_not() {
   step 60 python3 -m trainers gnn data --out "$out/graphs" --train 7000 --val 32 --no-progress --overwrite \

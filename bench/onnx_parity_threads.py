@@ -5,7 +5,7 @@ every core, on this host, in one run.
     python bench/onnx_parity_threads.py --out bench/results/onnx_parity_threads_cpu.json
 
 Why: the H200 host (16 cores) took 0.16-0.2 s a reused symbol in a 500-symbol job's exports, the development VM
-(one thread) 0.043 s (bench/results/gpu_h200_1adc135/). A GPU job's torch has every core, and onnxruntime's own
+(one thread) 0.043 s (bench/results/gpu_h200/). A GPU job's torch has every core, and onnxruntime's own
 pool, every core too and spinning between runs, competes with torch's threads for them. The default model's
 file (random weights: the timing does not depend on them), exported once; each row the median of --rounds x --iters
 checks (the settings interleaved round by round), each with a new session as an export makes one.
