@@ -42,12 +42,28 @@ def get_logger(rank: int, run_dir: Path | None, name: str = "trainers") -> loggi
 
 
 class BarAwareHandler(logging.StreamHandler):
-    """The console: a line logged while the progress bar is drawn gets a line of its own (tqdm.write lifts the
-    bar, prints, and draws it again below), where it was glued onto the bar: `loss=0.9769]21:41:17 [rank0] INFO`."""
+    """The console: a line logged while the progress bar is drawn gets a line of its own, where it was glued onto the
+    bar (`loss=0.9769]21:41:17 [rank0] INFO`, issue 66). On a terminal tqdm.write lifts the bar, prints and draws it
+    again. On a pipe (the deploy's tee into its log) a carriage return does not start a line, so the line is
+    preceded by a newline whenever a bar drew since the last line logged."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self._last_line_t = 0.0
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            tqdm.write(self.format(record), file=self.stream)
+            line = self.format(record)
+            tty = getattr(self.stream, "isatty", lambda: False)()
+            if tty:
+                tqdm.write(line, file=self.stream)
+            else:
+                with tqdm.get_lock():
+                    drew = any(not bar.disable and getattr(bar, "last_print_t", 0.0) > self._last_line_t
+                               for bar in list(getattr(tqdm, "_instances", ())))
+                    self.stream.write(("\n" if drew else "") + line + "\n")
+                    self.flush()
+            self._last_line_t = time.time()
         except Exception:  # logging's own contract: a handler that fails reports and never raises into the loop
             self.handleError(record)
 
