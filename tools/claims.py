@@ -6,13 +6,14 @@ A measured figure is followed by `<!-- claim: bench/results/FILE.json#dotted.pat
 number: a leaf of the JSON (an index into a list counts as a key), never an object or a list. The mark ties to the
 last number printed before it, after the previous mark, within its paragraph, list item or table row; that
 number must equal the JSON's at the printed precision (`12.3` is 12.25 to 12.35; `3.0e-08` compares its mantissa's
-digits). Thousands separators and `−` are read; a figure printed with `%` is compared with the leaf and with the leaf
-x 100 (a fraction); `scale=K` multiplies the leaf first (`scale=1000` for seconds printed in ms); `abs` compares
-magnitudes (a loss printed as a gap).
+digits). Thousands separators and `−` are read; a figure printed with `%` is the leaf x 100 (a fraction: 0.489 is
+48.9 %, and 0.49 % is refused); `scale=K` multiplies the leaf instead (`scale=1000` for seconds printed in ms,
+`scale=1` for a leaf that is a percent already; K finite and > 0); `abs` compares magnitudes (a loss printed as a gap).
+A comment that looks like a mark but is not one (`<!-- Claim: ...`, `<!-- claims ...`) is refused, never skipped.
 
 A figure from outside this repository (a seed's projection, a paper, another project's log, a vendor's default)
-is followed by `<!-- external: SOURCE -->` instead, which names its source and covers the measured-looking
-numbers before it in its span. A figure measured here is never external: a source that names this repository's
+is followed by `<!-- external: SOURCE -->` instead, which names its source and, as a claim does, ties to the last
+number before it. A figure measured here is never external: a source that names this repository's
 files, a log or work done by hand is refused.
 
 Measured-looking, and so needing a mark: a number with a decimal point, a percentage, or a count followed by a
@@ -90,7 +91,8 @@ def numbers_in(text: str) -> list[Figure]:
     for m in NUMBER.finditer(text):
         number, unit = m.group(1), (m.group(2) or "").strip()
         start = m.start(1)
-        if re.match(r"\d{4}-\d\d", text[start:start + 7]) or re.search(r"\d{4}-\d\d-$", text[max(0, start - 8):start]):
+        if re.match(r"\d{4}-\d\d-\d\d", text[start:start + 10]) or re.search(r"\d{4}-\d\d-$", text[max(0, start - 8):start]) \
+                or re.search(r"\d{4}-$", text[max(0, start - 5):start]) and re.match(r"\d\d-\d\d", text[start:start + 5]):
             continue  # a date
         if re.match(r"[\d.]+\.\d+\.\d+", text[start:]) or VERSIONED.search(text[max(0, start - 20):start]):
             continue  # a version
@@ -129,7 +131,8 @@ def table_cells(text: str) -> list[Figure]:
             line, start = lines[i], offsets[i]
             cells = line.split("|")
             at = start + len(cells[0]) + 1
-            for column, cell in enumerate(cells[1:-1]):
+            inner = cells[1:-1] if line.rstrip().endswith("|") else cells[1:]  # (a row may leave out its last pipe)
+            for column, cell in enumerate(inner):
                 number = re.fullmatch(r"\s*(?:\*\*)?([+\-−]?\d[\d,]*(?:\.\d+)?)(?:\*\*)?\s*", cell)
                 if number and column < len(units) and units[column]:
                     printed = number.group(1)
@@ -179,13 +182,15 @@ def resolve(spec: str, load: Callable = load_json) -> tuple[float | None, dict, 
         return None, {}, f"{file}#{path} is {'an object' if isinstance(node, dict) else 'a list'}: name one number"
     if isinstance(node, bool) or not isinstance(node, (int, float)) or not math.isfinite(node):
         return None, {}, f"{file}#{path} is {node!r}, not a finite number"
-    parsed: dict = {"scale": 1.0, "abs": False}
+    parsed: dict = {"scale": None, "abs": False}
     for option in options:
         if option.startswith("scale="):
             try:
                 parsed["scale"] = float(option[6:])
             except ValueError:
                 return None, {}, f"bad option {option!r}"
+            if not math.isfinite(parsed["scale"]) or parsed["scale"] <= 0:
+                return None, {}, f"bad option {option!r}: a scale is a finite number > 0"
         elif option == "abs":
             parsed["abs"] = True
         else:
@@ -196,9 +201,12 @@ def resolve(spec: str, load: Callable = load_json) -> tuple[float | None, dict, 
 def equal_as_printed(figure: Figure, value: float, options: dict) -> bool:
     """Whether the leaf, scaled, prints as the figure does at the figure's precision."""
     x = to_float(figure.printed)
-    candidates = [value * options["scale"]]
-    if figure.percent and options["scale"] == 1.0:
-        candidates.append(value * 100)
+    if options["scale"] is not None:
+        candidates = [value * options["scale"]]
+    elif figure.percent:  # a fraction printed x 100 (a leaf that is a percent already says scale=1)
+        candidates = [value * 100]
+    else:
+        candidates = [value]
     for c in candidates:
         if options["abs"]:
             c, y = abs(c), abs(x)
@@ -241,6 +249,10 @@ def ties(text: str) -> list[tuple[Figure, str, int]]:
 def check(text: str, load: Callable = load_json) -> list[str]:
     """Every problem with the figures of one page."""
     figures, marks = spans(text)
+    problems = [f"line {text.count(chr(10), 0, m.start()) + 1}: {m.group(0)[:40]!r} looks like a mark but is not one "
+                "(`<!-- claim: ... -->` or `<!-- external: ... -->`, lower case)"
+                for m in re.finditer(r"<!--\s*(?:claims?|externals?)\b(?!:)|<!--\s*(?i:claim|external)(?<!claim)(?<!external):",
+                                     text)]
     read: dict = {}
 
     def once(file: str):  # each JSON parsed once a check (a page cites one file many times)
@@ -255,13 +267,12 @@ def check(text: str, load: Callable = load_json) -> list[str]:
         return value
 
     covered: set[int] = set()
-    problems = []
     for kind, spec, line, mine in marks:
         if kind == "external":
             if not spec or NOT_EXTERNAL.search(spec):
                 problems.append(f"line {line}: external {spec!r}: an external figure names a source outside this "
                                 "repository; a figure measured here is a claim on its JSON")
-            covered |= {f.pos for f in mine}
+            covered |= {f.pos for f in mine[-1:]}  # one figure, as a claim (a measured one beside it needs its own)
             continue
         value, options, problem = resolve(spec, once)
         if problem:
@@ -288,7 +299,10 @@ def provenance_gaps(record) -> list[str]:
     Read where each benchmark writes them (bench/record.py's fields; a results.json's `run`; a merged GPU session's
     `session`; a CPU machine's record with no GPU driver is its CPU). A file of several runs answers for each."""
     if isinstance(record, dict) and record.get("benchmark") == "runs":
-        return sorted({gap for run in record.get("runs", []) for gap in provenance_gaps(run)})
+        runs = record.get("runs")
+        if not isinstance(runs, list) or not runs:
+            return ["device", "torch", "commit"]  # a file of runs that holds none says nothing
+        return sorted({gap for run in runs for gap in provenance_gaps(run)})
     if not isinstance(record, dict):
         return ["device", "torch", "commit"]
     get = lambda key: record.get(key) if isinstance(record.get(key), dict) else {}  # noqa: E731
@@ -306,7 +320,11 @@ def provenance_gaps(record) -> list[str]:
     device = record.get("device_name") or named or training.get("device_name") or session.get("device_name") or cpu
     torch = (versions.get("torch") or record.get("torch") or get("cuda").get("torch") or session.get("torch")
              or (image if isinstance(image, str) and "torch" in image else None))
-    commit = record.get("git_commit") or run.get("git_commit") or session.get("tree_measured")
+    # the tree that ran, where its session said (the device's copy recorded another commit four times), else the
+    # commit the benchmark recorded; a commit is hexadecimal ("unknown", an image built without GIT_COMMIT, is none)
+    commit = session.get("tree_measured") or record.get("git_commit") or run.get("git_commit")
+    commit = commit if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{7,40}", commit) else None
+    torch = torch if isinstance(torch, str) and torch not in ("unknown", "") else None
     return [name for name, value in (("device", device), ("torch", torch), ("commit", commit)) if not value]
 
 

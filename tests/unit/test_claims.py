@@ -120,13 +120,13 @@ def test_every_json_a_claim_cites_records_where_and_on_what_code_it_ran():
 
 
 def test_the_provenance_check_names_what_a_record_lacks():
-    assert claims.provenance_gaps({"device": "auto", "git_commit": "abc"}) == ["device", "torch"]
+    assert claims.provenance_gaps({"device": "auto", "git_commit": "abc1234"}) == ["device", "torch"]
     assert claims.provenance_gaps({"device_name": "NVIDIA H200", "versions": {"torch": "2.11.0+cu130"},
-                                   "git_commit": "abc"}) == []
+                                   "git_commit": "abc1234"}) == []
     cpu = {"machine": {"processor": "x86_64", "gpu_driver": None}, "versions": {"torch": "2.13.0+cpu", "cuda": None},
-           "git_commit": "abc"}
+           "git_commit": "abc1234"}
     assert claims.provenance_gaps(cpu) == []
-    assert claims.provenance_gaps({"benchmark": "runs", "runs": [cpu, {"git_commit": "abc"}]}) == ["device", "torch"]
+    assert claims.provenance_gaps({"benchmark": "runs", "runs": [cpu, {"git_commit": "abc1234"}]}) == ["device", "torch"]
 
 
 def test_no_result_file_or_folder_is_stamped_with_a_commit():
@@ -134,3 +134,35 @@ def test_no_result_file_or_folder_is_stamped_with_a_commit():
     stamped = [str(p.relative_to(ROOT)) for p in (ROOT / "bench" / "results").rglob("*")
                if re.search(r"(?:^|_)[0-9a-f]{7,40}(?:_|\.|$)", p.name)]
     assert not stamped, stamped
+
+
+def test_a_percent_is_a_fraction_x_100_and_a_scale_is_positive(tmp_path):
+    record = {"frac": 0.489, "pct": 48.9, "frac_small": 0.001}
+    assert page_with(tmp_path, record, "took 48.9 % <!-- claim: R.json#frac -->\n") == []
+    assert page_with(tmp_path, record, "took 0.49 % <!-- claim: R.json#frac -->\n")  # 100x off
+    # (a leaf is a fraction unless its mark says scale=1: 48.9 printed as a percent is 4,890 %, one rule, no guess)
+    assert page_with(tmp_path, record, "took 48.9 % <!-- claim: R.json#pct scale=1 -->\n") == []
+    assert page_with(tmp_path, record, "took 0.1 % <!-- claim: R.json#frac_small -->\n") == []
+    for bad in ("scale=0", "scale=-1", "scale=nan"):
+        assert "a scale is a finite number > 0" in page_with(tmp_path, record, f"0.0 s <!-- claim: R.json#frac {bad} -->\n")[0]
+
+
+def test_a_lookalike_mark_a_table_row_without_its_last_pipe_and_a_range_are_read(tmp_path):
+    record = {"a": 850.0, "b": 41.0, "lo": 1500.0, "hi": 2500.0}
+    assert "looks like a mark" in " ".join(page_with(tmp_path, record, "took 850 s <!-- Claim: R.json#a -->\n"))
+    table = "| wall s | MFU % |\n|---|---|\n| 850 <!-- claim: R.json#a --> | 41\n"
+    assert page_with(tmp_path, record, table) == ["line 3: 41 has no claim or external mark"]
+    assert page_with(tmp_path, record, "took 1500-2500 s <!-- claim: R.json#hi -->\n") == [
+        "line 1: 1500 has no claim or external mark"]
+
+
+def test_an_external_mark_covers_its_own_figure_only(tmp_path):
+    problems = page_with(tmp_path, RECORD, "measured 99.9 s here, 45.6 s per the paper <!-- external: Smith 2020 -->\n")
+    assert problems == ["line 1: 99.9 has no claim or external mark"]
+
+
+def test_the_provenance_check_refuses_empty_runs_and_a_commit_that_is_not_one():
+    named = {"device_name": "NVIDIA H200", "versions": {"torch": "2.11.0+cu130"}}
+    assert claims.provenance_gaps({"benchmark": "runs", "runs": []}) == ["device", "torch", "commit"]
+    assert claims.provenance_gaps({**named, "git_commit": "unknown"}) == ["commit"]
+    assert claims.provenance_gaps({**named, "versions": {"torch": "unknown"}, "git_commit": "abc1234"}) == ["torch"]
