@@ -294,6 +294,70 @@ def check(text: str, load: Callable = load_json) -> list[str]:
     return problems
 
 
+def column_outliers(text: str, load: Callable = load_json) -> list[str]:
+    """Marks of a table that name another measurement than their column does, though the number prints the same:
+    where most of a column's marks end in one key (`....persistence.rank_ic`) and the key that row's other marks
+    lead to with that ending exists and prints as the figure does, a mark ending otherwise (`....lightgbm.ic`) is
+    a tie to the wrong number that merely equals it (the migration to one mark a figure made 44 such)."""
+    problems = []
+    lines = text.split("\n")
+    claim = re.compile(r"<!--\s*claim:\s*(.*?)\s*-->")
+
+    def parts(spec: str) -> tuple[str, list[str], list[str]]:
+        words = spec.split()
+        options = [w for w in words if w == "abs" or w.startswith("scale=")]
+        file, _, path = " ".join(w for w in words if w not in options).partition("#")
+        return file, path.split("."), options
+
+    i = 0
+    while i < len(lines):
+        if not (lines[i].lstrip().startswith("|") and i + 1 < len(lines)
+                and re.fullmatch(r"\s*\|[\s:|-]*-[\s:|-]*", lines[i + 1])):
+            i += 1
+            continue
+        rows, j = [], i + 2
+        while j < len(lines) and lines[j].lstrip().startswith("|"):
+            row = {}
+            for c, cell in enumerate(lines[j].split("|")[1:]):
+                for k, m in enumerate(claim.finditer(cell)):
+                    row[(c, k)] = (m.group(1), cell[:m.start()])
+            rows.append((j, row))
+            j += 1
+        for number, row in rows:
+            for column, (spec, before) in row.items():
+                file, path, options = parts(spec)
+                mates = [parts(r[column][0])[1] for _, r in rows if column in r and parts(r[column][0])[0] == file]
+                others = [parts(v[0])[1] for c, v in row.items() if c != column and parts(v[0])[0] == file]
+                if len(mates) < 3 or not others:
+                    continue
+                tails = {}
+                for mate in mates:
+                    tails[mate[-1]] = tails.get(mate[-1], 0) + 1
+                tail, count = max(tails.items(), key=lambda kv: kv[1])
+                if count * 2 <= len(mates) or path[-1] == tail:
+                    continue
+                length = max(len(m) for m in mates if m[-1] == tail)
+                prefixes = {}
+                for other in others:
+                    if len(other) >= length - 1:
+                        prefixes[tuple(other[:length - 2])] = prefixes.get(tuple(other[:length - 2]), 0) + 1
+                if not prefixes:
+                    continue
+                prefix = max(prefixes.items(), key=lambda kv: kv[1])[0]
+                mate_middles = {m[length - 2] for m in mates if m[-1] == tail and len(m) == length}
+                figures = numbers_in(MARK.sub(lambda x: " " * len(x.group(0)), before))
+                for middle in sorted(mate_middles | {path[-2]} if len(path) >= 2 else mate_middles):
+                    candidate = [*prefix, middle, tail][:length]
+                    value, opts, problem = resolve(f"{file}#{'.'.join(candidate)} {' '.join(options)}".strip(), load)
+                    if problem is None and figures and equal_as_printed(figures[-1], value, opts) \
+                            and candidate != path:
+                        problems.append(f"line {number + 1}: {spec} ends in {path[-1]!r} where its column's marks "
+                                        f"end in {tail!r}; {'.'.join(candidate)} prints the same")
+                        break
+        i = j
+    return problems
+
+
 def provenance_gaps(record) -> list[str]:
     """What a cited JSON does not record of where and on what code it ran: the device, torch's version, the commit.
     Read where each benchmark writes them (bench/record.py's fields; a results.json's `run`; a merged GPU session's

@@ -166,3 +166,22 @@ def test_the_provenance_check_refuses_empty_runs_and_a_commit_that_is_not_one():
     assert claims.provenance_gaps({"benchmark": "runs", "runs": []}) == ["device", "torch", "commit"]
     assert claims.provenance_gaps({**named, "git_commit": "unknown"}) == ["commit"]
     assert claims.provenance_gaps({**named, "versions": {"torch": "unknown"}, "git_commit": "abc1234"}) == ["torch"]
+
+
+def test_no_table_mark_names_another_measurement_than_its_column():
+    """A mark tied to a key whose number merely equals the figure (`+0.066` in the persistence column tied to
+    LightGBM's IC) passes every check of the figure; its column's other marks show it (issue 66's migration made
+    44 such, found by a review, mended, and this test keeps them out)."""
+    found = {page: claims.column_outliers((ROOT / page).read_text()) for page in PAGES}
+    assert not {p: f for p, f in found.items() if f}, {p: f for p, f in found.items() if f}
+
+
+def test_a_column_outlier_is_found(tmp_path):
+    record = {"rows": {name: {"rank_ic": v, "ic": v} for name, v in (("a", 0.1), ("b", 0.2), ("c", 0.3))}}
+    rows = "".join(f"| {n} | {v} <!-- claim: R.json#rows.{n}.{key} --> | {v} <!-- claim: R.json#rows.{n}.ic --> |\n"
+                   for n, v, key in (("a", 0.1, "rank_ic"), ("b", 0.2, "ic"), ("c", 0.3, "rank_ic")))
+    text = "| row | rank IC | IC |\n| --- | --- | --- |\n" + rows
+    results = tmp_path / "r.json"
+    results.write_text(json.dumps(record))
+    found = claims.column_outliers(text.replace("R.json", str(results)))
+    assert len(found) == 1 and "rows.b.ic ends in 'ic' where its column's marks end in 'rank_ic'" in found[0], found
