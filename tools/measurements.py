@@ -47,8 +47,11 @@ def provenance(record: dict) -> dict:
     device = record.get("device_name") or (record.get("device") if isinstance(record.get("device"), str) else None)
     if device in (None, "auto", "cpu", "cuda", "x86_64"):
         device = session.get("device_name")
-    if device in (None, "auto", "cpu", "cuda", "x86_64"):
-        device = None
+    machine = record.get("machine") if isinstance(record.get("machine"), dict) else {}
+    if device in (None, "auto", "cpu", "cuda", "x86_64"):  # a CPU run names its processor, not a model
+        device = (f"CPU ({machine.get('processor') or machine.get('arch')})"
+                  if not machine.get("gpu_driver") and (machine.get("processor") or machine.get("arch"))
+                  and record.get("device") in ("cpu", "x86_64", None) else None)
     commit = record.get("git_commit") or run.get("git_commit")
     commit = commit if isinstance(commit, str) else None
     tree = None
@@ -89,7 +92,31 @@ def render(index: dict) -> str:
         lines.append(f"| {n}. {row['what']}{note} | {figures} | {device} | {facts['torch']} | {commit} | "
                      f"{facts['date']} |")
         commands.append(f"{n}. [`{file.removeprefix('bench/results/')}`](../{file}): `{facts['command']}`")
-    return "\n".join(lines + ["", "## The commands", "", *commands, ""])
+    return "\n".join(lines + ["", "## The commands", "", *commands, "", *every_file()])
+
+
+def every_file() -> list[str]:
+    """Every committed result, the index's rows or not: what each records of where it ran (a file of several runs:
+    its latest), so no result sits in bench/results unlisted."""
+    out = ["## Every result file", "",
+           "Each JSON under `bench/results/`, with what it records of its device, torch, commit and date (a",
+           "`.runs.json`: its latest run). The trainers' READMEs quote many of them; the table above is the headline",
+           "of each benchmark.", "", "| file | benchmark | runs | device | torch | commit | date |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for path in sorted((ROOT / "bench" / "results").rglob("*.json")):
+        rel = path.relative_to(ROOT / "bench" / "results").as_posix()
+        if rel == "index.json":
+            continue
+        stored = json.loads(path.read_text())
+        if not isinstance(stored, dict):
+            continue
+        runs = stored.get("runs") if stored.get("benchmark") == "runs" and isinstance(stored.get("runs"), list) else None
+        record = runs[-1] if runs else stored
+        facts = provenance(record if isinstance(record, dict) else {})
+        benchmark = str(record.get("benchmark") or record.get("trainer") or "") if isinstance(record, dict) else ""
+        out.append(f"| [`{rel}`](../bench/results/{rel}) | {benchmark} | {len(runs) if runs else 1} | "
+                   f"{facts['device'] or NOT_RECORDED} | {facts['torch']} | {facts['commit']} | {facts['date']} |")
+    return out + [""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,10 @@ def session_block(args: argparse.Namespace) -> dict:
             "note": args.note, "source": f"tools/merge_gpu_session.py from {args.session}"}
 
 
+def without_session(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "session"}
+
+
 def merge(session: Path, device_dir: Path, block: dict) -> list[str]:
     """Every file of the session merged into device_dir; returns what was done, a line a file."""
     records = {}
@@ -38,11 +42,17 @@ def merge(session: Path, device_dir: Path, block: dict) -> list[str]:
         single, runs = device_dir / name, device_dir / f"{name[:-5]}.runs.json"
         if runs.exists():
             stored = json.loads(runs.read_text())
+            if any(without_session(run) == without_session(record) for run in stored["runs"]):
+                done.append(f"{name}: already run of {runs.name} (a session merged twice): left as it was")
+                continue  # (the plan's median would count one run twice)
             stored["runs"].append(record)
             runs.write_text(json.dumps(stored, indent=2) + "\n")
             done.append(f"{name}: run {len(stored['runs']) - 1} of {runs.name}")
         elif single.exists():
             earlier = json.loads(single.read_text())
+            if without_session(earlier) == without_session(record):
+                done.append(f"{name}: already {single.name} (a session merged twice): left as it was")
+                continue
             stored = {"benchmark": "runs", "of": name, "device_name": block["device_name"],
                       "about": f"every committed run of {name}, oldest first (runs.-1 is the latest); each run is "
                                "the record its benchmark wrote, with the session it ran in",

@@ -43,26 +43,24 @@ def test_a_figure_names_one_number_never_an_object():
         measurements.leaf({"rows": [{"a": 1}]}, "rows.0")
 
 
-def family(path):
-    """The device a result folder holds: gpu_h200 and gpu_h200_<session> are one device's; bench/results itself
-    is the CPU's."""
-    rel = path.relative_to(ROOT / "bench" / "results")
-    return rel.parts[0].split("_")[:2] if len(rel.parts) > 1 else ["cpu"]
-
-
 @pytest.mark.parametrize("row", INDEX["rows"], ids=[r["file"] for r in INDEX["rows"]])
 def test_each_row_is_the_latest_result_of_its_benchmark_on_its_device(row):
+    """One folder a device, one file a benchmark: a benchmark measured again replaces its file or joins its
+    .runs.json, so the latest is the file itself or that file's last run."""
     path = ROOT / row["file"]
     stored = json.loads(path.read_text())
-    if "run" in row:  # one file of every run of a benchmark: the row is its latest run
-        assert row["run"] in (-1, len(stored["runs"]) - 1), row
-        return
-    mine = stored.get("measured_at") or ""
-    newer = []
-    for other in (ROOT / "bench" / "results").rglob(path.name):
-        if other == path or family(other) != family(path):
-            continue
-        theirs = json.loads(other.read_text()).get("measured_at") or ""
-        if theirs > mine:
-            newer.append(f"{other.relative_to(ROOT)} ({theirs})")
-    assert not newer, f"{row['file']} ({mine}) is not the latest: {newer}"
+    stem = path.name.removesuffix(".runs.json").removesuffix(".json")
+    twins = [p for p in path.parent.glob(f"{stem}*.json") if p != path
+             and p.name.removesuffix(".runs.json").removesuffix(".json") == stem]
+    assert not twins, (row["file"], twins)  # a .json beside a .runs.json of one benchmark: which is the latest?
+    if stored.get("benchmark") == "runs":
+        assert row.get("run") in (-1, len(stored["runs"]) - 1), row  # its latest run
+    else:
+        assert "run" not in row, row
+
+
+def test_every_result_file_is_on_the_page():
+    page = (ROOT / "docs" / "measurements.md").read_text()
+    files = [p.relative_to(ROOT / "bench" / "results").as_posix() for p in (ROOT / "bench" / "results").rglob("*.json")]
+    missing = [f for f in files if f != "index.json" and f"`{f}`" not in page]
+    assert len(files) > 100 and not missing, missing

@@ -37,6 +37,10 @@ def test_a_session_joins_its_devices_folder(tmp_path):
     assert [r["n"] for r in json.loads((device / "run_ppo_gpu.runs.json").read_text())["runs"]] == [0, 1, 2]
     assert json.loads((device / "matmul_gpu.json").read_text())["session"]["tree_measured"] == "1234abc"
     assert (device / "logs" / "run_gnn.log").read_text() == "ok\n"
+    merge_gpu_session.merge(session, device, dict(BLOCK, date="2026-12-03"))  # the same session merged again
+    assert len(json.loads((device / "run_gnn_gpu.runs.json").read_text())["runs"]) == 2  # no run counted twice
+    assert len(json.loads((device / "run_ppo_gpu.runs.json").read_text())["runs"]) == 3
+    assert json.loads((device / "matmul_gpu.json").read_text())["session"]["date"] == "2026-12-02"
 
 
 def test_a_session_file_that_is_not_an_object_merges_nothing(tmp_path):
