@@ -43,18 +43,25 @@ def source_state(root: Path = KIT_ROOT) -> dict:
     """The commit, whether the tree differs from it (None where there is no checkout), and the SHA-256 of the code
     as it is on disk (every tracked file's path and bytes; bench/results, which a benchmark writes, left out)."""
     commit = git_commit(root)
-    dirty = None
+    dirty, untracked = None, []
     if commit is not None and (root / ".git").exists():
-        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--",
+        # a new module not yet added runs as much as an edited one: untracked code files count (not results, which
+        # a benchmark writes, nor what .gitignore keeps out)
+        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all", "--",
                               ".", ":(exclude)bench/results"], capture_output=True, text=True, timeout=30)
-        dirty = bool(out.stdout.strip()) if out.returncode == 0 else None
+        if out.returncode == 0:
+            lines = [line for line in out.stdout.splitlines() if line.strip()]
+            untracked = [root / line[3:] for line in lines if line.startswith("??")
+                         and line.endswith((".py", ".sh", ".toml", ".cfg"))]
+            dirty = any(not line.startswith("??") for line in lines) or bool(untracked)
     digest = hashlib.sha256()
-    for path in sorted(tracked_files(root)):
+    for path in sorted(set(tracked_files(root)) | set(untracked)):
         rel = path.relative_to(root).as_posix()
         if rel.startswith("bench/results/") or not path.is_file():
             continue
         digest.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return {"git_commit": commit, "git_dirty": dirty, "tree_sha256": digest.hexdigest()}
+    source = "git" if commit is not None and (root / ".git").exists() else "TRAINERS_GIT_COMMIT" if commit else None
+    return {"git_commit": commit, "git_commit_source": source, "git_dirty": dirty, "tree_sha256": digest.hexdigest()}
 
 
 STARTED = source_state()  # the code this benchmark runs, read as it starts
@@ -81,7 +88,8 @@ def device_name() -> str:
     import shutil
 
     exe = shutil.which("nvidia-smi")
-    if exe is not None:
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1")  # a run told to see no GPU runs on the CPU
+    if exe is not None and not hidden:
         out = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
                              timeout=20)
         if out.returncode == 0 and out.stdout.strip():

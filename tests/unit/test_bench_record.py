@@ -50,6 +50,11 @@ def test_a_dirty_tree_is_said_and_hashed_as_it_was(checkout, monkeypatch):
     dirty = record.source_state(checkout)
     assert dirty["git_commit"] == clean["git_commit"] and dirty["git_dirty"] is True
     assert dirty["tree_sha256"] != clean["tree_sha256"]
+    (checkout / "trainers" / "a.py").write_text("x = 1\n")
+    (checkout / "trainers" / "new.py").write_text("y = 1\n")  # a module not yet added runs all the same
+    fresh = record.source_state(checkout)
+    assert fresh["git_dirty"] is True and fresh["tree_sha256"] != clean["tree_sha256"]
+    assert fresh["git_commit_source"] == "git"
 
 
 def test_a_copy_without_its_git_folder_is_hashed_from_its_files(checkout, monkeypatch):
@@ -57,6 +62,7 @@ def test_a_copy_without_its_git_folder_is_hashed_from_its_files(checkout, monkey
     subprocess.run(["rm", "-rf", str(checkout / ".git")], check=True)
     bare = record.source_state(checkout)
     assert bare["git_commit"] is None and bare["git_dirty"] is None and len(bare["tree_sha256"]) == 64
+    assert bare["git_commit_source"] is None
     (checkout / "trainers" / "a.py").write_text("x = 3\n")
     assert record.source_state(checkout)["tree_sha256"] != bare["tree_sha256"]
 
@@ -76,3 +82,8 @@ def test_a_benchmark_whose_code_changed_while_it_ran_records_nothing(tmp_path, c
     assert not out.exists()
     record.write_record({"benchmark": "x"}, str(out))
     assert json.loads(out.read_text())["tree_sha256"] == original["tree_sha256"]
+
+
+def test_a_run_told_to_see_no_gpu_names_the_cpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert record.device_name().startswith("CPU")
