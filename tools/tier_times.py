@@ -65,8 +65,15 @@ def provenance() -> dict:
     except OSError:
         cpu = platform.processor()
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:  # the torch the tests ran on, read without importing it
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = None
     return {"machine": {"cpu": cpu, "cpus_usable": len(os.sched_getaffinity(0)), "cpus": os.cpu_count(),
                         "python": platform.python_version()},
+            "device_name": f"CPU: {cpu} ({len(os.sched_getaffinity(0))} usable)", "versions": {"torch": torch_version},
             "git_commit": commit, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
