@@ -23,10 +23,10 @@ SOURCES = ("trainers", "bench", "tools", "tests", "docker", "kit_lib.sh", "deplo
            "pyproject.toml")
 
 
-def tracked_files(root: Path) -> list[Path]:
-    """The files the code is made of: git's tracked files where the kit is its own checkout, else every file
-    under SOURCES (caches, results and virtual environments left out)."""
-    if git_commit(root) is not None and (root / ".git").exists():
+def tracked_files(root: Path, commit: str | None) -> list[Path]:
+    """The files the code is made of: git's tracked files where the kit is its own checkout (its `commit`, read
+    once by source_state), else every file under SOURCES (caches, results and virtual environments left out)."""
+    if commit is not None and (root / ".git").exists():
         out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, timeout=30)
         if out.returncode == 0:
             return [root / name for name in out.stdout.decode().split("\0") if name]
@@ -55,7 +55,7 @@ def source_state(root: Path = KIT_ROOT) -> dict:
                          and line.endswith((".py", ".sh", ".toml", ".cfg"))]
             dirty = any(not line.startswith("??") for line in lines) or bool(untracked)
     digest = hashlib.sha256()
-    for path in sorted(set(tracked_files(root)) | set(untracked)):
+    for path in sorted(set(tracked_files(root, commit)) | set(untracked)):
         rel = path.relative_to(root).as_posix()
         if rel.startswith("bench/results/") or not path.is_file():
             continue

@@ -120,8 +120,7 @@ def table_cells(text: str) -> list[Figure]:
         pos += len(line) + 1
     i = 0
     while i < len(lines):
-        if not (lines[i].lstrip().startswith("|") and i + 1 < len(lines)
-                and re.fullmatch(r"\s*\|[\s:|-]*-[\s:|-]*", lines[i + 1])):
+        if not table_starts(lines, i):
             i += 1
             continue
         header = lines[i].strip().strip("|").split("|")
@@ -153,14 +152,27 @@ def load_json(file: str):
     return json.loads((ROOT / file).read_text())
 
 
-def resolve(spec: str, load: Callable = load_json) -> tuple[float | None, dict, str | None]:
-    """The one number a claim names, its options, or why it names none."""
+def split_spec(spec: str) -> tuple[str, str, list[str]]:
+    """A mark's file, its dotted key and its options (`scale=K`, `abs`: the words at its end; a key may hold spaces:
+    "compile on", "64 symbols, cohort 64")."""
     words = spec.split()
     options = []
     while len(words) > 1 and (words[-1] == "abs" or words[-1].startswith("scale=")):
         options.insert(0, words.pop())
-    target = " ".join(words)  # (a key may hold spaces: "compile on", "64 symbols, cohort 64")
-    file, _, path = target.partition("#")
+    file, _, path = " ".join(words).partition("#")
+    return file, path, options
+
+
+def table_starts(lines: list[str], i: int) -> bool:
+    """Whether line i is a table's header: a row of cells over a separator row."""
+    return (lines[i].lstrip().startswith("|") and i + 1 < len(lines)
+            and re.fullmatch(r"\s*\|[\s:|-]*-[\s:|-]*", lines[i + 1]) is not None)
+
+
+def resolve(spec: str, load: Callable = load_json) -> tuple[float | None, dict, str | None]:
+    """The one number a claim names, its options, or why it names none."""
+    file, path, options = split_spec(spec)
+    target = " ".join(spec.split()[:len(spec.split()) - len(options)])  # the mark as written, options left out
     if not path:
         return None, {}, f"{target} names no key: a claim names one number (FILE.json#dotted.key)"
     try:
@@ -304,15 +316,12 @@ def column_outliers(text: str, load: Callable = load_json) -> list[str]:
     claim = re.compile(r"<!--\s*claim:\s*(.*?)\s*-->")
 
     def parts(spec: str) -> tuple[str, list[str], list[str]]:
-        words = spec.split()
-        options = [w for w in words if w == "abs" or w.startswith("scale=")]
-        file, _, path = " ".join(w for w in words if w not in options).partition("#")
+        file, path, options = split_spec(spec)
         return file, path.split("."), options
 
     i = 0
     while i < len(lines):
-        if not (lines[i].lstrip().startswith("|") and i + 1 < len(lines)
-                and re.fullmatch(r"\s*\|[\s:|-]*-[\s:|-]*", lines[i + 1])):
+        if not table_starts(lines, i):
             i += 1
             continue
         rows, j = [], i + 2

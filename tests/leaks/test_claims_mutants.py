@@ -72,8 +72,7 @@ def test_a_marks_key_deleted_from_its_json_turns_the_guard_red(page):
     text = (ROOT / page).read_text()
     missed = []
     for _figure, spec, line in claims.ties(text):
-        target = " ".join(w for w in spec.split() if w != "abs" and not w.startswith("scale="))
-        file, _, path = target.partition("#")
+        file, path, _options = claims.split_spec(spec)
         *parents, key = path.split(".")
 
         def without(name: str, file=file, parents=parents, key=key):
