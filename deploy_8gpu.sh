@@ -40,6 +40,7 @@ done
 [[ -n "$TRAINER" ]] || die "--trainer needs a value"
 load_trainer "$TRAINER"
 parse_flags "$@"
+read_launcher
 check_common_flags
 trainer_defaults
 set_paths
@@ -56,6 +57,7 @@ start_state
 
 echo "deploy_8gpu.sh $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) ($(uname -sm)); repo $REPO @ $(kit_commit)"
 echo "trainer=$TRAINER out=$OUT demo=$DEMO gpus=$GPUS nnodes=$NNODES node_rank=$NODE_RANK dry_run=$DRY_RUN"
+launcher_line
 trainer_train_args
 echo "training options: ${TRAIN_ARGS[*]} ${EXTRA[*]}"
 

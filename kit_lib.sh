@@ -28,8 +28,8 @@ USD_PER_GPU_HOUR="${USD_PER_GPU_HOUR:-}"
 MAX_HOURS="${MAX_HOURS:-}"
 BUDGET_USD="${BUDGET_USD:-}"
 MAX_RESTARTS="${MAX_RESTARTS:-3}"
-NNODES="${NNODES:-1}"
-NODE_RANK="${NODE_RANK:-0}"
+NNODES="${NNODES:-}"        # (empty until read_launcher: a launcher's environment may say)
+NODE_RANK="${NODE_RANK:-}"
 RDZV_ENDPOINT="${RDZV_ENDPOINT:-}"
 REMOTE="${TRAINERS_REMOTE:-}"  # the job's mirror: the run folder goes to $REMOTE/<trainer>
 SKIP_DATA=0
@@ -54,9 +54,11 @@ common_usage() {
   --max-restarts N       torchrun restarts after a worker failure (default: 3)      [MAX_RESTARTS]
   --skip-data            skip the data phase: train on the data already there
   --demo                 CPU, 2 gloo workers, small synthetic data: the whole pipeline without a GPU
-  --nnodes N             nodes in a multi-node run (default: 1)                     [NNODES]
-  --node-rank R          this node's rank, 0..N-1                                   [NODE_RANK]
+  --nnodes N             nodes in a multi-node run (default: the launcher's, else 1) [NNODES]
+  --node-rank R          this node's rank, 0..N-1 (default: the launcher's, else 0)  [NODE_RANK]
   --rdzv-endpoint H:P    rendezvous host:port (node 0's address) for --nnodes > 1   [RDZV_ENDPOINT]
+                         Under SLURM (srun), SkyPilot, Kubeflow (TrainJob, PyTorchJob) or dstack the three
+                         come from the launcher's environment: no flag needed (launch/ has a file for each)
   --remote URL           mirror the run to object storage as it trains (s3://bucket/prefix, gs://..., or
                          file:///mounted/volume); a fresh machine resumes from it with the same command;
                          the tarball goes to URL/<trainer>/package/ (needs pip install 'trainers[remote]') [TRAINERS_REMOTE]
@@ -123,6 +125,33 @@ parse_flags() {  # parse_flags ARGS...: common flags, then the trainer's, then `
     shift "$CONSUMED"
   done
 }
+
+LAUNCHER=""
+LAUNCHER_JOB_ID=""
+LAUNCHER_SUMMARY=""
+read_launcher() {  # the topology a cluster launcher gives this node, under the flags (trainers/launchers.py)
+  local out key value gpus_per_node=""
+  # the system's python3 and the standard library only: this runs before the install phase
+  out=$(PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python3 -m trainers.launchers --nnodes "$NNODES" \
+        --node-rank "$NODE_RANK" --rdzv-endpoint "$RDZV_ENDPOINT") || exit 2
+  while IFS='=' read -r key value; do
+    case "$key" in
+      launcher) LAUNCHER="$value" ;;
+      nnodes) NNODES="$value" ;;
+      node_rank) NODE_RANK="$value" ;;
+      rdzv_endpoint) RDZV_ENDPOINT="$value" ;;
+      gpus_per_node) gpus_per_node="$value" ;;
+      job_id) LAUNCHER_JOB_ID="$value" ;;
+      summary) LAUNCHER_SUMMARY="$value" ;;
+    esac
+  done <<<"$out"
+  NNODES="${NNODES:-1}"
+  NODE_RANK="${NODE_RANK:-0}"
+  # the GPUs the launcher gave this node, unless --gpus says otherwise (nvidia-smi may list the whole machine's)
+  [[ -z "$gpus_per_node" || "$GPUS" != all ]] || GPUS="$gpus_per_node"
+}
+
+launcher_line() { [[ -z "$LAUNCHER" ]] || echo "launcher $LAUNCHER_SUMMARY"; }
 
 check_common_flags() {
   [[ "$GPUS" == all ]] || { is_uint "$GPUS" && [[ "$GPUS" -ge 1 ]]; } || die "--gpus '$GPUS' must be 'all' or a number >= 1"
@@ -402,8 +431,12 @@ phase_train() {
   fi
   local launch=(--nproc_per_node="$nproc" --max-restarts="$MAX_RESTARTS")
   if [[ "$NNODES" -gt 1 ]]; then
+    # Node 0 hosts the rendezvous store, said outright: torchrun's guess compares the endpoint with this
+    # machine's names, and a Kubernetes service name or a second interface's address matches none of them.
+    local is_host=false
+    on_node0 && is_host=true
     launch+=(--nnodes="$NNODES" --node-rank="$NODE_RANK" --rdzv-backend=c10d --rdzv-endpoint="$RDZV_ENDPOINT"
-             --rdzv-id="${RDZV_ID:-trainers-$TRAINER}")
+             --rdzv-id="${RDZV_ID:-trainers-$TRAINER${LAUNCHER_JOB_ID:+-$LAUNCHER_JOB_ID}}" --rdzv-conf="is_host=$is_host")
   else
     launch+=(--standalone)
   fi
