@@ -5,10 +5,10 @@
 #   bash deploy_8gpu.sh --trainer gnn            # the graph-colouring GNN
 #   bash deploy_8gpu.sh --demo                   # CPU, 2 gloo workers, synthetic data, a few minutes
 #
-# Phases: preflight -> install -> check (full preflight with NCCL, sized for the job) -> data ->
-# train (torchrun) -> export (ONNX, checked) -> package -> download line. Non-interactive and
-# idempotent: rerun it after a failure or a preemption and it skips what is done (install, data)
-# and resumes training from the last checkpoint. Everything is logged to $OUT/deploy-<trainer>.log;
+# Phases: preflight -> install -> nodes (several nodes: all met, --out shared) -> check (full preflight
+# with NCCL, sized for the job) -> data -> train (torchrun) -> export (ONNX, checked) -> package ->
+# download line. Non-interactive and idempotent: rerun it after a failure or a preemption and it skips
+# what is done (install, data) and resumes training from the last checkpoint. Everything is logged to $OUT/deploy-<trainer>.log;
 # a failure names its phase and the log. The common flags and phases live in kit_lib.sh, each
 # trainer's own flags and data phase in trainers/<trainer>/deploy.sh.
 set -euo pipefail
@@ -46,7 +46,7 @@ trainer_defaults
 set_paths
 if should_detach; then
   probe_job_lock
-  OLD_STATE_PID=$(grep '^pid=' "$OUT/deploy-$TRAINER.state" 2>/dev/null | cut -d= -f2 || true)
+  OLD_STATE_PID=$(grep '^pid=' "$DEPLOY_FILES.state" 2>/dev/null | cut -d= -f2 || true)
   detach_job "$@"
   exit 0
 fi
@@ -64,6 +64,7 @@ echo "training options: ${TRAIN_ARGS[*]} ${EXTRA[*]}"
 PY="${TRAINERS_PYTHON:-python3}"
 phase preflight phase_preflight
 phase install phase_install
+phase nodes phase_nodes
 phase check phase_check
 phase data phase_data
 phase train phase_train

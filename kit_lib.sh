@@ -180,7 +180,13 @@ set_paths() {  # the output folder and everything in it that belongs to this tra
   mkdir -p "$OUT" 2>/dev/null || die "--out '$OUT' cannot be created (permissions? a read-only volume?)"
   [[ -w "$OUT" ]] || die "--out '$OUT' is not writable"
   OUT="$(cd "$OUT" && pwd)"
-  LOG="$OUT/deploy-$TRAINER.log"
+  # Several nodes on one shared folder: each node's deploy has its own log, state and lock (node 0's keep the
+  # plain names, which status, attach and stop read); the run folder itself is the job's, written by its ranks.
+  NODE_TAG=""
+  [[ "$NNODES" -eq 1 || "$NODE_RANK" -eq 0 ]] || NODE_TAG=".node$NODE_RANK"
+  DEPLOY_FILES="$OUT/deploy-$TRAINER$NODE_TAG"  # .log, .state, .launch.log
+  JOB_LOCK="$OUT/.deploy-$TRAINER$NODE_TAG.lock"
+  LOG="$DEPLOY_FILES.log"
   RUN_DIR="$OUT/$TRAINER"
   TARBALL="$OUT/$TRAINER.tar.gz"
   RUN_REMOTE="${REMOTE:+${REMOTE%/}/$TRAINER}"  # the run folder's mirror (empty without --remote)
@@ -188,7 +194,6 @@ set_paths() {  # the output folder and everything in it that belongs to this tra
 
 # ---- one deploy per trainer and output folder ----------------------------------------------------
 lock_job() {  # held for the whole deploy (and by the processes it starts): a second one is refused
-  JOB_LOCK="$OUT/.deploy-$TRAINER.lock"
   if ! command -v flock >/dev/null 2>&1; then
     echo "warning: flock (util-linux) not found: a second deploy into $OUT is refused only when it reaches training" >&2
     return 0
@@ -204,9 +209,9 @@ lock_job() {  # held for the whole deploy (and by the processes it starts): a se
 
 probe_job_lock() {  # refuse before detaching when a deploy already runs (the same test lock_job makes)
   command -v flock >/dev/null 2>&1 || return 0
-  [[ -f "$OUT/.deploy-$TRAINER.lock" ]] || return 0
-  flock -n "$OUT/.deploy-$TRAINER.lock" true ||
-    die "a deploy of $TRAINER into $OUT is already running ($(cat "$OUT/.deploy-$TRAINER.lock" 2>/dev/null)); follow it with \`bash deploy_8gpu.sh status --trainer $TRAINER --out $OUT\`"
+  [[ -f "$JOB_LOCK" ]] || return 0
+  flock -n "$JOB_LOCK" true ||
+    die "a deploy of $TRAINER into $OUT is already running ($(cat "$JOB_LOCK" 2>/dev/null)); follow it with \`bash deploy_8gpu.sh status --trainer $TRAINER --out $OUT\`"
 }
 
 # ---- the job's state, for `status` (one key=value file, replaced atomically) ---------------------------
@@ -214,7 +219,7 @@ declare -A STATE=()
 set_state() {  # set_state KEY VALUE [KEY VALUE...]
   while [[ $# -ge 2 ]]; do STATE[$1]="$2"; shift 2; done
   [[ "$DRY_RUN" -eq 1 ]] && return 0
-  local file="$OUT/deploy-$TRAINER.state" key
+  local file="$DEPLOY_FILES.state" key
   {
     for key in "${!STATE[@]}"; do printf '%s=%s\n' "$key" "${STATE[$key]//$'\n'/ }"; done
   } > "$file.tmp.$$" && mv -f "$file.tmp.$$" "$file"
@@ -325,8 +330,9 @@ phase() {  # phase NAME FUNCTION: timed, logged
 
 push_state() {  # --remote: the deploy's state beside the run, for `status --remote` from any machine
   [[ -n "$RUN_REMOTE" && "$DRY_RUN" -eq 0 && -n "${PY:-}" ]] || return 0
+  on_node0 || return 0  # (the job's state is node 0's: another node's would overwrite it)
   [[ "$PHASE" != preflight && "$PHASE" != install ]] || return 0  # (the kit may not be installed yet)
-  "$PY" -m trainers remote push --state "$OUT/deploy-$TRAINER.state" --remote "$RUN_REMOTE" >/dev/null 2>&1 ||
+  "$PY" -m trainers remote push --state "$DEPLOY_FILES.state" --remote "$RUN_REMOTE" >/dev/null 2>&1 ||
     echo "warning: could not upload the deploy's state to $RUN_REMOTE (training goes on; see the run's log)" >&2
 }
 
@@ -416,6 +422,12 @@ phase_check() {  # the full preflight, sized for the trainer and options about t
   run "$PY" -m trainers preflight --expect-gpus "$NPROC" --out "$OUT" --trainer "$TRAINER" \
     --json "$OUT/preflight-$TRAINER.json" --plan-json "$OUT/plan-$TRAINER.json" -- "${CHECK_ARGS[@]}" "${price[@]}" \
     "${EXTRA[@]}"
+}
+
+phase_nodes() {  # several nodes: all of them met, and --out one folder for all (trainers/ops/nodes.py)
+  if [[ "$NNODES" -eq 1 ]]; then echo "one node"; return; fi
+  run "$PY" -m trainers nodes meet --out "$OUT" --nnodes "$NNODES" --node-rank "$NODE_RANK" \
+    --rdzv-endpoint "$RDZV_ENDPOINT"
 }
 
 phase_data() {
@@ -583,29 +595,29 @@ should_detach() {
 
 detach_job() {  # detach_job ARGS...: relaunch this deploy in a session of its own and return the prompt
   local cmd=(bash "$REPO/deploy_8gpu.sh" --detached-child "$@")
-  rm -f "$OUT/deploy-$TRAINER.state.launch"
+  rm -f "$DEPLOY_FILES.state.launch"
   if [[ -n "${TMUX:-}" ]] && command -v tmux >/dev/null 2>&1; then
     tmux new-window -d -n "deploy-$TRAINER" "$(printf '%q ' "${cmd[@]}")"
     echo "started in tmux window deploy-$TRAINER (it runs in the tmux server: the SSH session may end)"
   else
-    setsid nohup "${cmd[@]}" </dev/null >>"$OUT/deploy-$TRAINER.launch.log" 2>&1 &
+    setsid nohup "${cmd[@]}" </dev/null >>"$DEPLOY_FILES.launch.log" 2>&1 &
   fi
   local waited=0 state=""
   while [[ $waited -lt 100 ]]; do  # up to 10 s for the job to take its lock and say it runs
-    if [[ -f "$OUT/deploy-$TRAINER.state" ]] && grep -q "^pid=" "$OUT/deploy-$TRAINER.state" &&
-       ! grep -q "^pid=${OLD_STATE_PID:-none}$" "$OUT/deploy-$TRAINER.state"; then
-      state=$(state_value "$OUT/deploy-$TRAINER.state" state); break
+    if [[ -f "$DEPLOY_FILES.state" ]] && grep -q "^pid=" "$DEPLOY_FILES.state" &&
+       ! grep -q "^pid=${OLD_STATE_PID:-none}$" "$DEPLOY_FILES.state"; then
+      state=$(state_value "$DEPLOY_FILES.state" state); break
     fi
     sleep 0.1; waited=$((waited + 1))
   done
   if [[ -z "$state" ]]; then
-    cat "$OUT/deploy-$TRAINER.launch.log" >&2 2>/dev/null || true
-    die "the detached deploy did not start (see above and $OUT/deploy-$TRAINER.launch.log)"
+    cat "$DEPLOY_FILES.launch.log" >&2 2>/dev/null || true
+    die "the detached deploy did not start (see above and $DEPLOY_FILES.launch.log)"
   fi
   cat <<EOF_DETACHED
 deploy of $TRAINER running in the background (detached from this terminal: closing it or losing SSH is safe)
   run folder  $OUT/$TRAINER
-  log         $OUT/deploy-$TRAINER.log
+  log         $LOG
   status      bash $REPO/deploy_8gpu.sh status --trainer $TRAINER --out $OUT
   attach      bash $REPO/deploy_8gpu.sh attach --trainer $TRAINER --out $OUT   (Ctrl-C leaves it running)
   stop        bash $REPO/deploy_8gpu.sh stop --trainer $TRAINER --out $OUT     (checkpoint, then export + package)

@@ -1,10 +1,11 @@
-"""`trainers preflight`, `status`, `plan`, `remote` and `package`: flags only (the work: `commands.py` for plan and
+"""`trainers preflight`, `status`, `plan`, `remote`, `nodes` and `package`: flags only (the work: `commands.py` for plan and
 package, `preflight.py` and `status.py` for theirs)."""
 
 from __future__ import annotations
 
 import argparse
 
+from trainers.ops.nodes import add_command as add_nodes_command  # light: torch when the verb runs
 from trainers.ops.preflight import add_args as add_preflight_args  # light: no torch at import
 from trainers.runtime.config import number
 
@@ -92,6 +93,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--remote", required=True, help="the run's --remote URL")
     v.add_argument("--json", action="store_true", help="one JSON object")
     v.set_defaults(func=_remote_status)
+
+    add_nodes_command(sub)
 
     p = sub.add_parser("package", help="tarball of a run with SHA256SUMS and the best checkpoint")
     p.add_argument("--run-dir", required=True)

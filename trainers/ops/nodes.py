@@ -1,0 +1,133 @@
+"""`trainers nodes meet`: the nodes of a multi-node deploy meet before anything is fetched or trained, and find out
+whether they share the output folder.
+
+Every node's data, checkpoints and results live in one run folder, so the nodes must share the disk it is on
+(NFS, a bucket mounted on every node, a ReadWriteMany volume). Nothing on a node says whether its folder is the
+others' too: node 0 writes a marker with a fresh random name into its output folder and tells the others the name
+through a c10d TCPStore at the rendezvous endpoint (the port torchrun's rendezvous takes over a moment later);
+each node says whether it sees that marker. Node 0 hands every node one verdict, so all of them go on or all stop.
+
+A node that never comes, two nodes claiming one rank, nodes that disagree on the node count, or a folder not
+shared all end every node in one line that names the node and the fix, before minutes are spent on data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+from trainers.errors import UsageError
+
+MARKER_PREFIX = ".node0-marker-"
+DONE_WAIT_S = 30.0  # node 0 waits this long for every node to have read the verdict before it closes the store
+
+
+def _store(host: str, port: int, is_head: bool, timeout_s: float):
+    from torch.distributed import TCPStore
+
+    try:
+        return TCPStore(host, port, is_master=is_head, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+    except (RuntimeError, OSError) as err:  # (torch's DistNetworkError is a RuntimeError)
+        what = f"listen on port {port}" if is_head else f"reach node 0 at {host}:{port}"
+        raise UsageError(f"nodes: could not {what} within {timeout_s:g} s ({str(err).splitlines()[0][:160]}); "
+                         "is node 0 up, and the port open between the nodes?") from None
+
+
+def _get(store, key: str, timeout_s: float, waiting_for: str) -> str:
+    try:
+        store.wait([key], timedelta(seconds=timeout_s))
+    except RuntimeError:
+        raise UsageError(f"nodes: {waiting_for} did not come within {timeout_s:g} s") from None
+    return store.get(key).decode()
+
+
+def meet(out: Path, nnodes: int, node_rank: int, endpoint: str, timeout_s: float) -> dict:
+    """Collective across the nodes; returns node 0's verdict: {"shared": bool, "nodes": [{rank, host, sees}]}."""
+    host, _, port = endpoint.rpartition(":")
+    is_head = node_rank == 0
+    store = _store(host, int(port), is_head, timeout_s)
+    if is_head:
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in out.glob(f"{MARKER_PREFIX}*"):  # a node 0 killed mid-meet left its own behind
+            stale.unlink(missing_ok=True)
+        nonce = uuid.uuid4().hex
+        marker = out / f"{MARKER_PREFIX}{nonce}"
+        marker.write_text(socket.gethostname() + "\n")
+        store.set("kit/nonce", nonce)
+    nonce = _get(store, "kit/nonce", timeout_s, "node 0's marker name")
+    me = {"rank": node_rank, "host": socket.gethostname(), "pid": os.getpid(), "nnodes": nnodes,
+          "sees": (out / f"{MARKER_PREFIX}{nonce}").is_file(), "id": uuid.uuid4().hex}
+    claimed = store.compare_set(f"kit/node{node_rank}", "", json.dumps(me)).decode()
+    if claimed != json.dumps(me):  # the key was already another node's
+        first = json.loads(claimed)
+        store.set("kit/verdict", json.dumps({"error": f"two nodes claim rank {node_rank}: {first['host']} (pid "
+                                                      f"{first['pid']}) and {me['host']} (pid {me['pid']})"}))
+    if is_head:
+        verdict = _head_verdict(store, nnodes, timeout_s)
+        store.set("kit/verdict", json.dumps(verdict))
+        came = sum(store.check([f"kit/node{rank}"]) for rank in range(1, nnodes))
+        deadline = time.monotonic() + DONE_WAIT_S
+        while store.add("kit/read", 0) < came and time.monotonic() < deadline:
+            time.sleep(0.1)
+        marker.unlink(missing_ok=True)
+    else:
+        # node 0 may have started a whole timeout before this node, and waits that long for the last one
+        verdict = json.loads(_get(store, "kit/verdict", timeout_s + DONE_WAIT_S, "node 0's verdict"))
+        store.add("kit/read", 1)
+    if "error" in verdict:
+        raise UsageError(f"nodes: {verdict['error']}")
+    return verdict
+
+
+def _head_verdict(store, nnodes: int, timeout_s: float) -> dict:
+    keys = [f"kit/node{rank}" for rank in range(nnodes)]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [rank for rank, key in enumerate(keys) if not store.check([key])]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            return {"error": f"node(s) {', '.join(map(str, missing))} of {nnodes} did not come within {timeout_s:g} s"}
+        if store.check(["kit/verdict"]):  # a duplicate rank was found by the node that claimed it second
+            return json.loads(store.get("kit/verdict"))
+        time.sleep(0.1)
+    nodes = [json.loads(store.get(key)) for key in keys]
+    counts = {node["nnodes"] for node in nodes}
+    if len(counts) > 1:
+        said = ", ".join(f"node {n['rank']} ({n['host']}) {n['nnodes']}" for n in nodes)
+        return {"error": f"the nodes disagree on the node count: {said}"}
+    return {"shared": all(node["sees"] for node in nodes), "nodes": nodes}
+
+
+def main(args) -> int:
+    verdict = meet(Path(args.out), args.nnodes, args.node_rank, args.rdzv_endpoint, args.timeout_s)
+    if not verdict["shared"]:
+        apart = [f"node {n['rank']} ({n['host']})" for n in verdict["nodes"] if not n["sees"]]
+        raise UsageError(f"nodes: {', '.join(apart)} cannot see node 0's output folder {args.out}: the nodes share no "
+                         "disk, and the run folder (data, every rank's checkpoints, results) must be one; put --out on "
+                         "storage every node mounts (NFS, a bucket mounted on each node, a ReadWriteMany volume)")
+    hosts = ", ".join(f"{n['rank']}:{n['host']}" for n in verdict["nodes"])
+    print(f"nodes: all {args.nnodes} met ({hosts}); the output folder {args.out} is shared")
+    return 0
+
+
+def add_command(sub) -> None:
+    from trainers.runtime.config import number
+
+    p = sub.add_parser("nodes", help="the nodes of a multi-node deploy meet and check that they share --out")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="verb")
+    v = verbs.add_parser("meet", help="wait for every node at the rendezvous endpoint; fail unless --out is shared")
+    v.add_argument("--out", required=True, help="this node's output folder")
+    v.add_argument("--nnodes", type=number(int, min=2), required=True)
+    v.add_argument("--node-rank", type=number(int, min=0), required=True)
+    v.add_argument("--rdzv-endpoint", required=True, help="HOST:PORT of node 0")
+    v.add_argument("--timeout-s", type=number(float, gt=0), default=float(os.environ.get("TRAINERS_NODES_TIMEOUT_S",
+                                                                                          600)),
+                   help="how long to wait for every node (default: 600, torchrun's rendezvous; "
+                        "TRAINERS_NODES_TIMEOUT_S)")
+    v.set_defaults(func=main)
