@@ -1,6 +1,6 @@
 """Several nodes on one machine: each node a network namespace this test creates, with its own address on a bridge
-the test creates, its own host name (a UTS namespace) and a hosts file naming every node (ip netns exec mounts
-/etc/netns/<ns>/hosts over /etc/hosts inside it). Traffic goes only between the namespaces and the bridge's own
+the test creates, its own host name (a UTS namespace) and a hosts file naming every node (bound over /etc/hosts in
+a mount namespace of its own). Traffic goes only between the namespaces and the bridge's own
 address in the root namespace, where a test's servers (moto, slurmctld) listen. Needs root (CAP_NET_ADMIN).
 
     with Cluster(2) as cluster:
@@ -24,8 +24,8 @@ def can_make_namespaces() -> str | None:
     """None when this machine lets a test make network namespaces, else why not."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    if not shutil.which("ip") or not shutil.which("unshare"):
-        return "needs ip (iproute2) and unshare (util-linux)"
+    if not all(shutil.which(tool) for tool in ("ip", "unshare", "nsenter")):
+        return "needs ip (iproute2), unshare and nsenter (util-linux)"
     name = f"kt{random.randrange(16**6):06x}"
     made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
     if made.returncode != 0:
@@ -77,9 +77,11 @@ class Cluster:
         self.close()
 
     def command(self, node: int, argv: list[str]) -> list[str]:
-        """argv run inside node's namespaces, under its host name."""
-        return ["ip", "netns", "exec", self.names[node], "unshare", "--uts", "sh", "-c",
-                f'hostname {self.hosts[node]} && exec "$@"', "sh", *argv]
+        """argv run inside node's network namespace, under its host name, with the hosts file naming every node.
+        (Not `ip netns exec`: it mounts a fresh /sys, without the cgroup tree slurmd needs.)"""
+        hosts = f"/etc/netns/{self.names[node]}/hosts"
+        return ["nsenter", f"--net=/run/netns/{self.names[node]}", "unshare", "--uts", "--mount", "sh", "-c",
+                f'mount --bind {hosts} /etc/hosts && hostname {self.hosts[node]} && exec "$@"', "sh", *argv]
 
     def popen(self, node: int, argv: list[str], **kwargs) -> subprocess.Popen:
         proc = subprocess.Popen(self.command(node, argv), **kwargs)
