@@ -3,7 +3,6 @@ the right job (the torchrun line it would run), a contradiction stops it in one 
 pass their tools' own checks."""
 
 import pytest
-
 from test_deploy import deploy
 
 SCONTROL = {"scontrol": "#!/bin/sh\n[ \"$1 $2 $3\" = 'show hostnames gpu[01-02]' ] && printf 'gpu01\\ngpu02\\n'\n"}
@@ -43,7 +42,7 @@ def test_the_launchers_environment_alone_makes_a_node_of_the_job(tmp_path, name)
     assert line in proc.stdout.splitlines()
     assert torchrun in proc.stdout
     packages = "trainers package" in proc.stdout
-    assert packages == (f"node-rank=0 " in proc.stdout)  # node 0 alone exports and packages
+    assert packages == ("node-rank=0 " in proc.stdout)  # node 0 alone exports and packages
 
 
 def test_the_launchers_gpus_are_the_ones_used_unless_gpus_says_otherwise(tmp_path):

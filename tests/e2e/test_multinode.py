@@ -8,10 +8,10 @@ import sys
 import time
 
 import pytest
-
-from conftest import ROOT, TINY_DATA, read_results
 from netns import Cluster, can_make_namespaces
 from test_deploy import LAUNCHER_PREFIXES, bin_dir, verify_tarball
+
+from conftest import ROOT, TINY_DATA, read_results
 
 pytestmark = pytest.mark.skipif(can_make_namespaces() is not None, reason=str(can_make_namespaces()))
 

@@ -12,14 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-
-from conftest import ROOT, TINY_DATA, free_port, read_results
 from netns import Cluster, can_make_namespaces
 from test_deploy import LAUNCHER_PREFIXES, verify_tarball
+
+from conftest import ROOT, TINY_DATA, free_port, read_results
 
 MISSING = [tool for tool in ("slurmctld", "slurmd", "sbatch", "munged") if not shutil.which(tool)
            and not Path("/usr/sbin", tool).exists()]
 pytestmark = [
+    # its own step in bash .ci/run, alone: under the full parallel suite it once hung past 900 s (cause not found)
+    pytest.mark.skipif(os.environ.get("TRAINERS_TEST_SLURM") != "1", reason="TRAINERS_TEST_SLURM=1 runs it"),
     pytest.mark.skipif(can_make_namespaces() is not None, reason=str(can_make_namespaces())),
     pytest.mark.skipif(bool(MISSING), reason=f"no {', '.join(MISSING)} (apt-get install slurm-wlm munge)"),
 ]

@@ -105,6 +105,12 @@ def _head_verdict(store, nnodes: int, timeout_s: float) -> dict:
 
 
 def main(args) -> int:
+    if not args.out:
+        raise UsageError("--out '' is empty: give this node's output folder")
+    if args.nnodes is None or args.node_rank is None:
+        raise UsageError("nodes meet needs --nnodes N (2 or more) and --node-rank R")
+    if args.node_rank >= args.nnodes:
+        raise UsageError(f"--node-rank {args.node_rank} is not a node of {args.nnodes} (0..{args.nnodes - 1})")
     verdict = meet(Path(args.out), args.nnodes, args.node_rank, args.rdzv_endpoint, args.timeout_s)
     if not verdict["shared"]:
         apart = [f"node {n['rank']} ({n['host']})" for n in verdict["nodes"] if not n["sees"]]
@@ -123,8 +129,8 @@ def add_command(sub) -> None:
     verbs = p.add_subparsers(dest="verb", required=True, metavar="verb")
     v = verbs.add_parser("meet", help="wait for every node at the rendezvous endpoint; fail unless --out is shared")
     v.add_argument("--out", required=True, help="this node's output folder")
-    v.add_argument("--nnodes", type=number(int, min=2), required=True)
-    v.add_argument("--node-rank", type=number(int, min=0), required=True)
+    v.add_argument("--nnodes", type=number(int, min=2), default=None, help="how many nodes (2 or more)")
+    v.add_argument("--node-rank", type=number(int, min=0), default=None, help="this node's rank, 0..N-1")
     v.add_argument("--rdzv-endpoint", required=True, help="HOST:PORT of node 0")
     v.add_argument("--timeout-s", type=number(float, gt=0), default=float(os.environ.get("TRAINERS_NODES_TIMEOUT_S",
                                                                                           600)),
