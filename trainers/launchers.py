@@ -75,6 +75,15 @@ def _rank_in_range(launcher: str, rank_var: str, rank: int, nnodes: int) -> None
         raise LauncherError(f"{launcher}: {rank_var}={rank} is not a node of a {nnodes}-node job (0..{nnodes - 1})")
 
 
+def _nodes_and_rank(launcher: str, env: Mapping[str, str], count_var: str, rank_var: str,
+                    rank_default: int | None = None) -> tuple[int, int]:
+    """The node count and this node's rank from the launcher's two variables, the rank checked against the count."""
+    nnodes = _int(env, count_var, 1)
+    rank = _int(env, rank_var) if rank_var in env or rank_default is None else rank_default
+    _rank_in_range(launcher, rank_var, rank, nnodes)
+    return nnodes, rank
+
+
 def _address_list(launcher: str, name: str, env: Mapping[str, str], nnodes: int) -> list[str]:
     addresses = [_host(name, line) for line in env[name].splitlines() if line.strip()]
     if len(addresses) != nnodes:
@@ -102,9 +111,7 @@ def scontrol_hostnames(nodelist: str) -> list[str]:
 def slurm(env: Mapping[str, str], hostnames: Callable[[str], list[str]] | None) -> Topology | None:
     if "SLURM_JOB_NODELIST" not in env or "SLURM_NNODES" not in env:
         return None
-    nnodes = _int(env, "SLURM_NNODES", 1)
-    rank = _int(env, "SLURM_NODEID") if "SLURM_NODEID" in env else 0
-    _rank_in_range("slurm", "SLURM_NODEID", rank, nnodes)
+    nnodes, rank = _nodes_and_rank("slurm", env, "SLURM_NNODES", "SLURM_NODEID", rank_default=0)
     if "SLURM_NTASKS" in env and _int(env, "SLURM_NTASKS", 1) > nnodes:
         # srun --ntasks-per-node=8 out of habit: eight deploys per node, each starting its own torchrun
         raise LauncherError(f"slurm: SLURM_NTASKS={env['SLURM_NTASKS']} on {nnodes} node(s): the deploy runs once per "
@@ -136,9 +143,7 @@ def kubeflow(env: Mapping[str, str]) -> Topology | None:
     """Kubeflow Trainer's torch plugin (and PyTorchJob's elastic mode): torchrun's own PET_ options."""
     if "PET_NNODES" not in env or "PET_NODE_RANK" not in env:
         return None
-    nnodes = _int(env, "PET_NNODES", 1)
-    rank = _int(env, "PET_NODE_RANK")
-    _rank_in_range("kubeflow", "PET_NODE_RANK", rank, nnodes)
+    nnodes, rank = _nodes_and_rank("kubeflow", env, "PET_NNODES", "PET_NODE_RANK")
     head = _host("PET_MASTER_ADDR", env.get("PET_MASTER_ADDR") or env.get("MASTER_ADDR", ""))
     port_var = "PET_MASTER_PORT" if "PET_MASTER_PORT" in env else "MASTER_PORT"
     port = _int(env, port_var, 1) if port_var in env else DEFAULT_PORT
@@ -150,9 +155,7 @@ def pytorchjob(env: Mapping[str, str]) -> Topology | None:
     names = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
     if "PET_NNODES" in env or not all(name in env for name in names):
         return None
-    nnodes = _int(env, "WORLD_SIZE", 1)
-    rank = _int(env, "RANK")
-    _rank_in_range("pytorchjob", "RANK", rank, nnodes)
+    nnodes, rank = _nodes_and_rank("pytorchjob", env, "WORLD_SIZE", "RANK")
     return Topology("pytorchjob", nnodes, rank, _host("MASTER_ADDR", env["MASTER_ADDR"]),
                     _int(env, "MASTER_PORT", 1))
 
@@ -160,9 +163,7 @@ def pytorchjob(env: Mapping[str, str]) -> Topology | None:
 def dstack(env: Mapping[str, str]) -> Topology | None:
     if "DSTACK_NODE_RANK" not in env or "DSTACK_NODES_NUM" not in env:
         return None
-    nnodes = _int(env, "DSTACK_NODES_NUM", 1)
-    rank = _int(env, "DSTACK_NODE_RANK")
-    _rank_in_range("dstack", "DSTACK_NODE_RANK", rank, nnodes)
+    nnodes, rank = _nodes_and_rank("dstack", env, "DSTACK_NODES_NUM", "DSTACK_NODE_RANK")
     head = _host("DSTACK_MASTER_NODE_IP", env.get("DSTACK_MASTER_NODE_IP", ""))
     if "DSTACK_NODES_IPS" in env and head not in _address_list("dstack", "DSTACK_NODES_IPS", env, nnodes):
         raise LauncherError(f"dstack: DSTACK_MASTER_NODE_IP={head} is not one of DSTACK_NODES_IPS")

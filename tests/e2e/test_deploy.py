@@ -24,6 +24,11 @@ LAUNCHER_PREFIXES = ("RUNPOD_", "TRAINERS_FAULT", "SLURM_", "SKYPILOT_", "PET_",
                      "MASTER_PORT", "WORLD_SIZE", "RANK")
 
 
+def clean_env() -> dict:
+    """This process's environment without a launcher's, RunPod's or a fault-injection variable."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+
+
 def bin_dir(tmp_path: Path, with_nvidia_smi: bool = True, extra: dict | None = None) -> str:
     """A PATH with python, bash and coreutils but only the fakes we choose."""
     d = tmp_path / "bin"
@@ -37,7 +42,7 @@ def bin_dir(tmp_path: Path, with_nvidia_smi: bool = True, extra: dict | None = N
 
 
 def deploy(tmp_path, *args, gpus=8, env=None, with_nvidia_smi=True, extra_bins=None, script="deploy_8gpu.sh"):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    e = clean_env()
     e.update(PATH=bin_dir(tmp_path, with_nvidia_smi, extra_bins), FAKE_GPUS=str(gpus),
              TRAINERS_PYTHON=sys.executable, OMP_NUM_THREADS="1")
     e.update(env or {})
@@ -196,7 +201,7 @@ def state_of(out: Path, trainer: str) -> dict:
 def test_a_deploy_whose_reader_goes_away_finishes_its_job(tmp_path):
     """`deploy ... | head -c 200`, what an SSH session without a terminal does when the client goes
     away: the deploy once died in preflight and recorded "finished" with no tarball."""
-    e = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    e = clean_env()
     e.update(PATH=bin_dir(tmp_path), FAKE_GPUS="0", TRAINERS_PYTHON=sys.executable, OMP_NUM_THREADS="1")
     out = tmp_path / "out"
     cmd = " ".join([f"bash {ROOT / 'deploy_8gpu.sh'} --trainer lstm --demo --out {out}", *DEMO_OPTIONS["lstm"],
@@ -211,7 +216,7 @@ def test_a_deploy_whose_reader_goes_away_finishes_its_job(tmp_path):
 
 @pytest.mark.slow
 def test_a_deploy_killed_by_a_signal_it_does_not_stop_on_is_recorded_as_failed_not_finished(tmp_path):
-    e = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    e = clean_env()
     e.update(PATH=bin_dir(tmp_path), FAKE_GPUS="0", TRAINERS_PYTHON=sys.executable, OMP_NUM_THREADS="1")
     out = tmp_path / "out"
     proc = subprocess.Popen(["bash", str(ROOT / "deploy_8gpu.sh"), "--trainer", "gnn", "--demo", "--out", str(out)],
@@ -377,7 +382,7 @@ def test_a_second_deploy_into_a_busy_output_folder_is_refused(tmp_path):
     import signal
     import time
 
-    e = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    e = clean_env()
     e.update(PATH=bin_dir(tmp_path, True), FAKE_GPUS="0", TRAINERS_PYTHON=sys.executable, OMP_NUM_THREADS="1")
     out = tmp_path / "out"
     first = subprocess.Popen(["bash", str(ROOT / "deploy_8gpu.sh"), "--demo", "--out", str(out), "--", *TINY_DATA,

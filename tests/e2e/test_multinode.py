@@ -2,14 +2,13 @@
 name (tests/netns.py), a deploy started in each with only one launcher's environment set, 2 gloo workers per node.
 The shared-disk runs give every node one output folder; the others give each node its own."""
 
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 from netns import Cluster, can_make_namespaces
-from test_deploy import LAUNCHER_PREFIXES, bin_dir, verify_tarball
+from test_deploy import bin_dir, clean_env, verify_tarball
 
 from conftest import ROOT, TINY_DATA, read_results
 
@@ -32,7 +31,7 @@ def launcher_env(launcher: str, rank: int, cluster: Cluster) -> dict:
 
 
 def node_env(tmp_path, extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    env = clean_env()
     env.update(PATH=bin_dir(tmp_path, extra=SCONTROL), FAKE_GPUS="0", TRAINERS_PYTHON=sys.executable,
                OMP_NUM_THREADS="1", TRAINERS_NODES_TIMEOUT_S="120", **extra)
     return env

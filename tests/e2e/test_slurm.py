@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from netns import Cluster, can_make_namespaces
-from test_deploy import LAUNCHER_PREFIXES, verify_tarball
+from test_deploy import clean_env, verify_tarball
 
 from conftest import ROOT, TINY_DATA, free_port, read_results
 
@@ -82,7 +82,7 @@ def test_sbatch_of_the_shipped_script_runs_a_two_node_demo_to_a_verified_tarball
     key = folder / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    env = clean_env()
     env.update(SLURM_CONF=str(folder / "slurm.conf"), PATH=f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/bin",
                TRAINERS_PYTHON=sys.executable, OMP_NUM_THREADS="1", FAKE_GPUS="0", TRAINERS_NODES_TIMEOUT_S="120")
     out = tmp_path / "shared"  # the nodes' one folder, as a cluster's NFS home is

@@ -64,7 +64,7 @@ def test_slurm_head_comes_from_scontrol_and_a_single_node_job_is_one_node():
     ({**SLURM, **{**SKYPILOT, "SKYPILOT_NODE_RANK": "0"}}, "two launchers disagree: slurm: node 1 of 2"),
 ])
 def test_an_environment_that_contradicts_itself_is_refused_naming_the_variable(env, needle):
-    with pytest.raises(LauncherError, match=None) as err:
+    with pytest.raises(LauncherError) as err:
         detect(env, hostnames)
     assert needle in str(err.value)
 
