@@ -12,6 +12,7 @@ The run boundary
 
 Processes, devices, numbers
 - dist: torchrun environment, process group, DDP, the collectives the trainers use
+- nodewatch: several nodes: each node's heartbeat through the c10d store; a silent node ends the others
 - precision: autocast dtype, grad scaler, TF32, compile, fused AdamW
 - sharded: FSDP2 states for torch.distributed.checkpoint
 - sampling: every sample once per epoch across ranks, and the cursor a loop advances

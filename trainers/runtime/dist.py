@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from trainers.runtime import device as device_mod
+from trainers.runtime import nodewatch
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,10 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
                                 **_fresh_store_after_restart(rank, world_size, timeout))
     ctx = DistContext(rank, local_rank, world_size, local_world_size, dev, backend)
     try:
+        nodewatch.start_if_several_nodes()  # several nodes: a silent one ends this node in a bound, not a hang
         yield ctx
     finally:
+        nodewatch.stop()
         if backend is not None and dist.is_initialized():
             # A DDP wrapper still alive when its group is destroyed made about one worker exit in five
             # abort (SIGABRT, "terminate called without an active exception"; torch 2.13, gloo), so torchrun

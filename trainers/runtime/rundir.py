@@ -22,6 +22,7 @@ import torch
 
 from trainers.errors import CheckPassed, UsageError
 from trainers.runtime import config as cfgmod
+from trainers.runtime import nodewatch
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.dist import DistContext, barrier, broadcast_object
 from trainers.runtime.files import DiskFull, atomic_write_json, remove_stale_temp_files
@@ -182,8 +183,10 @@ class Heartbeat:
         self.total_steps = total_steps
         self.disk_full: OSError | None = None  # a beat found the volume full: the run stops on it
         self._last = 0.0
+        nodewatch.attach(run_dir)  # several nodes: each node's own beats go there too, for `status` on any node
 
     def beat(self, step: int, elapsed_s: float, force: bool = False) -> None:
+        nodewatch.at(step)  # (every rank: the node's first worker's beat through the store carries it)
         now = time.monotonic()
         if not self.ctx.is_main or self.disk_full or (not force and now - self._last < HEARTBEAT_S):
             return
