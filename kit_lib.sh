@@ -27,7 +27,7 @@ OUT="${OUT:-}"
 USD_PER_GPU_HOUR="${USD_PER_GPU_HOUR:-}"
 MAX_HOURS="${MAX_HOURS:-}"
 BUDGET_USD="${BUDGET_USD:-}"
-MAX_RESTARTS="${MAX_RESTARTS:-3}"
+MAX_RESTARTS="${MAX_RESTARTS:-}"  # (empty: 3 on one node, 0 on several: see phase_train)
 NNODES="${NNODES:-}"        # (empty until read_launcher: a launcher's environment may say)
 NODE_RANK="${NODE_RANK:-}"
 RDZV_ENDPOINT="${RDZV_ENDPOINT:-}"
@@ -51,7 +51,8 @@ common_usage() {
   --usd-per-gpu-hour X   price of one GPU hour: cost in results.json, needed by --budget-usd [USD_PER_GPU_HOUR]
   --max-hours H          wall-clock training budget, across restarts               [MAX_HOURS]
   --budget-usd B         money budget (needs --usd-per-gpu-hour)                    [BUDGET_USD]
-  --max-restarts N       torchrun restarts after a worker failure (default: 3)      [MAX_RESTARTS]
+  --max-restarts N       torchrun restarts after a worker failure (default: 3, and  [MAX_RESTARTS]
+                         0 on several nodes: there a restart waits 10 min for a lost node)
   --skip-data            skip the data phase: train on the data already there
   --demo                 CPU, 2 gloo workers, small synthetic data: the whole pipeline without a GPU
   --nnodes N             nodes in a multi-node run (default: the launcher's, else 1) [NNODES]
@@ -157,7 +158,9 @@ check_common_flags() {
   [[ "$GPUS" == all ]] || { is_uint "$GPUS" && [[ "$GPUS" -ge 1 ]]; } || die "--gpus '$GPUS' must be 'all' or a number >= 1"
   is_uint "$NNODES" && [[ "$NNODES" -ge 1 ]] || die "--nnodes '$NNODES' must be a number >= 1"
   is_uint "$NODE_RANK" && [[ "$NODE_RANK" -lt "$NNODES" ]] || die "--node-rank '$NODE_RANK' must be in 0..$((NNODES - 1))"
-  is_uint "$MAX_RESTARTS" || die "--max-restarts '$MAX_RESTARTS' must be a number >= 0"
+  is_uint "${MAX_RESTARTS:-0}" || die "--max-restarts '$MAX_RESTARTS' must be a number >= 0"
+  [[ -z "${TRAINERS_NODE_SILENCE_S:-}" ]] || is_positive "$TRAINERS_NODE_SILENCE_S" ||
+    die "TRAINERS_NODE_SILENCE_S='$TRAINERS_NODE_SILENCE_S' must be a number of seconds > 0, e.g. 60"
   [[ "$NNODES" -eq 1 || -n "$RDZV_ENDPOINT" ]] || die "--nnodes $NNODES needs --rdzv-endpoint HOST:PORT (node 0's address)"
   [[ -z "$RDZV_ENDPOINT" || "$RDZV_ENDPOINT" =~ ^[A-Za-z0-9._-]+:[0-9]+$ ]] || die "--rdzv-endpoint '$RDZV_ENDPOINT' must be HOST:PORT"
   [[ -z "$USD_PER_GPU_HOUR" ]] || is_decimal "$USD_PER_GPU_HOUR" || die "--usd-per-gpu-hour '$USD_PER_GPU_HOUR' must be a number >= 0, e.g. 2.99"
@@ -441,7 +444,12 @@ phase_train() {
   if [[ "$DEMO" -eq 0 ]] && declare -F trainer_workers_per_gpu >/dev/null; then
     nproc=$((NPROC * $(trainer_workers_per_gpu)))
   fi
-  local launch=(--nproc_per_node="$nproc" --max-restarts="$MAX_RESTARTS")
+  # On several nodes torchrun's restart re-forms the group of every node, and a lost node holds the others in that
+  # rendezvous for its join timeout (10 min): so no restart there unless asked for. A lost node ends the survivors
+  # (trainers/runtime/nodewatch.py), and the same command rerun on every node resumes.
+  local restarts="${MAX_RESTARTS:-3}"
+  [[ "$NNODES" -eq 1 || -n "$MAX_RESTARTS" ]] || restarts=0
+  local launch=(--nproc_per_node="$nproc" --max-restarts="$restarts")
   if [[ "$NNODES" -gt 1 ]]; then
     # Node 0 hosts the rendezvous store, said outright: torchrun's guess compares the endpoint with this
     # machine's names, and a Kubernetes service name or a second interface's address matches none of them.
@@ -471,7 +479,7 @@ phase_train() {
   # workers as a graceful stop) instead of after training ends.
   set_state nproc "$NPROC"
   TRAIN_STARTED=$(date +%s)
-  "${cmd[@]}" &
+  TRAINERS_NODE_RANK="$NODE_RANK" "${cmd[@]}" &
   TRAIN_PID=$!
   local rc
   while true; do
@@ -484,6 +492,16 @@ phase_train() {
     [[ -z "$(find "$RUN_DIR" -name 'meta_*.json' -print -quit 2>/dev/null)" ]] || saved="with a checkpoint"
     echo "training stopped by SIG$STOP_SIGNAL $saved (rc $rc); rerun the same command to resume" >&2
     exit $((128 + $(kill -l "$STOP_SIGNAL")))
+  fi
+  if [[ "$rc" -ne 0 && "$NNODES" -gt 1 ]]; then  # a node lost: say which, and end this one (every node's rerun resumes)
+    local lost
+    lost=$("$PY" -m trainers nodes lost --out "$OUT" --trainer "$TRAINER" --nnodes "$NNODES" --node-rank "$NODE_RANK" \
+           --run-dir "$RUN_DIR") || true
+    if [[ -n "$lost" ]]; then
+      set_state training_end node_lost
+      echo "error: training stopped on node $NODE_RANK (rc $rc): $lost; rerun the same command on every node to resume" >&2
+      exit 75
+    fi
   fi
   training_ended_well  # (a run that diverged or filled the disk: its reason, whatever torchrun's status)
   return "$rc"

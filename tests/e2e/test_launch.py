@@ -11,17 +11,17 @@ LAUNCHERS = {
     "slurm": ({"SLURM_JOB_NODELIST": "gpu[01-02]", "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_NTASKS": "2",
                "SLURM_JOB_ID": "4711", "SLURM_GPUS_ON_NODE": "4"},
               "launcher slurm: node 1 of 2, head gpu01:29500, 4 GPU(s) per node, job 4711",
-              "--nproc_per_node=4 --max-restarts=3 --nnodes=2 --node-rank=1 --rdzv-backend=c10d "
+              "--nproc_per_node=4 --max-restarts=0 --nnodes=2 --node-rank=1 --rdzv-backend=c10d "
               "--rdzv-endpoint=gpu01:29500 --rdzv-id=trainers-forecast-4711 --rdzv-conf=is_host=false"),
     "skypilot": ({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "10.0.0.5\n10.0.0.6", "SKYPILOT_NUM_NODES": "2",
                   "SKYPILOT_NUM_GPUS_PER_NODE": "8", "SKYPILOT_TASK_ID": "sky-1"},
                  "launcher skypilot: node 0 of 2, head 10.0.0.5:29500, 8 GPU(s) per node, job sky-1",
-                 "--nproc_per_node=8 --max-restarts=3 --nnodes=2 --node-rank=0 --rdzv-backend=c10d "
+                 "--nproc_per_node=8 --max-restarts=0 --nnodes=2 --node-rank=0 --rdzv-backend=c10d "
                  "--rdzv-endpoint=10.0.0.5:29500 --rdzv-id=trainers-forecast-sky-1 --rdzv-conf=is_host=true"),
     "kubeflow": ({"PET_NNODES": "3", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "2",
                   "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"},
                  "launcher kubeflow: node 2 of 3, head job-node-0-0.job:29400",
-                 "--nproc_per_node=8 --max-restarts=3 --nnodes=3 --node-rank=2 --rdzv-backend=c10d "
+                 "--nproc_per_node=8 --max-restarts=0 --nnodes=3 --node-rank=2 --rdzv-backend=c10d "
                  "--rdzv-endpoint=job-node-0-0.job:29400 --rdzv-id=trainers-forecast --rdzv-conf=is_host=false"),
     "pytorchjob": ({"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1"},
                    "launcher pytorchjob: node 1 of 2, head job-master-0:23456",
@@ -53,6 +53,20 @@ def test_the_launchers_gpus_are_the_ones_used_unless_gpus_says_otherwise(tmp_pat
     assert proc.returncode == 0 and "--nproc_per_node=2 " in proc.stdout
     proc, _ = deploy(tmp_path, "--dry-run", env={**env, "SLURM_GPUS_ON_NODE": "16"}, extra_bins=SCONTROL)
     assert proc.returncode == 2 and "--gpus 16 asked for, but this machine has 8 GPU(s)" in proc.stderr
+
+
+def test_several_nodes_restart_nothing_unless_asked_and_a_bad_silence_bound_is_refused(tmp_path):
+    env = LAUNCHERS["skypilot"][0]  # a restart would wait torchrun's join timeout (10 min) for a lost node
+    proc, _ = deploy(tmp_path, "--dry-run", env=env)
+    assert proc.returncode == 0 and "--max-restarts=0 --nnodes=2" in proc.stdout
+    proc, _ = deploy(tmp_path, "--dry-run", "--max-restarts", "2", env=env)  # asked for: kept
+    assert proc.returncode == 0 and "--max-restarts=2 --nnodes=2" in proc.stdout
+    proc, _ = deploy(tmp_path, "--dry-run", env={**env, "MAX_RESTARTS": "1"})
+    assert proc.returncode == 0 and "--max-restarts=1 --nnodes=2" in proc.stdout
+    for bad in ("0", "-1", "soon", "nan"):
+        proc, _ = deploy(tmp_path, "--dry-run", env={**env, "TRAINERS_NODE_SILENCE_S": bad})
+        assert proc.returncode == 2 and proc.stderr.strip() == (
+            f"error: TRAINERS_NODE_SILENCE_S='{bad}' must be a number of seconds > 0, e.g. 60")
 
 
 def test_flags_re_aim_the_endpoint_and_a_contradicting_flag_is_refused_in_one_line(tmp_path):

@@ -2,6 +2,8 @@
 name (tests/netns.py), a deploy started in each with only one launcher's environment set, 2 gloo workers per node.
 The shared-disk runs give every node one output folder; the others give each node its own."""
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -74,3 +76,81 @@ def test_nodes_that_share_no_disk_are_refused_before_any_data_or_training(tmp_pa
         assert "FAILED in phase 'nodes'" in text and "==> [train]" not in text and "==> [data]" not in text
     assert not (outs[0] / "forecast").exists() and not (outs[1] / "forecast").exists()
     assert time.monotonic() - started < 120
+
+
+SILENCE_S = 20  # TRAINERS_NODE_SILENCE_S for these runs
+LOSS_BOUND_S = SILENCE_S + 30  # the kit's stated bound (docs/deploy.md): the silence, one beat, the others' settling
+
+
+def wait_for_checkpoint(run_dir, step: int, procs, timeout=300):
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "checkpoints" / f"meta_{step:08d}.json").is_file():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no checkpoint came"
+        time.sleep(0.2)
+
+
+def start_deploys(cluster, tmp_path, out, args, extra_env=None):
+    env = [{**node_env(tmp_path, launcher_env("skypilot", rank, cluster)), "TRAINERS_NODE_SILENCE_S": str(SILENCE_S),
+            **(extra_env or {})} for rank in range(2)]
+    return [cluster.popen(rank, ["bash", str(ROOT / "deploy_8gpu.sh"), "--demo", "--out", str(out), *args],
+                          env=env[rank], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for rank in range(2)]
+
+
+LONG = ["--", *TINY_DATA, "--epochs", "20"]  # 140 steps, a checkpoint every 7
+
+
+@pytest.mark.slow
+def test_a_killed_node_ends_the_survivor_within_the_bound_and_every_nodes_rerun_resumes_to_the_same_end(tmp_path):
+    with Cluster(2) as cluster:  # the same job, never interrupted
+        outputs, codes = deploy_on_nodes(cluster, tmp_path, "skypilot", [tmp_path / "ref"] * 2, *LONG)
+    assert codes == [0, 0], outputs[0][-3000:]
+    reference = read_results(tmp_path / "ref" / "forecast")["training"]
+
+    out = tmp_path / "shared"
+    with Cluster(2) as cluster:
+        procs = start_deploys(cluster, tmp_path, out, LONG)
+        wait_for_checkpoint(out / "forecast", 14, procs)
+        assert cluster.kill(1) > 0
+        killed_at = time.monotonic()
+        said = procs[0].communicate(timeout=2 * LOSS_BOUND_S)[0]
+        took = time.monotonic() - killed_at
+        status = subprocess.run(cluster.command(0, [sys.executable, "-m", "trainers", "status", "--out", str(out),
+                                                    "--trainer", "forecast"]), capture_output=True, text=True)
+    assert procs[0].returncode == 75 and took < LOSS_BOUND_S, (took, said[-3000:])
+    assert "node 1 (node1) was lost: its deploy ended without finishing" in said
+    assert "rerun the same command on every node to resume" in said
+    assert "node 1 (node1): lost in phase train" in status.stdout, status.stdout + status.stderr
+    assert "node 0 (node0): failed in phase train" in status.stdout
+    assert not (out / "forecast.tar.gz").exists()
+
+    with Cluster(2) as cluster:  # new addresses (a new subnet), the same command on every node
+        assert cluster.addresses[0] not in said
+        outputs, codes = deploy_on_nodes(cluster, tmp_path, "skypilot", [out, out], *LONG)
+    assert codes == [0, 0], outputs[0][-3000:] + "\n----- node 1\n" + outputs[1][-3000:]
+    resumed = read_results(out / "forecast")["training"]
+    assert resumed["world_size"] == 4 and resumed["stop_reason"] == reference["stop_reason"]  # (both stop early)
+    assert resumed["steps"] == reference["steps"]
+    assert "resumed from checkpoint step" in (out / "forecast" / "training.log").read_text()
+    for key in ("best_val", "last_val"):  # the CPU's resume is exact (the loop contract's 1e-5)
+        ref_value = reference[key]["value"] if key == "best_val" else reference[key]
+        got = resumed[key]["value"] if key == "best_val" else resumed[key]
+        assert got == pytest.approx(ref_value, rel=1e-5), key
+    verify_tarball(tmp_path, out, "forecast")
+
+
+@pytest.mark.slow
+def test_a_frozen_node_ends_the_survivor_within_the_bound_naming_its_silence(tmp_path):
+    out = tmp_path / "shared"
+    with Cluster(2) as cluster:
+        procs = start_deploys(cluster, tmp_path, out, LONG)
+        wait_for_checkpoint(out / "forecast", 7, procs)
+        for pid in cluster.pids(1):  # a node that hangs (or whose network goes) closes no socket
+            os.kill(pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        said = procs[0].communicate(timeout=2 * LOSS_BOUND_S)[0]
+        took = time.monotonic() - frozen_at
+    assert procs[0].returncode == 75 and took < LOSS_BOUND_S, (took, said[-3000:])
+    assert f"node 1 (node1) went silent: no heartbeat for {SILENCE_S} s" in said
+    assert f"node 1 (node1) was lost: silent for over {SILENCE_S} s" in said
+    assert said.count("went silent") == 1  # said once, by the node's first worker

@@ -1,13 +1,18 @@
 """trainers nodes meet: the nodes of a deploy meet at the rendezvous endpoint before any data or training, and find
 out whether they share --out. Each "node" here is a thread with its own folder (no shared disk) or one folder."""
 
+import fcntl
+import json
+import os
 import threading
+import time
 
 import pytest
 
 from conftest import free_port
 from trainers.errors import UsageError
-from trainers.ops.nodes import MARKER_PREFIX, meet
+from trainers.ops.nodes import MARKER_PREFIX, lost_nodes, meet
+from trainers.ops.status import format_status, job_status
 
 
 def meet_all(folders, ranks=None, nnodes=None, timeout_s=20.0):
@@ -74,3 +79,72 @@ def test_nodes_that_disagree_on_the_count_are_refused(tmp_path):
 def test_a_node_without_node_0_says_so_in_one_line(tmp_path):
     with pytest.raises(UsageError, match=r"could not reach node 0 at 127.0.0.1:\d+ within 2 s"):
         meet(tmp_path, 2, 1, f"127.0.0.1:{free_port()}", 2.0)
+
+
+# --- trainers nodes lost, and status's line per node: from the shared folder's state files, locks and heartbeats
+
+
+def node_deploy(out, rank, state, locked=False, trainer="forecast"):
+    """A node's deploy files as deploy_8gpu.sh leaves them; `locked`: a live deploy holds its lock (the fd)."""
+    tag = "" if rank == 0 else f".node{rank}"
+    (out / f"deploy-{trainer}{tag}.state").write_text(f"state={state}\nphase=train\nhost=node{rank}\n")
+    lock = out / f".deploy-{trainer}{tag}.lock"
+    lock.write_text("pid 1\n")
+    if locked:
+        fd = os.open(lock, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
+
+def beat(run_dir, rank, age_s, step=40):
+    (run_dir / "nodes").mkdir(parents=True, exist_ok=True)
+    (run_dir / "nodes" / f"node{rank}.json").write_text(json.dumps(
+        {"node": rank, "host": f"node{rank}", "step": step, "phase": "train", "time": time.time() - age_s}))
+
+
+def test_a_node_killed_mid_training_is_named_lost_with_its_last_heartbeat(tmp_path):
+    run_dir = tmp_path / "forecast"
+    node_deploy(tmp_path, 0, "running", locked=True)
+    node_deploy(tmp_path, 1, "running")  # its state never said how it ended, and nobody holds its lock
+    beat(run_dir, 1, 12, step=140)
+    said = lost_nodes(tmp_path, "forecast", 2, 0, run_dir, settle_s=0.2)
+    assert len(said) == 1 and said[0].startswith("node 1 (node1) was lost: its deploy ended without finishing")
+    assert "its last heartbeat: step 140 (train), 12 s ago" in said[0]
+
+
+def test_a_node_that_failed_its_own_way_or_still_beats_is_not_lost(tmp_path):
+    run_dir = tmp_path / "forecast"
+    node_deploy(tmp_path, 0, "failed")  # (node 0's worker raised: its deploy recorded it)
+    assert lost_nodes(tmp_path, "forecast", 2, 1, run_dir, settle_s=0.2) == []
+    fd = node_deploy(tmp_path, 0, "running", locked=True)
+    beat(run_dir, 0, 3)
+    assert lost_nodes(tmp_path, "forecast", 2, 1, run_dir, settle_s=0.2) == []  # alive and beating
+    beat(run_dir, 0, 500)  # alive, its lock held, but silent past the bound: frozen, or cut off
+    said = lost_nodes(tmp_path, "forecast", 2, 1, run_dir, settle_s=0.2)
+    assert said and said[0].startswith("node 0 (node0) was lost: silent for over 60 s")
+    os.close(fd)
+
+
+def test_a_heartbeat_file_holding_garbage_does_not_stop_the_verdict(tmp_path):
+    run_dir = tmp_path / "forecast"
+    node_deploy(tmp_path, 1, "running")
+    (run_dir / "nodes").mkdir(parents=True)
+    (run_dir / "nodes" / "node1.json").write_text('{"node": 1, "time": "yesterday", "host": "node1"}')
+    said = lost_nodes(tmp_path, "forecast", 2, 0, run_dir, settle_s=0.2)
+    assert said == ["node 1 (node1) was lost: its deploy ended without finishing (killed, or its machine went)"]
+
+
+def test_status_on_any_node_shows_every_nodes_state_phase_and_heartbeat(tmp_path):
+    run_dir = tmp_path / "forecast"
+    fd = node_deploy(tmp_path, 0, "running", locked=True)
+    node_deploy(tmp_path, 1, "running")
+    beat(run_dir, 0, 2, step=90)
+    beat(run_dir, 1, 40, step=70)
+    text = format_status(job_status(tmp_path, "forecast"))
+    assert "node 0 (node0): running in phase train; heartbeat 2 s ago at step 90 (train)" in text
+    assert "node 1 (node1): lost in phase train; heartbeat 40 s ago at step 70 (train)" in text
+    os.close(fd)
+    single = tmp_path / "one"  # one node: no node lines
+    single.mkdir()
+    node_deploy(single, 0, "finished")
+    assert "node 0 (" not in format_status(job_status(single, "forecast"))

@@ -14,6 +14,7 @@ shared all end every node in one line that names the node and the fix, before mi
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import time
@@ -104,6 +105,69 @@ def _head_verdict(store, nnodes: int, timeout_s: float) -> dict:
     return {"shared": all(node["sees"] for node in nodes), "nodes": nodes}
 
 
+SETTLE_S = 20.0  # how long a survivor waits for the other nodes' deploys to end their own way before it judges them
+
+
+def lost_nodes(out: Path, trainer: str, nnodes: int, me: int, run_dir: Path, settle_s: float = SETTLE_S) -> list[str]:
+    """After this node's training failed: the other nodes that were lost, each in words. Lost is a deploy gone without
+    ending (its state still says running, its lock free: killed, or its machine went) or, for one still holding its
+    lock, a heartbeat older than the silence bound (a node frozen, or cut off). A node that failed its own way (its
+    state says failed) is not lost."""
+    from trainers.ops.status import node_files, read_state
+    from trainers.runtime import nodewatch
+    from trainers.runtime.lock import is_locked
+
+    deadline = time.monotonic() + settle_s
+    while True:
+        lost, pending = [], []
+        for rank in (r for r in range(nnodes) if r != me):
+            state_path, lock = node_files(out, trainer, rank)
+            state = read_state(state_path).get("state") if state_path.is_file() else None
+            if is_locked(lock):
+                pending.append(rank)
+            elif state == "running":
+                lost.append((rank, "its deploy ended without finishing (killed, or its machine went)"))
+        if lost or not pending or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    beats = {beat["node"]: beat for beat in nodewatch.read_beats(run_dir)}
+    if not lost:  # still running, but silent past the bound (the nodes' clocks are taken to agree within it)
+        bound = nodewatch.silence_s()
+        lost = [(rank, f"silent for over {bound:g} s") for rank in pending if (_age(beats.get(rank)) or 0) > bound]
+    said = []
+    for rank, how in lost:
+        beat, age = beats.get(rank, {}), _age(beats.get(rank))
+        last = f"; its last heartbeat: step {beat.get('step')} ({beat.get('phase')}), {age:.0f} s ago" if age else ""
+        said.append(f"node {rank} ({beat.get('host', '?')}) was lost: {how}{last}")
+    return said
+
+
+def _age(beat: dict | None) -> float | None:
+    """Seconds since a heartbeat file's beat, None where it holds no finite time."""
+    when = (beat or {}).get("time")
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        return None
+    return max(0.0, time.time() - when)
+
+
+def lost_main(args) -> int:
+    from trainers.registry import TRAINERS
+
+    for flag, value in (("--out", args.out), ("--run-dir", args.run_dir)):
+        if not value:
+            raise UsageError(f"{flag} '' is empty: give the folder")
+    if args.trainer not in TRAINERS:  # (it becomes part of a file name)
+        raise UsageError(f"--trainer {args.trainer!r} is not one of: {', '.join(TRAINERS)}")
+    if args.nnodes is None or args.node_rank is None:
+        raise UsageError("nodes lost needs --nnodes N (2 or more) and --node-rank R")
+    if args.node_rank >= args.nnodes:
+        raise UsageError(f"--node-rank {args.node_rank} is not a node of {args.nnodes} (0..{args.nnodes - 1})")
+    said = lost_nodes(Path(args.out), args.trainer, args.nnodes, args.node_rank, Path(args.run_dir))
+    if said:
+        print("; ".join(said))
+    return 0
+
+
 def main(args) -> int:
     if not args.out:
         raise UsageError("--out '' is empty: give this node's output folder")
@@ -123,6 +187,7 @@ def main(args) -> int:
 
 
 def add_command(sub) -> None:
+    from trainers.registry import TRAINERS
     from trainers.runtime.config import number
 
     p = sub.add_parser("nodes", help="the nodes of a multi-node deploy meet and check that they share --out")
@@ -137,3 +202,10 @@ def add_command(sub) -> None:
                    help="how long to wait for every node (default: 600, torchrun's rendezvous; "
                         "TRAINERS_NODES_TIMEOUT_S)")
     v.set_defaults(func=main)
+    v = verbs.add_parser("lost", help="after a failed multi-node training: name the nodes that were lost (else nothing)")
+    v.add_argument("--out", required=True, help="the output folder every node shares")
+    v.add_argument("--trainer", default=None, help=f"the deploy's trainer: {', '.join(TRAINERS)}")
+    v.add_argument("--nnodes", type=number(int, min=2), default=None, help="how many nodes (2 or more)")
+    v.add_argument("--node-rank", type=number(int, min=0), default=None, help="this node's rank, 0..N-1")
+    v.add_argument("--run-dir", required=True, help="the run folder (its nodes/ holds every node's last heartbeat)")
+    v.set_defaults(func=lost_main)

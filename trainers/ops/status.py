@@ -194,7 +194,37 @@ def job_status(out: Path, trainer: str) -> dict:
     for key in ("wall_s", "eta_s", "spent_usd", "budget_left_usd", "time_left_s"):
         st[key] = _number(st[key])  # finite inputs can still overflow to inf (1e308 hours x 3600)
     st["gpus"] = gpu_usage()
+    st["nodes"] = node_rows(out, trainer, run_dir)
     return st
+
+
+def node_files(out: Path, trainer: str, rank: int) -> tuple[Path, Path]:
+    """A node's deploy state and lock on the shared folder (deploy_8gpu.sh's NODE_TAG: node 0's carry no tag)."""
+    tag = "" if rank == 0 else f".node{rank}"
+    return out / f"deploy-{trainer}{tag}.state", out / f".deploy-{trainer}{tag}.lock"
+
+
+def node_rows(out: Path, trainer: str, run_dir: Path) -> list[dict]:
+    """A multi-node job on a shared folder: every node's deploy (its state file and lock) and its training's last
+    heartbeat (<run>/nodes, trainers/runtime/nodewatch.py), so `status` on any node shows the whole job."""
+    from trainers.runtime.nodewatch import read_beats
+
+    ranks = {int(p.name.split(".node")[1].split(".")[0]) for p in out.glob(f"deploy-{trainer}.node*.state")
+             if p.name.split(".node")[1].split(".")[0].isdigit()}
+    beats = {beat["node"]: beat for beat in read_beats(run_dir)}
+    if not ranks and len(beats) < 2:
+        return []
+    rows = []
+    for rank in sorted(ranks | set(beats) | {0}):
+        state_path, lock = node_files(out, trainer, rank)
+        state = {k: _text(v) for k, v in read_state(state_path).items()} if state_path.is_file() else {}
+        alive, recorded = is_locked(lock), state.get("state") or "unknown"
+        beat, when = beats.get(rank, {}), _number(beats.get(rank, {}).get("time"))
+        rows.append({"node": rank, "host": state.get("host") or _text(beat.get("host")), "phase": state.get("phase"),
+                     "state": "lost" if recorded == "running" and not alive else recorded,
+                     "step": _int(beat.get("step")), "training": _text(beat.get("phase")),
+                     "beat_age_s": max(0.0, time.time() - when) if when is not None else None})
+    return rows
 
 
 def _metric_values(row: dict) -> dict:
@@ -272,6 +302,10 @@ def format_status(st: dict) -> str:
         money.append(f"time left {_hms(st['time_left_s'])}")
     if money:
         lines.append("  " + "; ".join(money))
+    for n in st.get("nodes") or []:
+        beat = (f"; heartbeat {n['beat_age_s']:.0f} s ago at step {n['step']} ({n['training']})"
+                if n["beat_age_s"] is not None else "; no heartbeat yet")
+        lines.append(f"  node {n['node']} ({n['host'] or '?'}): {n['state']} in phase {n['phase'] or '?'}{beat}")
     for g in st["gpus"] or []:
         lines.append(f"  GPU {g['index']}: {g['util_pct']:.0f}% busy, {g['mem_used_mib'] / 1024:.1f}/"
                      f"{g['mem_total_mib'] / 1024:.1f} GiB")
