@@ -159,8 +159,9 @@ check_common_flags() {
   is_uint "$NNODES" && [[ "$NNODES" -ge 1 ]] || die "--nnodes '$NNODES' must be a number >= 1"
   is_uint "$NODE_RANK" && [[ "$NODE_RANK" -lt "$NNODES" ]] || die "--node-rank '$NODE_RANK' must be in 0..$((NNODES - 1))"
   is_uint "${MAX_RESTARTS:-0}" || die "--max-restarts '$MAX_RESTARTS' must be a number >= 0"
-  [[ -z "${TRAINERS_NODE_SILENCE_S:-}" ]] || is_positive "$TRAINERS_NODE_SILENCE_S" ||
-    die "TRAINERS_NODE_SILENCE_S='$TRAINERS_NODE_SILENCE_S' must be a number of seconds > 0, e.g. 60"
+  [[ -z "${TRAINERS_NODE_SILENCE_S:-}" ]] || { is_decimal "$TRAINERS_NODE_SILENCE_S" &&
+    awk -v s="$TRAINERS_NODE_SILENCE_S" 'BEGIN { exit !(s >= 10) }'; } ||  # (two beats: trainers/runtime/nodewatch.py)
+    die "TRAINERS_NODE_SILENCE_S='$TRAINERS_NODE_SILENCE_S' must be a number of seconds >= 10, e.g. 60"
   [[ "$NNODES" -eq 1 || -n "$RDZV_ENDPOINT" ]] || die "--nnodes $NNODES needs --rdzv-endpoint HOST:PORT (node 0's address)"
   [[ -z "$RDZV_ENDPOINT" || "$RDZV_ENDPOINT" =~ ^[A-Za-z0-9._-]+:[0-9]+$ ]] || die "--rdzv-endpoint '$RDZV_ENDPOINT' must be HOST:PORT"
   [[ -z "$USD_PER_GPU_HOUR" ]] || is_decimal "$USD_PER_GPU_HOUR" || die "--usd-per-gpu-hour '$USD_PER_GPU_HOUR' must be a number >= 0, e.g. 2.99"
@@ -479,7 +480,7 @@ phase_train() {
   # workers as a graceful stop) instead of after training ends.
   set_state nproc "$NPROC"
   TRAIN_STARTED=$(date +%s)
-  TRAINERS_NODE_RANK="$NODE_RANK" "${cmd[@]}" &
+  TRAINERS_NODE_RANK="$NODE_RANK" TRAINERS_NODES_DIR="$RUN_DIR/nodes" "${cmd[@]}" &
   TRAIN_PID=$!
   local rc
   while true; do
@@ -496,7 +497,7 @@ phase_train() {
   if [[ "$rc" -ne 0 && "$NNODES" -gt 1 ]]; then  # a node lost: say which, and end this one (every node's rerun resumes)
     local lost
     lost=$("$PY" -m trainers nodes lost --out "$OUT" --trainer "$TRAINER" --nnodes "$NNODES" --node-rank "$NODE_RANK" \
-           --run-dir "$RUN_DIR") || true
+           --run-dir "$RUN_DIR" --since "$TRAIN_STARTED") || true
     if [[ -n "$lost" ]]; then
       set_state training_end node_lost
       echo "error: training stopped on node $NODE_RANK (rc $rc): $lost; rerun the same command on every node to resume" >&2

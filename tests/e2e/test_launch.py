@@ -63,10 +63,10 @@ def test_several_nodes_restart_nothing_unless_asked_and_a_bad_silence_bound_is_r
     assert proc.returncode == 0 and "--max-restarts=2 --nnodes=2" in proc.stdout
     proc, _ = deploy(tmp_path, "--dry-run", env={**env, "MAX_RESTARTS": "1"})
     assert proc.returncode == 0 and "--max-restarts=1 --nnodes=2" in proc.stdout
-    for bad in ("0", "-1", "soon", "nan"):
+    for bad in ("0", "-1", "soon", "nan", "9.5"):
         proc, _ = deploy(tmp_path, "--dry-run", env={**env, "TRAINERS_NODE_SILENCE_S": bad})
         assert proc.returncode == 2 and proc.stderr.strip() == (
-            f"error: TRAINERS_NODE_SILENCE_S='{bad}' must be a number of seconds > 0, e.g. 60")
+            f"error: TRAINERS_NODE_SILENCE_S='{bad}' must be a number of seconds >= 10, e.g. 60")
 
 
 def test_flags_re_aim_the_endpoint_and_a_contradicting_flag_is_refused_in_one_line(tmp_path):

@@ -148,3 +148,25 @@ def test_status_on_any_node_shows_every_nodes_state_phase_and_heartbeat(tmp_path
     single.mkdir()
     node_deploy(single, 0, "finished")
     assert "node 0 (" not in format_status(job_status(single, "forecast"))
+
+
+def test_an_earlier_runs_or_a_finished_nodes_old_heartbeat_never_makes_a_live_node_lost(tmp_path):
+    run_dir = tmp_path / "forecast"
+    fd = node_deploy(tmp_path, 1, "running", locked=True)  # alive: waiting for node 0, which failed its own way
+    beat(run_dir, 1, 3600)  # the killed run's, before this training began
+    assert lost_nodes(tmp_path, "forecast", 2, 0, run_dir, since=time.time() - 60, settle_s=0.2) == []
+    (run_dir / "nodes" / "node1.json").write_text(json.dumps(
+        {"node": 1, "host": "node1", "step": 9, "phase": "done", "time": time.time() - 120}))
+    assert lost_nodes(tmp_path, "forecast", 2, 0, run_dir, since=time.time() - 600, settle_s=0.2) == []
+    os.close(fd)
+
+
+def test_the_node_this_nodes_watch_named_is_the_verdict_at_once(tmp_path):
+    run_dir = tmp_path / "forecast"
+    fd = node_deploy(tmp_path, 1, "running", locked=True)  # frozen, or cut off: its lock and files look alive
+    (run_dir / "nodes").mkdir(parents=True)
+    (run_dir / "nodes" / "verdict-node0.txt").write_text("node 1 (node1) went silent: no heartbeat for 60 s\n")
+    started = time.monotonic()
+    said = lost_nodes(tmp_path, "forecast", 2, 0, run_dir, since=time.time() - 60, settle_s=30)
+    assert said == ["node 1 (node1) went silent: no heartbeat for 60 s"] and time.monotonic() - started < 5
+    os.close(fd)

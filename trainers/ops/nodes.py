@@ -108,15 +108,20 @@ def _head_verdict(store, nnodes: int, timeout_s: float) -> dict:
 SETTLE_S = 20.0  # how long a survivor waits for the other nodes' deploys to end their own way before it judges them
 
 
-def lost_nodes(out: Path, trainer: str, nnodes: int, me: int, run_dir: Path, settle_s: float = SETTLE_S) -> list[str]:
-    """After this node's training failed: the other nodes that were lost, each in words. Lost is a deploy gone without
-    ending (its state still says running, its lock free: killed, or its machine went) or, for one still holding its
-    lock, a heartbeat older than the silence bound (a node frozen, or cut off). A node that failed its own way (its
-    state says failed) is not lost."""
+def lost_nodes(out: Path, trainer: str, nnodes: int, me: int, run_dir: Path, since: float = 0.0,
+               settle_s: float = SETTLE_S) -> list[str]:
+    """After this node's training (started at `since`) failed: the other nodes that were lost, each in words. This
+    node's own watch may have named one already (a node frozen or cut off, trainers/runtime/nodewatch.py). Else lost
+    is a deploy gone without ending (its state still says running, its lock free: killed, or its machine went) or, for
+    one still holding its lock, a heartbeat of this training older than the silence bound. A node that failed its own
+    way (its state says failed), or whose last beat said it was done, is not lost."""
     from trainers.ops.status import node_files, read_state
     from trainers.runtime import nodewatch
     from trainers.runtime.lock import is_locked
 
+    named = nodewatch.verdict(run_dir, me, since)
+    if named is not None:
+        return [named]
     deadline = time.monotonic() + settle_s
     while True:
         lost, pending = [], []
@@ -130,10 +135,11 @@ def lost_nodes(out: Path, trainer: str, nnodes: int, me: int, run_dir: Path, set
         if lost or not pending or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    beats = {beat["node"]: beat for beat in nodewatch.read_beats(run_dir)}
+    beats = {beat["node"]: beat for beat in nodewatch.read_beats(run_dir, since)}
     if not lost:  # still running, but silent past the bound (the nodes' clocks are taken to agree within it)
         bound = nodewatch.silence_s()
-        lost = [(rank, f"silent for over {bound:g} s") for rank in pending if (_age(beats.get(rank)) or 0) > bound]
+        lost = [(rank, f"silent for over {bound:g} s") for rank in pending
+                if rank in beats and beats[rank].get("phase") != "done" and (_age(beats[rank]) or 0) > bound]
     said = []
     for rank, how in lost:
         beat, age = beats.get(rank, {}), _age(beats.get(rank))
@@ -162,7 +168,7 @@ def lost_main(args) -> int:
         raise UsageError("nodes lost needs --nnodes N (2 or more) and --node-rank R")
     if args.node_rank >= args.nnodes:
         raise UsageError(f"--node-rank {args.node_rank} is not a node of {args.nnodes} (0..{args.nnodes - 1})")
-    said = lost_nodes(Path(args.out), args.trainer, args.nnodes, args.node_rank, Path(args.run_dir))
+    said = lost_nodes(Path(args.out), args.trainer, args.nnodes, args.node_rank, Path(args.run_dir), args.since)
     if said:
         print("; ".join(said))
     return 0
@@ -208,4 +214,6 @@ def add_command(sub) -> None:
     v.add_argument("--nnodes", type=number(int, min=2), default=None, help="how many nodes (2 or more)")
     v.add_argument("--node-rank", type=number(int, min=0), default=None, help="this node's rank, 0..N-1")
     v.add_argument("--run-dir", required=True, help="the run folder (its nodes/ holds every node's last heartbeat)")
+    v.add_argument("--since", type=number(float, min=0), default=0.0,
+                   help="when this training started (epoch seconds): an earlier run's heartbeats are not its")
     v.set_defaults(func=lost_main)

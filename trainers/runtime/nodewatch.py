@@ -9,8 +9,9 @@ node 0) with its step and phase, and reads the others' beats. A node whose beat 
 exits. A checkpoint is only ever the last complete one (atomic writes), so nothing is lost
 but the steps since it. The store itself gone (node 0 lost: it hosts it) reads as node 0's silence.
 
-Each beat is also written to <run>/nodes/node<R>.json, so `status` on any node (they share the run folder) shows
-every node's last beat, step and phase.
+Each beat is also written to <run>/nodes/node<R>.json (TRAINERS_NODES_DIR, which the deploy sets), so `status` on any
+node (they share the run folder) shows every node's last beat, step and phase; a lost node's verdict goes to
+verdict-node<R>.txt there, for this node's deploy to name.
 
 Staleness is measured by this node's own monotonic clock from the moment a node's beat last changed: the nodes'
 wall clocks need not agree.
@@ -46,13 +47,16 @@ def node_rank() -> int:
 
 
 def silence_s() -> float:
+    """The bound, at least two beats: a shorter one would call a node lost between its beats."""
     said = os.environ.get("TRAINERS_NODE_SILENCE_S") or str(SILENCE_S)
     try:
         value = float(said)
     except ValueError:
         value = float("nan")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"TRAINERS_NODE_SILENCE_S={said!r} must be a positive, finite number of seconds")
+    if not 2 * BEAT_S <= value < float("inf"):
+        from trainers.errors import UsageError
+
+        raise UsageError(f"TRAINERS_NODE_SILENCE_S={said!r} must be a number of seconds >= {2 * BEAT_S:g}, e.g. 60")
     return value
 
 
@@ -66,15 +70,22 @@ class NodeWatch:
         self.beats = beats  # the node's first worker beats; every worker watches, so all of them end at once
         self.on_lost = on_lost or _exit_lost
         self.host = socket.gethostname()
-        self.step, self.phase, self.run_dir = 0, "starting", None
+        self.step, self.phase = 0, "starting"
+        self.folder: Path | None = None  # <run>/nodes: where this node's beats and verdict go (None: nowhere)
         self._seq = 0
-        self._seen: dict[int, tuple[str, float]] = {}  # node -> (its last beat, when it last changed here)
+        # node -> (its last beat, when it last changed here). An earlier worker group's beat (the agent's store outlives
+        # torchrun's restarts) counts as a first one: each node's first worker overwrites its key the moment its watch
+        # starts, which is within a moment of the others' (they start past one process-group rendezvous).
+        self._seen: dict[int, tuple[str, float]] = {}
         self._started = time.monotonic()
         self._stop = threading.Event()
+        self._store_failed, self._latest = False, None
         self._thread = threading.Thread(target=self._loop, name="trainers-nodewatch", daemon=True)
+        self._files = threading.Thread(target=self._file_loop, name="trainers-nodewatch-files", daemon=True)
 
     def start(self) -> "NodeWatch":
         self._thread.start()
+        self._files.start()
         return self
 
     def stop(self) -> None:
@@ -83,13 +94,9 @@ class NodeWatch:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.beat_s + 5)
         self.phase = "done"
-        if not self.beats:
-            return
-        try:
-            self.beat_once(time.monotonic())
-        except RuntimeError as err:  # the store is gone with node 0: nobody is left to tell
-            print(f"nodes: this node's last heartbeat was not sent ({str(err).splitlines()[0][:120]})",
-                  file=sys.stderr, flush=True)
+        if self.beats:
+            self.beat_once(time.monotonic())  # (a store that does not answer says so, in one line)
+            self.write_file(self._latest)
 
     def at(self, step: int, phase: str = "train") -> None:  # the loop's position, read by the next beat
         self.step, self.phase = step, phase
@@ -98,6 +105,8 @@ class NodeWatch:
         while not self._stop.is_set():
             lost = self.beat_once(time.monotonic())
             if lost is not None:  # (said once, by the node's first worker: each worker ends on it)
+                if self.beats and self.folder is not None:  # for this node's deploy: `trainers nodes lost` reads it
+                    self._write_verdict(lost)
                 self.on_lost(lost if self.beats else "")
                 return
             self._stop.wait(self.beat_s)
@@ -115,18 +124,29 @@ class NodeWatch:
                     said = self.store.get(f"{KEY}{other}").decode()
                     if self._seen.get(other, ("",))[0] != said:
                         self._seen[other] = (said, now)
-        except RuntimeError:  # (DistNetworkError, DistStoreError are RuntimeErrors) the store's host is node 0
-            if self.rank == 0:
-                raise
-        self._write_file(beat)
+        except RuntimeError as err:  # (DistNetworkError, DistStoreError) unanswered: it counts as node 0's silence
+            if not self._store_failed:
+                print(f"nodes: the job's store did not answer ({str(err).splitlines()[0][:120]}); node 0 is lost if "
+                      f"it stays silent {self.silence:g} s", file=sys.stderr, flush=True)
+            self._store_failed = True
+            if self._said(0).get("phase") == "done":  # node 0 finished and its agent closed the store: nothing to
+                self._stop.set()                      # watch through any more (its last word was done)
+                return None
+        else:
+            self._store_failed = False
+        self._latest = beat  # (the file is written by a thread of its own: a stalled shared disk stalls no beat)
         for other in range(self.nnodes):
             if other == self.rank:
                 continue
-            said, changed = self._seen.get(other, ("", self._started))
-            last = json.loads(said) if said else {}
+            changed = self._seen.get(other, ("", self._started))[1]
+            last = self._said(other)
             if now - changed > self.silence and last.get("phase") != "done":
                 return self._lost_message(other, last, now - changed)
         return None
+
+    def _said(self, other: int) -> dict:
+        said = self._seen.get(other, ("",))[0]
+        return json.loads(said) if said else {}
 
     def _lost_message(self, other: int, last: dict, quiet_s: float) -> str:
         where = (f"its last beat: step {last.get('step')}, {last.get('phase')}" if last
@@ -136,17 +156,31 @@ class NodeWatch:
                 f"(TRAINERS_NODE_SILENCE_S={self.silence:g}; {where}); node {self.rank} ({self.host}) stops at step "
                 f"{self.step}, keeping the last complete checkpoint; rerun the same command on every node to resume")
 
-    def _write_file(self, beat: dict) -> None:
-        if self.run_dir is None or not self.beats:
+    def _write_verdict(self, lost: str) -> None:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / f"verdict-node{self.rank}.txt").write_text(lost + "\n")
+        except OSError as err:  # the deploy then judges by the nodes' state files and beats alone
+            print(f"nodes: the verdict was not written ({err})", file=sys.stderr, flush=True)
+
+    def _file_loop(self) -> None:
+        written = None
+        while not self._stop.wait(self.beat_s / 2):
+            if self._latest is not written:
+                written = self._latest
+                self.write_file(written)
+
+    def write_file(self, beat: dict | None) -> None:
+        if self.folder is None or not self.beats or beat is None:
             return
         from trainers.runtime.files import atomic_write_json
 
         try:
-            atomic_write_json(Path(self.run_dir) / NODES_DIR / f"node{self.rank}.json", beat)
+            atomic_write_json(self.folder / f"node{self.rank}.json", beat)
         except OSError as err:  # for `status` only: training goes on, and says so once
             print(f"nodes: cannot write this node's heartbeat file ({err}); `status` will not show it",
                   file=sys.stderr, flush=True)
-            self.run_dir = None
+            self.folder = None
 
 
 def _exit_lost(message: str) -> None:
@@ -172,8 +206,9 @@ def start_if_several_nodes() -> NodeWatch | None:
     silence = silence_s()
     store = TCPStore(host_name=env["MASTER_ADDR"], port=int(env["MASTER_PORT"]), is_master=False,
                      timeout=datetime.timedelta(seconds=min(BEAT_S * 2, silence)))
-    _WATCH = NodeWatch(store, node_count(), node_rank(), silence, beats=env.get("LOCAL_RANK", "0") == "0").start()
-    return _WATCH
+    _WATCH = NodeWatch(store, node_count(), node_rank(), silence, beats=env.get("LOCAL_RANK", "0") == "0")
+    _WATCH.folder = Path(env["TRAINERS_NODES_DIR"]) if env.get("TRAINERS_NODES_DIR") else None
+    return _WATCH.start()
 
 
 def stop() -> None:
@@ -183,19 +218,14 @@ def stop() -> None:
         _WATCH = None
 
 
-def attach(run_dir: Path) -> None:
-    """The run folder this process trains in: the beats are written there for `status` too."""
-    if _WATCH is not None:
-        _WATCH.run_dir = Path(run_dir)
-
-
 def at(step: int, phase: str = "train") -> None:
     if _WATCH is not None:
         _WATCH.at(step, phase)
 
 
-def read_beats(run_dir: Path) -> list[dict]:
-    """Every node's last beat in <run>/nodes (for `status`), each checked for what it can be."""
+def read_beats(run_dir: Path, since: float = 0.0) -> list[dict]:
+    """Every node's last beat in <run>/nodes (for `status`), each checked for what it can be; `since`: only beats of
+    a training started then (an earlier run's files stay in the folder)."""
     beats = []
     folder = Path(run_dir) / NODES_DIR
     for path in sorted(folder.glob("node*.json")) if folder.is_dir() else []:
@@ -203,6 +233,19 @@ def read_beats(run_dir: Path) -> list[dict]:
             beat = json.loads(path.read_bytes()[: 1 << 14])
         except (OSError, ValueError):
             continue
-        if isinstance(beat, dict) and isinstance(beat.get("node"), int):
+        when = beat.get("time") if isinstance(beat, dict) else None
+        if isinstance(beat.get("node") if isinstance(beat, dict) else None, int) and (
+                since <= 0 or (isinstance(when, (int, float)) and when >= since)):
             beats.append(beat)
     return beats
+
+
+def verdict(run_dir: Path, rank: int, since: float) -> str | None:
+    """The lost node this node's watch named, in a training started at `since`, else None."""
+    path = Path(run_dir) / NODES_DIR / f"verdict-node{rank}.txt"
+    try:
+        if path.stat().st_mtime >= since:
+            return path.read_text(errors="replace")[:2000].strip() or None
+    except OSError:  # (none: the watch named nobody)
+        return None
+    return None

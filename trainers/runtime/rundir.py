@@ -183,7 +183,6 @@ class Heartbeat:
         self.total_steps = total_steps
         self.disk_full: OSError | None = None  # a beat found the volume full: the run stops on it
         self._last = 0.0
-        nodewatch.attach(run_dir)  # several nodes: each node's own beats go there too, for `status` on any node
 
     def beat(self, step: int, elapsed_s: float, force: bool = False) -> None:
         nodewatch.at(step)  # (every rank: the node's first worker's beat through the store carries it)
