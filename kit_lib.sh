@@ -237,7 +237,7 @@ start_state() {
   set_state trainer "$TRAINER" pid "$$" host "$(hostname)" started "$(date +%s)" state running phase start \
     detached "$([[ "$MODE" == detached ]] && echo 1 || echo 0)" out "$OUT" run_dir "$RUN_DIR" log "$LOG" \
     tarball "$TARBALL" usd_per_gpu_hour "$USD_PER_GPU_HOUR" budget_usd "$BUDGET_USD" max_hours "$MAX_HOURS" \
-    exit_code "" ended "" download ""
+    exit_code "" ended "" download "" nnodes "$NNODES" node_rank "$NODE_RANK"
 }
 
 # ---- signals ---------------------------------------------------------------------------------------

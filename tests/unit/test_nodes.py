@@ -144,6 +144,10 @@ def test_status_on_any_node_shows_every_nodes_state_phase_and_heartbeat(tmp_path
     assert "node 0 (node0): running in phase train; heartbeat 2 s ago at step 90 (train)" in text
     assert "node 1 (node1): lost in phase train; heartbeat 40 s ago at step 70 (train)" in text
     os.close(fd)
+    (tmp_path / "deploy-forecast.state").write_text("state=running\nphase=train\nhost=node0\nnnodes=2\n")
+    node_deploy(tmp_path, 2, "running")  # an earlier job's third node: not one of this job's two
+    text = format_status(job_status(tmp_path, "forecast"))
+    assert "node 1 (node1): lost" in text and "node 2 (" not in text
     single = tmp_path / "one"  # one node: no node lines
     single.mkdir()
     node_deploy(single, 0, "finished")

@@ -214,8 +214,11 @@ def node_rows(out: Path, trainer: str, run_dir: Path) -> list[dict]:
     beats = {beat["node"]: beat for beat in read_beats(run_dir)}
     if not ranks and len(beats) < 2:
         return []
+    head_state = out / f"deploy-{trainer}.state"
+    nnodes = _int(read_state(head_state).get("nnodes")) if head_state.is_file() else None
     rows = []
-    for rank in sorted(ranks | set(beats) | {0}):
+    # (not the nodes of an earlier, larger job in this folder: their files stay)
+    for rank in sorted(r for r in ranks | set(beats) | {0} if nnodes is None or r < nnodes):
         state_path, lock = node_files(out, trainer, rank)
         state = {k: _text(v) for k, v in read_state(state_path).items()} if state_path.is_file() else {}
         alive, recorded = is_locked(lock), state.get("state") or "unknown"
