@@ -262,8 +262,10 @@ def test_a_budget_stop_leaves_a_checkpoint_and_results(name, workdir):
         assert decision["limit_s"] == pytest.approx(1.8), decision
         reserve, before = decision["reserve_s"], decision["previous_agreement_elapsed_s"]
         rounding = 1e-3  # the record rounds each value to a millisecond (a sum can fall a float's width short)
-        assert before is None or before + reserve < 1.8 + rounding, decision  # (None: the budget was spent before
-        # the first agreement, in the start-up it counts)
+        # each agreement is judged with the reserve it kept then: a save or an evaluation in between can raise it
+        # (CI: 1.762 s + the later 0.2 s passed 1.8). None: the budget was spent before the first agreement, in the
+        # start-up it counts
+        assert before is None or before + decision["previous_agreement_reserve_s"] < 1.8 + rounding, decision
         assert 1.8 <= decision["elapsed_s"] + reserve + rounding, decision
     assert (stopped / "checkpoints" / f"meta_{one['training']['steps']:08d}.json").exists()
     evaluation = one["evaluation"]

@@ -49,7 +49,8 @@ class StopAgreement:
         self.exit_allowance_s = 0.0  # and for writing results and leaving the process, when that counts too
         self.signal_name: str | None = None
         self.budget_stop: dict | None = None  # this rank's clock when the budget stop was agreed (`agree`)
-        self._agreed_at: float | None = None  # and at the agreement before
+        self._agreed_at: float | None = None  # and at the agreement before, with the reserve it kept then (a save or
+        self._agreed_reserve_s = 0.0           # an evaluation in between may have raised it since)
         self._previous_handlers: dict[int, object] = {}
         if counted_from is not None:
             self.count_from(counted_from)
@@ -124,8 +125,9 @@ class StopAgreement:
             # not by a wall clock that a loaded machine stretches after the decision
             self.budget_stop = {"elapsed_s": round(elapsed, 3), "reserve_s": round(self.reserve_s, 3),
                                 "limit_s": self.budget.limit_s(), "previous_agreement_elapsed_s":
-                                    None if self._agreed_at is None else round(self._agreed_at, 3)}
-        self._agreed_at = elapsed
+                                    None if self._agreed_at is None else round(self._agreed_at, 3),
+                                "previous_agreement_reserve_s": round(self._agreed_reserve_s, 3)}
+        self._agreed_at, self._agreed_reserve_s = elapsed, self.reserve_s
         if diverged is not None:
             if agreed[-1] > 0:
                 reason = max(reason, StopReason.DIVERGED)
