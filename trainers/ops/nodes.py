@@ -14,7 +14,6 @@ shared all end every node in one line that names the node and the fix, before mi
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import time
@@ -139,48 +138,41 @@ def lost_nodes(out: Path, trainer: str, nnodes: int, me: int, run_dir: Path, sin
     if not lost:  # still running, but silent past the bound (the nodes' clocks are taken to agree within it)
         bound = nodewatch.silence_s()
         lost = [(rank, f"silent for over {bound:g} s") for rank in pending
-                if rank in beats and beats[rank].get("phase") != "done" and (_age(beats[rank]) or 0) > bound]
+                if rank in beats and beats[rank].get("phase") != "done" and (nodewatch.beat_age(beats[rank]) or 0) > bound]
     said = []
     for rank, how in lost:
-        beat, age = beats.get(rank, {}), _age(beats.get(rank))
+        beat, age = beats.get(rank, {}), nodewatch.beat_age(beats.get(rank))
         last = f"; its last heartbeat: step {beat.get('step')} ({beat.get('phase')}), {age:.0f} s ago" if age else ""
         said.append(f"node {rank} ({beat.get('host', '?')}) was lost: {how}{last}")
     return said
 
 
-def _age(beat: dict | None) -> float | None:
-    """Seconds since a heartbeat file's beat, None where it holds no finite time."""
-    when = (beat or {}).get("time")
-    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
-        return None
-    return max(0.0, time.time() - when)
-
-
 def lost_main(args) -> int:
     from trainers.registry import TRAINERS
 
-    for flag, value in (("--out", args.out), ("--run-dir", args.run_dir)):
-        if not value:
-            raise UsageError(f"{flag} '' is empty: give the folder")
+    if not args.run_dir:
+        raise UsageError("--run-dir '' is empty: give the folder")
     if args.trainer not in TRAINERS:  # (it becomes part of a file name)
         raise UsageError(f"--trainer {args.trainer!r} is not one of: {', '.join(TRAINERS)}")
-    if args.nnodes is None or args.node_rank is None:
-        raise UsageError("nodes lost needs --nnodes N (2 or more) and --node-rank R")
-    if args.node_rank >= args.nnodes:
-        raise UsageError(f"--node-rank {args.node_rank} is not a node of {args.nnodes} (0..{args.nnodes - 1})")
+    check_node_flags(args, "lost", "--out '' is empty: give the folder")
     said = lost_nodes(Path(args.out), args.trainer, args.nnodes, args.node_rank, Path(args.run_dir), args.since)
     if said:
         print("; ".join(said))
     return 0
 
 
-def main(args) -> int:
+def check_node_flags(args, verb: str, empty_out: str) -> None:
+    """--out given, and --nnodes/--node-rank both given with the rank one of the nodes (one line, exit 2)."""
     if not args.out:
-        raise UsageError("--out '' is empty: give this node's output folder")
+        raise UsageError(empty_out)
     if args.nnodes is None or args.node_rank is None:
-        raise UsageError("nodes meet needs --nnodes N (2 or more) and --node-rank R")
+        raise UsageError(f"nodes {verb} needs --nnodes N (2 or more) and --node-rank R")
     if args.node_rank >= args.nnodes:
         raise UsageError(f"--node-rank {args.node_rank} is not a node of {args.nnodes} (0..{args.nnodes - 1})")
+
+
+def main(args) -> int:
+    check_node_flags(args, "meet", "--out '' is empty: give this node's output folder")
     verdict = meet(Path(args.out), args.nnodes, args.node_rank, args.rdzv_endpoint, args.timeout_s)
     if not verdict["shared"]:
         apart = [f"node {n['rank']} ({n['host']})" for n in verdict["nodes"] if not n["sees"]]

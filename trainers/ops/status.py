@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import time
@@ -207,10 +208,10 @@ def node_files(out: Path, trainer: str, rank: int) -> tuple[Path, Path]:
 def node_rows(out: Path, trainer: str, run_dir: Path) -> list[dict]:
     """A multi-node job on a shared folder: every node's deploy (its state file and lock) and its training's last
     heartbeat (<run>/nodes, trainers/runtime/nodewatch.py), so `status` on any node shows the whole job."""
-    from trainers.runtime.nodewatch import read_beats
+    from trainers.runtime.nodewatch import beat_age, read_beats
 
-    ranks = {int(p.name.split(".node")[1].split(".")[0]) for p in out.glob(f"deploy-{trainer}.node*.state")
-             if p.name.split(".node")[1].split(".")[0].isdigit()}
+    tagged = re.compile(rf"deploy-{re.escape(trainer)}\.node([0-9]+)\.state")
+    ranks = {int(m.group(1)) for p in out.glob(f"deploy-{trainer}.node*.state") if (m := tagged.fullmatch(p.name))}
     beats = {beat["node"]: beat for beat in read_beats(run_dir)}
     if not ranks and len(beats) < 2:
         return []
@@ -222,11 +223,11 @@ def node_rows(out: Path, trainer: str, run_dir: Path) -> list[dict]:
         state_path, lock = node_files(out, trainer, rank)
         state = {k: _text(v) for k, v in read_state(state_path).items()} if state_path.is_file() else {}
         alive, recorded = is_locked(lock), state.get("state") or "unknown"
-        beat, when = beats.get(rank, {}), _number(beats.get(rank, {}).get("time"))
+        beat = beats.get(rank, {})
         rows.append({"node": rank, "host": state.get("host") or _text(beat.get("host")), "phase": state.get("phase"),
                      "state": "lost" if recorded == "running" and not alive else recorded,
                      "step": _int(beat.get("step")), "training": _text(beat.get("phase")),
-                     "beat_age_s": max(0.0, time.time() - when) if when is not None else None})
+                     "beat_age_s": beat_age(beat)})
     return rows
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import socket
 import sys
@@ -233,11 +234,19 @@ def read_beats(run_dir: Path, since: float = 0.0) -> list[dict]:
             beat = json.loads(path.read_bytes()[: 1 << 14])
         except (OSError, ValueError):
             continue
-        when = beat.get("time") if isinstance(beat, dict) else None
-        if isinstance(beat.get("node") if isinstance(beat, dict) else None, int) and (
-                since <= 0 or (isinstance(when, (int, float)) and when >= since)):
+        if not isinstance(beat, dict) or not isinstance(beat.get("node"), int):
+            continue
+        if since <= 0 or (beat_age(beat) is not None and beat["time"] >= since):
             beats.append(beat)
     return beats
+
+
+def beat_age(beat: dict | None) -> float | None:
+    """Seconds since a beat (by this machine's clock), None where it holds no finite time."""
+    when = (beat or {}).get("time")
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+        return None
+    return max(0.0, time.time() - when)
 
 
 def verdict(run_dir: Path, rank: int, since: float) -> str | None:
