@@ -428,15 +428,27 @@ phase_check() {  # the full preflight, sized for the trainer and options about t
     "${EXTRA[@]}"
 }
 
-phase_nodes() {  # several nodes: all of them met, and --out one folder for all (trainers/ops/nodes.py)
+DISK_APART=0  # several nodes without a shared --out: node 0's run folder is the job's, its remote a fresh node 0's source
+
+phase_nodes() {  # several nodes: all of them met, and --out one folder for all or --remote (trainers/ops/nodes.py)
   if [[ "$NNODES" -eq 1 ]]; then echo "one node"; return; fi
-  run "$PY" -m trainers nodes meet --out "$OUT" --nnodes "$NNODES" --node-rank "$NODE_RANK" \
-    --rdzv-endpoint "$RDZV_ENDPOINT"
+  local cmd=("$PY" -m trainers nodes meet --out "$OUT" --nnodes "$NNODES" --node-rank "$NODE_RANK"
+             --rdzv-endpoint "$RDZV_ENDPOINT" --remote "$RUN_REMOTE")
+  if [[ "$DRY_RUN" -eq 1 ]]; then run "${cmd[@]}"; return; fi
+  local said
+  said=$("${cmd[@]}") || exit $?  # (its one-line refusal is on stderr already)
+  echo "${said%$'\n'disk: *}"
+  [[ "$said" != *$'\n'"disk: apart" ]] || DISK_APART=1
+  if [[ "$DISK_APART" -eq 1 && "$TRAINER" == lstm ]]; then
+    die "--trainer lstm on several nodes needs a shared --out: its workers each write their own symbols' folders"
+  fi
 }
 
 phase_data() {
   if [[ "$SKIP_DATA" -eq 1 ]]; then echo "--skip-data: training on the data as it is"; return; fi
-  if ! on_node0; then echo "node $NODE_RANK: data comes from node 0 (on storage every node shares)"; return; fi
+  if ! on_node0 && [[ "$DISK_APART" -eq 0 ]]; then
+    echo "node $NODE_RANK: data comes from node 0 (on storage every node shares)"; return
+  fi  # (no shared disk: every node fetches the same data, and training refuses to start unless every rank's matches)
   trainer_data
 }
 
@@ -480,7 +492,8 @@ phase_train() {
   # workers as a graceful stop) instead of after training ends.
   set_state nproc "$NPROC"
   TRAIN_STARTED=$(date +%s)
-  TRAINERS_NODE_RANK="$NODE_RANK" TRAINERS_NODES_DIR="$RUN_DIR/nodes" "${cmd[@]}" &
+  TRAINERS_NODE_RANK="$NODE_RANK" TRAINERS_NODES_DIR="$RUN_DIR/nodes" TRAINERS_RUN_DIR_APART="$DISK_APART" \
+    "${cmd[@]}" &
   TRAIN_PID=$!
   local rc
   while true; do

@@ -49,29 +49,49 @@ class Cluster:
         self.hosts = [f"node{i}" for i in range(nodes)]
         self.addresses = [f"{self.subnet}.{10 + i}" for i in range(nodes)]
         self._procs: list[subprocess.Popen] = []
+        self._replaced = 0
 
     def __enter__(self) -> "Cluster":
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             _ip("addr", "add", f"{self.head_address}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
-            hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {h}\n" for a, h in zip(self.addresses, self.hosts))
-            hosts += f"{self.head_address} bridge\n"
-            for i, ns in enumerate(self.names):
-                _ip("netns", "add", ns)
-                Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
-                Path(f"/etc/netns/{ns}/hosts").write_text(hosts)
-                outside, inside = f"{ns[-6:]}a{i}", f"{ns[-6:]}b{i}"
-                _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
-                _ip("link", "set", outside, "master", self.bridge, "up")
-                _ip("link", "set", inside, "netns", ns)
-                _ip("addr", "add", f"{self.addresses[i]}/24", "dev", inside, ns=ns)
-                _ip("link", "set", inside, "up", ns=ns)
-                _ip("link", "set", "lo", "up", ns=ns)
+            for i in range(len(self.names)):
+                self._add_node(i)
         except BaseException:
             self.close()
             raise
         return self
+
+    def _add_node(self, i: int) -> None:
+        ns = self.names[i]
+        _ip("netns", "add", ns)
+        self.write_hosts()
+        outside, inside = f"{ns[-6:]}a{i}", f"{ns[-6:]}b{i}"
+        _ip("link", "add", outside, "type", "veth", "peer", "name", inside)
+        _ip("link", "set", outside, "master", self.bridge, "up")
+        _ip("link", "set", inside, "netns", ns)
+        _ip("addr", "add", f"{self.addresses[i]}/24", "dev", inside, ns=ns)
+        _ip("link", "set", inside, "up", ns=ns)
+        _ip("link", "set", "lo", "up", ns=ns)
+
+    def write_hosts(self) -> None:
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {h}\n" for a, h in zip(self.addresses, self.hosts))
+        hosts += f"{self.head_address} bridge\n"
+        for ns in self.names:
+            Path(f"/etc/netns/{ns}").mkdir(parents=True, exist_ok=True)
+            Path(f"/etc/netns/{ns}/hosts").write_text(hosts)
+
+    def replace(self, node: int) -> None:
+        """Node `node` gone (every process killed, its namespace deleted) and a new machine in its place: the same
+        host name, a new namespace and a new address on the same bridge (where the test's servers still listen)."""
+        self.kill(node)
+        subprocess.run(["ip", "netns", "del", self.names[node]], capture_output=True)
+        shutil.rmtree(f"/etc/netns/{self.names[node]}", ignore_errors=True)
+        self._replaced += 1
+        self.names[node] = f"{self.names[node].rsplit('-', 1)[0]}-r{self._replaced}"
+        self.addresses[node] = f"{self.subnet}.{100 + self._replaced}"
+        self._add_node(node)
 
     def __exit__(self, *exc) -> None:
         self.close()

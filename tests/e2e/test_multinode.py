@@ -39,9 +39,10 @@ def node_env(tmp_path, extra: dict) -> dict:
     return env
 
 
-def deploy_on_nodes(cluster, tmp_path, launcher, outs, *args, timeout=900):
+def deploy_on_nodes(cluster, tmp_path, launcher, outs, *args, timeout=900, extra=None):
     procs = [cluster.popen(rank, ["bash", str(ROOT / "deploy_8gpu.sh"), "--demo", "--out", str(outs[rank]), *args],
-                           env=node_env(tmp_path, launcher_env(launcher, rank, cluster)), stdout=subprocess.PIPE,
+                           env={**node_env(tmp_path, launcher_env(launcher, rank, cluster)), **(extra or {})},
+                           stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
              for rank in range(len(outs))]
     return [p.communicate(timeout=timeout)[0] for p in procs], [p.returncode for p in procs]
@@ -73,9 +74,22 @@ def test_nodes_that_share_no_disk_are_refused_before_any_data_or_training(tmp_pa
     assert codes == [2, 2], outputs
     for text in outputs:
         assert "node 1 (node1) cannot see node 0's output folder" in text and "share no disk" in text
+        assert "or give --remote URL" in text  # the two fixes, in one line
         assert "FAILED in phase 'nodes'" in text and "==> [train]" not in text and "==> [data]" not in text
     assert not (outs[0] / "forecast").exists() and not (outs[1] / "forecast").exists()
     assert time.monotonic() - started < 120
+
+
+@pytest.mark.slow
+def test_the_lstm_on_nodes_apart_is_refused_even_with_a_remote(tmp_path):
+    outs = [tmp_path / "node0" / "output", tmp_path / "node1" / "output"]
+    with Cluster(2) as cluster:
+        outputs, codes = deploy_on_nodes(cluster, tmp_path, "dstack", outs, "--trainer", "lstm", "--remote",
+                                         f"file://{tmp_path / 'volume'}", timeout=300)
+    assert codes == [2, 2], outputs
+    for text in outputs:
+        assert "--trainer lstm on several nodes needs a shared --out" in text and "==> [train]" not in text
+    assert not (tmp_path / "volume").exists()
 
 
 SILENCE_S = 20  # TRAINERS_NODE_SILENCE_S for these runs
@@ -153,3 +167,88 @@ def test_a_frozen_node_ends_the_survivor_within_the_bound_naming_its_silence(tmp
     assert procs[0].returncode == 75 and took < LOSS_BOUND_S, (took, said[-3000:])
     assert said.count(f"error: node 1 (node1) went silent: no heartbeat for {SILENCE_S} s") == 1  # its first worker
     assert f"error: training stopped on node 0 (rc 1): node 1 (node1) went silent: no heartbeat for {SILENCE_S} s" in said
+
+
+@pytest.fixture
+def s3_on_the_bridge():
+    """A real S3 endpoint (moto) on a cluster's bridge address: what the nodes reach, and nothing else."""
+    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    import boto3
+
+    def start(cluster):
+        server = moto_server.ThreadedMotoServer(ip_address=cluster.head_address, port=0, verbose=False)
+        server.start()
+        servers.append(server)
+        host, port = server.get_host_and_port()
+        env = {"AWS_ACCESS_KEY_ID": "AKIATESTKEYID0000001", "AWS_SECRET_ACCESS_KEY": "test-secret",
+               "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                     aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1"
+                     ).create_bucket(Bucket="runs")
+        return env
+
+    servers = []
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def remote_holds(env: dict, key: str) -> bool:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+    return client.list_objects_v2(Bucket="runs", Prefix=key).get("KeyCount", 0) > 0
+
+
+@pytest.mark.slow
+def test_nodes_without_a_shared_disk_train_through_the_remote_and_fresh_nodes_resume_from_it(tmp_path,
+                                                                                               s3_on_the_bridge):
+    with Cluster(2) as cluster:
+        s3 = s3_on_the_bridge(cluster)
+        outs = [tmp_path / "ref0" / "output", tmp_path / "ref1" / "output"]  # the same job, never interrupted
+        outputs, codes = deploy_on_nodes(cluster, tmp_path, "slurm", outs, "--remote", "s3://runs/ref", *LONG,
+                                         extra=s3)
+        assert codes == [0, 0], outputs[0][-3000:] + "\n----- node 1\n" + outputs[1][-3000:]
+        assert "node 1 (node1) cannot see node 0's output folder, so node 0's run folder is the job's" in outputs[0]
+        reference = read_results(outs[0] / "forecast")["training"]
+        assert reference["world_size"] == 4
+        verify_tarball(tmp_path, outs[0], "forecast")  # node 0's, the only one
+        assert not (outs[1] / "forecast.tar.gz").exists() and "node 1: packaging runs on node 0" in outputs[1]
+        node1 = outs[1] / "forecast" / "checkpoints"  # the other node keeps copies of the metas, no state
+        assert sorted(p.name[5:13] for p in node1.glob("meta_*.json")) == \
+            sorted(p.name[5:13] for p in (outs[0] / "forecast" / "checkpoints").glob("meta_*.json"))
+        assert not list(node1.glob("*.pt"))
+
+        outs = [tmp_path / "node0" / "output", tmp_path / "node1" / "output"]
+        procs = [cluster.popen(rank, ["bash", str(ROOT / "deploy_8gpu.sh"), "--demo", "--out", str(outs[rank]),
+                                      "--remote", "s3://runs/job", *LONG],
+                               env={**node_env(tmp_path, launcher_env("slurm", rank, cluster)), **s3,
+                                    "TRAINERS_NODE_SILENCE_S": str(SILENCE_S)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
+        deadline = time.monotonic() + 300
+        while not remote_holds(s3, "job/forecast/checkpoints/meta_00000014.json"):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no checkpoint on the remote"
+            time.sleep(0.5)
+        assert cluster.kill(0) > 0  # node 0, with the only complete copy of the run on a disk, is gone
+        killed_at = time.monotonic()
+        said = procs[1].communicate(timeout=2 * LOSS_BOUND_S)[0]
+        assert procs[1].returncode != 0 and time.monotonic() - killed_at < LOSS_BOUND_S, said[-3000:]
+
+        cluster.replace(0)  # two fresh machines: new addresses, empty disks, the same command
+        cluster.replace(1)
+        outs = [tmp_path / "fresh0" / "output", tmp_path / "fresh1" / "output"]
+        outputs, codes = deploy_on_nodes(cluster, tmp_path, "slurm", outs, "--remote", "s3://runs/job", *LONG,
+                                         extra=s3)
+    assert codes == [0, 0], outputs[0][-3000:] + "\n----- node 1\n" + outputs[1][-3000:]
+    assert "from --remote s3://runs/job/forecast" in outputs[0]
+    resumed = read_results(outs[0] / "forecast")["training"]
+    assert "resumed from checkpoint step" in (outs[0] / "forecast" / "training.log").read_text()
+    assert resumed["world_size"] == 4 and resumed["steps"] == reference["steps"]
+    assert resumed["stop_reason"] == reference["stop_reason"]
+    for key in ("best_val", "last_val"):  # the CPU's resume is exact (the loop contract's 1e-5)
+        ref_value = reference[key]["value"] if key == "best_val" else reference[key]
+        got = resumed[key]["value"] if key == "best_val" else resumed[key]
+        assert got == pytest.approx(ref_value, rel=1e-5), key
+    verify_tarball(tmp_path, outs[0], "forecast")

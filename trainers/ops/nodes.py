@@ -174,13 +174,21 @@ def check_node_flags(args, verb: str, empty_out: str) -> None:
 def main(args) -> int:
     check_node_flags(args, "meet", "--out '' is empty: give this node's output folder")
     verdict = meet(Path(args.out), args.nnodes, args.node_rank, args.rdzv_endpoint, args.timeout_s)
-    if not verdict["shared"]:
-        apart = [f"node {n['rank']} ({n['host']})" for n in verdict["nodes"] if not n["sees"]]
-        raise UsageError(f"nodes: {', '.join(apart)} cannot see node 0's output folder {args.out}: the nodes share no "
-                         "disk, and the run folder (data, every rank's checkpoints, results) must be one; put --out on "
-                         "storage every node mounts (NFS, a bucket mounted on each node, a ReadWriteMany volume)")
     hosts = ", ".join(f"{n['rank']}:{n['host']}" for n in verdict["nodes"])
-    print(f"nodes: all {args.nnodes} met ({hosts}); the output folder {args.out} is shared")
+    if verdict["shared"]:
+        print(f"nodes: all {args.nnodes} met ({hosts}); the output folder {args.out} is shared")
+        print("disk: shared")
+        return 0
+    apart = [f"node {n['rank']} ({n['host']})" for n in verdict["nodes"] if not n["sees"]]
+    if not args.remote:
+        raise UsageError(f"nodes: {', '.join(apart)} cannot see node 0's output folder {args.out}: the nodes share no "
+                         "disk; either put --out on storage every node mounts (NFS, a bucket mounted on each node, a "
+                         "ReadWriteMany volume), or give --remote URL (s3://bucket/prefix...): node 0's run folder is "
+                         "then the job's, mirrored there, and the other nodes keep nothing of it")
+    print(f"nodes: all {args.nnodes} met ({hosts}); {', '.join(apart)} cannot see node 0's output folder, so node 0's "
+          f"run folder is the job's: every rank's checkpoint state travels to node 0 over the process group, and "
+          f"--remote {args.remote} holds it for a fresh node 0")
+    print("disk: apart")
     return 0
 
 
@@ -195,6 +203,7 @@ def add_command(sub) -> None:
     v.add_argument("--nnodes", type=number(int, min=2), default=None, help="how many nodes (2 or more)")
     v.add_argument("--node-rank", type=number(int, min=0), default=None, help="this node's rank, 0..N-1")
     v.add_argument("--rdzv-endpoint", required=True, help="HOST:PORT of node 0")
+    v.add_argument("--remote", default="", help="the run's remote (--remote): without a shared disk it is the medium")
     v.add_argument("--timeout-s", type=number(float, gt=0), default=float(os.environ.get("TRAINERS_NODES_TIMEOUT_S",
                                                                                           600)),
                    help="how long to wait for every node (default: 600, torchrun's rendezvous; "

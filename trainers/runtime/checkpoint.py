@@ -18,14 +18,14 @@ are written with torch.distributed.checkpoint, every rank its own part:
 
 Every file is written to a temporary name, fsynced and renamed, so a kill at any moment leaves
 either the old file or the new one. Resume picks the newest checkpoint whose checksums verify on
-every rank, and falls back to older ones (with a warning) when the newest is corrupt.
+every rank, and falls back to older ones (with a warning) when the newest is corrupt. Several nodes
+without a shared disk keep the files on node 0 alone: trainers.runtime.apart.
 
 Every read of a file we wrote can meet garbage: a meta that is not valid JSON, or not an object, is
 taken out of the complete set (renamed `.unusable`, kept for a post-mortem) with a warning, and
 never stops a save, a prune, "best" or an evaluation. Only when *every* checkpoint is unusable does
 a start refuse (one line), instead of silently starting over from step 0: `--restart` moves the
-evidence aside and starts fresh. For multi-node runs the run folder must be on a filesystem every
-node sees.
+evidence aside and starts fresh.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from trainers.errors import UsageError
+from trainers.runtime import apart
 from trainers.runtime.device import optimizer_steps_on_host
 from trainers.runtime.dist import DistContext, all_gather_object, all_reduce_max, barrier, broadcast_object
 from trainers.runtime.files import atomic_write, atomic_write_json, sha256_file
@@ -75,6 +76,7 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.log = logger
         self.mirror = None  # rank 0's remote mirror (--remote): told of each checkpoint made complete, and of set_aside
+        self.apart = ctx.distributed and apart.run_dir_apart()  # node 0's folder is the job's (trainers.runtime.apart)
 
     # ---- names -------------------------------------------------------------------------------
     def model_path(self, step: int) -> Path:
@@ -162,12 +164,19 @@ class CheckpointManager:
         files.update(self.write_local(step, shared, rank_state))
         self.commit(step, files, meta, sorted(sharded or ()))
 
-    def write_local(self, step: int, shared: dict[str, Any] | None, rank_state: dict[str, Any]) -> dict[str, str]:
-        """Not collective (a background thread may run it): this rank's file, and the shared file on
-        rank 0; returns the SHA-256 of each, by name. Nothing is complete until `commit`."""
+    def gather_rank_states(self, rank_state: dict[str, Any]) -> Any:
+        """Collective: what `write_local` takes: this rank's own state, or (`apart`) every rank's on rank 0."""
+        return apart.gather_rank_states(self.ctx, rank_state) if self.apart else rank_state
+
+    def write_local(self, step: int, shared: dict[str, Any] | None, rank_state: Any) -> dict[str, str]:
+        """Not collective (a background thread may run it): this rank's file (`apart`: rank 0 writes every rank's),
+        and the shared file on rank 0; returns the SHA-256 of each, by name. Nothing is complete until `commit`."""
+        if self.apart and not self.ctx.is_main:
+            return {}
         self.dir.mkdir(parents=True, exist_ok=True)
-        rank_file = self.rank_path(step, self.ctx.rank)
-        files = {rank_file.name: atomic_torch_save(rank_file, rank_state)}
+        by_rank = rank_state if self.apart else {self.ctx.rank: rank_state}
+        files = {self.rank_path(step, rank).name: atomic_torch_save(self.rank_path(step, rank), state)
+                 for rank, state in by_rank.items()}
         if self.ctx.is_main:
             model_file = self.model_path(step)
             files[model_file.name] = atomic_torch_save(model_file, shared)
@@ -188,6 +197,8 @@ class CheckpointManager:
             self._prune(keep)
             if self.mirror is not None:
                 self.mirror.checkpoint(step)
+        if self.apart:
+            apart.share_metas(self)  # (every node then reads the same complete steps and best)
         barrier(self.ctx)
 
     def _save_sharded(self, step: int, sharded: dict[str, Any]) -> dict[str, str]:
@@ -276,35 +287,10 @@ class CheckpointManager:
         dcp.load(states, checkpoint_id=self.shard_dir(step))
 
     def consolidate(self, step: int, names: tuple[str, ...] = ("model",)) -> Path:
-        """One process, no process group needed: the named sharded states of checkpoint `step` as one
-        torch file of full tensors (for export and sampling), its SHA-256 added to the meta. The
-        shard files are checked first; an existing consolidated file that verifies is kept."""
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+        """One process: the named sharded states of checkpoint `step` as one file (sharded.consolidate)."""
+        from trainers.runtime.sharded import consolidate
 
-        record = self.read_meta(step)
-        target = self.consolidated_path(step)
-        known = record["files"].get(target.name)
-        if known and target.is_file() and sha256_file(target) == known:
-            return target
-        missing = [n for n in names if n not in (record.get("sharded") or [])]
-        if missing:
-            raise UsageError(f"checkpoint step {step} has no sharded {', '.join(missing)} to consolidate")
-        shard_files = [n for n in record["files"] if n.startswith(f"{self.shard_dir(step).name}/")]
-        problem = self._verify_names(step, shard_files, record)
-        if problem:
-            raise UsageError(f"checkpoint step {step} cannot be consolidated: {problem}")
-        # DCP's own single-process reader (what its dcp_to_torch_save uses), limited to `names`; no_dist
-        # so rank 0 alone may call it inside a live process group.
-        full: dict[str, Any] = {}
-        _load_state_dict(full, storage_reader=FileSystemReader(self.shard_dir(step)),
-                         planner=_EmptyStateDictLoadPlanner(keys=set(names)), no_dist=True)
-        sha = atomic_torch_save(target, {n: full[n] for n in names})
-        record = self.read_meta(step)
-        record["files"][target.name] = sha
-        atomic_write_json(self.meta_path(step), record)
-        return target
+        return consolidate(self, step, names)
 
     def verify(self, step: int) -> str | None:
         """Every file of a checkpoint against its meta; the first problem, or None when all match."""
@@ -355,6 +341,13 @@ class CheckpointManager:
         none of them is usable: starting over from step 0 must be asked for (`--restart`).
         `sharded` states are loaded in place from the checkpoint's shards folder; a checkpoint whose
         sharded states are not these (a run switched between DDP and FSDP) is refused."""
+        if self.apart:
+            if sharded:
+                raise UsageError("sharded states (--parallel fsdp) are written by every rank to its own disk: several "
+                                 "nodes without a shared --out cannot keep them; use DDP, or put --out on storage "
+                                 "every node mounts")
+            found = apart.resume_on_rank0(self, map_location)
+            return None if found is None else Resumed(*found)
         candidates = broadcast_object(self.ctx, self._meta_steps() if self.ctx.is_main else None)
         for step in candidates:
             try:
@@ -392,9 +385,13 @@ class CheckpointManager:
                                  "positions cannot be mapped, the interrupted epoch restarts",
                                  step, meta.get("world_size"), self.ctx.world_size)
             return Resumed(step, shared, rank_state, meta)
+        self.refuse_if_a_run_was_here()
+        return None
+
+    def refuse_if_a_run_was_here(self) -> None:
+        """Collective: UsageError on every rank when the folder holds checkpoints and none was usable."""
         evidence = broadcast_object(self.ctx, self.evidence_of_a_run() if self.ctx.is_main else None)
         if evidence:
             raise UsageError(f"every checkpoint in {self.dir} is unusable ({', '.join(evidence[:4])}"
                              f"{' ...' if len(evidence) > 4 else ''}); nothing was changed. To start this run over "
                              f"from step 0 add --restart (the checkpoints are moved aside, not deleted)")
-        return None

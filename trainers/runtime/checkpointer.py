@@ -37,12 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from trainers.errors import RunFailed
 from trainers.runtime import device as device_mod
 from trainers.runtime import rng
 from trainers.runtime.async_save import BackgroundWrite, HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.dist import DistContext, all_reduce_max, barrier
+from trainers.runtime.dist import DistContext, all_reduce_max, barrier, broadcast_object
 from trainers.runtime.files import is_disk_full
 from trainers.runtime.options import RunOptions
 
@@ -135,6 +137,11 @@ class Checkpointer:
         """Collective. Load the best complete checkpoint (lowest validation metric; else the newest)
         into the named states (plain or sharded), after checking its SHA-256. Its step, or None."""
         self.settle()
+        if self.manager.apart:  # node 0's folder alone holds the files: rank 0 reads them for every rank
+            step, saved = broadcast_object(self.ctx, self._best_states(names) if self.ctx.is_main else None)
+            for name in names if step is not None else ():
+                states[name].load_state_dict(saved[name])
+            return step
         steps = self.manager.complete_steps()
         if not steps:
             return None
@@ -150,6 +157,16 @@ class Checkpointer:
             self.manager.load_sharded(step, sharded)
         return step
 
+    def _best_states(self, names: tuple[str, ...]) -> tuple[int | None, dict | None]:
+        """Rank 0, `apart`: the step `restore_best` picks and its named states, on the host."""
+        steps = self.manager.complete_steps()
+        if not steps:
+            return None, None
+        best = self.manager.best_step()
+        step = steps[0] if best is None else best
+        saved = self.manager.load_verified(step, torch.device("cpu"))["states"]
+        return step, {name: saved[name] for name in names}
+
     # ---- the write -----------------------------------------------------------------------------
     def save(self, step: int, shared: dict[str, Any], position: dict | None, meta: dict[str, Any],
              sharded: dict[str, Any] | None = None, best_only: bool = False) -> float:
@@ -162,7 +179,7 @@ class Checkpointer:
             return self.hold(step, shared, position, meta)
         device_mod.synchronize(self.ctx.device)  # the steps' queued kernels are theirs, not the save's stall
         t0 = time.perf_counter()
-        rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
+        rank_state = self.manager.gather_rank_states({"position": position, "rng": rng.capture(self.ctx.device)})
         self.settle()  # one write in flight at most
         if sharded:
             self.manager.save(step, shared, rank_state, meta, sharded=sharded)
@@ -184,7 +201,7 @@ class Checkpointer:
         seconds the loop stood still (the copy)."""
         device_mod.synchronize(self.ctx.device)
         t0 = time.perf_counter()
-        rank_state = {"position": position, "rng": rng.capture(self.ctx.device)}
+        rank_state = self.manager.gather_rank_states({"position": position, "rng": rng.capture(self.ctx.device)})
         copy = self._held_snapshot.take({"shared": shared if self.ctx.is_main else None, "rank": rank_state})
         self._held = (step, copy, meta)
         self.last_saved_step = step

@@ -200,6 +200,7 @@ def restore_from_remote(url: str | None, run_dir: Path, ctx, cfg=None, fix=None)
     from trainers.runtime.dist import broadcast_object
 
     if url is None:
+        share_run_record(Path(run_dir), ctx)
         return None
     outcome = None
     check_only = os.environ.get("TRAINERS_CHECK_ONLY") == "1"
@@ -222,10 +223,35 @@ def restore_from_remote(url: str | None, run_dir: Path, ctx, cfg=None, fix=None)
     kind, text = broadcast_object(ctx, outcome)
     if kind == "refused":
         raise UsageError(text)
+    share_run_record(Path(run_dir), ctx)
     if text and ctx.is_main:
         print(f"{'would resume' if check_only else 'resumed'} the run folder {run_dir} from --remote {redact(url)}: "
               f"{text}", flush=True)
     return text
+
+
+RUN_RECORD = ("config.json", "data.json")  # what every rank reads of the run folder before training (rundir's)
+
+
+def share_run_record(run_dir: Path, ctx) -> None:
+    """Collective: with node 0's run folder the job's alone (checkpoint.run_dir_apart), its config and data record
+    copied to every other node's folder, so every rank settles its options from the same saved run (the pinned
+    dates, the features) as rank 0 does."""
+    from trainers.runtime.apart import run_dir_apart
+    from trainers.runtime.dist import barrier, broadcast_object
+
+    if not (ctx.distributed and run_dir_apart()):
+        return
+    record = broadcast_object(ctx, {name: (run_dir / name).read_bytes() for name in RUN_RECORD
+                                    if (run_dir / name).is_file()} if ctx.is_main else None)
+    if ctx.local_rank == 0 and not ctx.is_main:  # (another node's first rank)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in RUN_RECORD:
+            if name in record:
+                atomic_write(run_dir / name, lambda f, data=record[name]: f.write(data))
+            else:  # (an earlier run's, on a node that kept its disk: rank 0's folder says there is none)
+                (run_dir / name).unlink(missing_ok=True)
+    barrier(ctx)
 
 
 def check_writable(url: str, run_dir: Path) -> None:

@@ -24,7 +24,7 @@ from trainers.errors import CheckPassed, UsageError
 from trainers.runtime import config as cfgmod
 from trainers.runtime import nodewatch
 from trainers.runtime.checkpoint import CheckpointManager
-from trainers.runtime.dist import DistContext, barrier, broadcast_object
+from trainers.runtime.dist import DistContext, all_gather_object, barrier, broadcast_object
 from trainers.runtime.files import DiskFull, atomic_write_json, remove_stale_temp_files
 from trainers.runtime.lock import LOCK_NAME, FolderLock, describe_holder, held_by_other
 from trainers.runtime.logs import MetricsWriter, get_logger
@@ -65,6 +65,7 @@ def take_run_folder(run_dir: Path, ctx: DistContext, trainer: str, data_fingerpr
     usage error is not retried --max-restarts times)."""
     check_only = os.environ.get("TRAINERS_CHECK_ONLY") == "1"
     problem, lock = None, None
+    same_data_on_every_rank(ctx, data_fingerprint)
     if ctx.is_main:
         try:
             check_data_unchanged(run_dir, data_fingerprint, restart)
@@ -86,6 +87,18 @@ def take_run_folder(run_dir: Path, ctx: DistContext, trainer: str, data_fingerpr
     if check_only:
         raise CheckPassed(f"{trainer}: every check before training passed for {run_dir}")
     return lock
+
+
+def same_data_on_every_rank(ctx: DistContext, data_fingerprint: str | None) -> None:
+    """Collective: every rank read the same data, or every rank is refused in one line. On one shared disk the ranks
+    read one cache; on nodes without one each node fetched its own (the same source and pinned dates), and a source
+    that answered two nodes differently would train each rank on other rows. (None: a rank that records none.)"""
+    prints = all_gather_object(ctx, data_fingerprint)
+    known = {fingerprint for fingerprint in prints if fingerprint is not None}
+    if len(known) > 1:
+        said = ", ".join(f"rank {rank}: {fingerprint[:12]}" for rank, fingerprint in enumerate(prints) if fingerprint)
+        raise UsageError(f"the ranks read different data ({said}): every node must read the same data; nodes without "
+                         "a shared disk each fetch it, so give them a pinned range (--start/--end) or the same file")
 
 
 @contextlib.contextmanager

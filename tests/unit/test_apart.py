@@ -1,0 +1,98 @@
+"""Several nodes without a shared disk (trainers.runtime.apart), as two processes of a gloo group, each its own "node"
+(local rank 0) with its own folder: node 0's folder holds every rank's checkpoint state, the other node copies of
+the metas only; a resume gives every rank its own state back from node 0; ranks that read different data are
+refused on every rank; sharded states are refused."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from trainers.errors import UsageError
+from trainers.runtime.checkpoint import CheckpointManager
+from trainers.runtime.dist import DistContext
+from trainers.runtime.rundir import same_data_on_every_rank
+
+
+def _node(rank: int, base: str, scenario: str) -> None:
+    os.environ["TRAINERS_RUN_DIR_APART"] = "1"
+    dist.init_process_group("gloo", init_method=f"file://{base}/store", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))  # (a collective one rank skips fails the test, not hangs)
+    ctx = DistContext(rank, 0, 2, 1, torch.device("cpu"), "gloo")  # one process a node: each is its local rank 0
+    folder = os.path.join(base, f"node{rank}", "checkpoints")
+    said: dict = {}
+    try:
+        manager = CheckpointManager(folder, ctx, keep_last=2, logger=logging.getLogger("test"))
+        if scenario == "save":
+            for step in (1, 2, 3):
+                shared = {"states": {"w": torch.full((2,), float(step))}, "run": {}} if rank == 0 else None
+                state = manager.gather_rank_states({"position": {"rank": rank, "step": step}})
+                manager.commit(step, manager.write_local(step, shared, state), {"metric": 1.0 / step})
+            said["complete"] = manager.complete_steps()
+            said["best"] = manager.best_step()
+        elif scenario == "resume":
+            resumed = manager.resume(torch.device("cpu"))
+            said.update(step=resumed.step, position=resumed.rank_state["position"],
+                        w=resumed.shared["states"]["w"].tolist())
+        elif scenario == "data":
+            same_data_on_every_rank(ctx, "ab"[rank] * 64)  # (as a SHA-256 in hex)
+        elif scenario == "sharded":
+            manager.resume(torch.device("cpu"), sharded={"model": object()})
+    except UsageError as err:
+        said["refused"] = str(err)
+    except Exception:  # noqa: BLE001 - the test reads it and fails with it
+        said["crashed"] = traceback.format_exc()
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(base, f"said{rank}.json"), "w") as f:
+        json.dump(said, f)
+
+
+def run_nodes(base, scenario: str) -> list[dict]:
+    for rank in (0, 1):
+        (base / f"said{rank}.json").unlink(missing_ok=True)
+    (base / "store").unlink(missing_ok=True)
+    mp.start_processes(_node, args=(str(base), scenario), nprocs=2, start_method="spawn", join=True)
+    said = [json.loads((base / f"said{rank}.json").read_text()) for rank in (0, 1)]
+    assert not any("crashed" in s for s in said), said
+    return said
+
+
+def test_node_0_holds_every_ranks_state_and_a_resume_gives_each_rank_its_own(tmp_path):
+    said = run_nodes(tmp_path, "save")
+    assert said[0] == said[1] == {"complete": [3, 2], "best": 3}  # the same steps and best on either node
+    node0, node1 = tmp_path / "node0" / "checkpoints", tmp_path / "node1" / "checkpoints"
+    assert sorted(p.name for p in node0.iterdir() if p.name.endswith("_00000003.pt")) == \
+        ["model_00000003.pt", "rank000_00000003.pt", "rank001_00000003.pt"]
+    assert sorted(p.name for p in node1.iterdir()) == ["meta_00000002.json", "meta_00000003.json"]  # pruned alike
+    assert (node1 / "meta_00000003.json").read_bytes() == (node0 / "meta_00000003.json").read_bytes()
+
+    (node1 / "meta_00000009.json").write_text("{}")  # a stale copy on the other node is not a checkpoint
+    said = run_nodes(tmp_path, "resume")
+    assert said[0] == {"step": 3, "position": {"rank": 0, "step": 3}, "w": [3.0, 3.0]}
+    assert said[1] == {"step": 3, "position": {"rank": 1, "step": 3}, "w": [3.0, 3.0]}
+    assert not (node1 / "meta_00000009.json").exists()
+
+    (node0 / "rank001_00000003.pt").write_bytes(b"garbage")  # rank 1's state of step 3 damaged: step 2 for every rank
+    said = run_nodes(tmp_path, "resume")
+    assert said[0]["step"] == said[1]["step"] == 2 and said[1]["position"] == {"rank": 1, "step": 2}
+    assert sorted(p.name for p in node1.glob("meta_*.json")) == ["meta_00000002.json"]
+
+
+def test_ranks_that_read_different_data_are_refused_on_every_rank(tmp_path):
+    said = run_nodes(tmp_path, "data")
+    for s in said:
+        assert "the ranks read different data (rank 0: aaaaaaaaaaaa, rank 1: bbbbbbbbbbbb)" in s["refused"]
+        assert "pinned range" in s["refused"]
+
+
+def test_sharded_states_are_refused_without_a_shared_disk(tmp_path):
+    said = run_nodes(tmp_path, "sharded")
+    assert all("several nodes without a shared --out cannot keep them" in s["refused"] for s in said)
