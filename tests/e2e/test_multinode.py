@@ -89,7 +89,9 @@ def test_the_lstm_on_nodes_apart_is_refused_even_with_a_remote(tmp_path):
     assert codes == [2, 2], outputs
     for text in outputs:
         assert "--trainer lstm on several nodes needs a shared --out" in text and "==> [train]" not in text
-    assert not (tmp_path / "volume").exists()
+    pushed = sorted(p.relative_to(tmp_path / "volume").as_posix() for p in (tmp_path / "volume").rglob("*")
+                    if p.is_file())
+    assert pushed == ["lstm/deploy.state"]  # the failed deploy's state, for `status --remote`; no run
 
 
 SILENCE_S = 20  # TRAINERS_NODE_SILENCE_S for these runs
