@@ -429,16 +429,18 @@ phase_check() {  # the full preflight, sized for the trainer and options about t
 }
 
 DISK_APART=0  # several nodes without a shared --out: node 0's run folder is the job's, its remote a fresh node 0's source
+RANKS_BY_NODE=0  # every node runs as many workers: node R's are ranks R*L.., so rank 0 is on node 0 (c10d sorts hosts)
 
 phase_nodes() {  # several nodes: all of them met, and --out one folder for all or --remote (trainers/ops/nodes.py)
   if [[ "$NNODES" -eq 1 ]]; then echo "one node"; return; fi
   local cmd=("$PY" -m trainers nodes meet --out "$OUT" --nnodes "$NNODES" --node-rank "$NODE_RANK"
-             --rdzv-endpoint "$RDZV_ENDPOINT" --remote "$RUN_REMOTE")
+             --rdzv-endpoint "$RDZV_ENDPOINT" --remote "$RUN_REMOTE" --workers "$NPROC")
   if [[ "$DRY_RUN" -eq 1 ]]; then run "${cmd[@]}"; return; fi
   local said
   said=$("${cmd[@]}") || exit $?  # (its one-line refusal is on stderr already)
   echo "${said%$'\n'disk: *}"
   [[ "$said" != *$'\n'"disk: apart" ]] || DISK_APART=1
+  [[ "$said" != "ranks: by node"* ]] || RANKS_BY_NODE=1
   if [[ "$DISK_APART" -eq 1 && "$TRAINER" == lstm ]]; then
     die "--trainer lstm on several nodes needs a shared --out: its workers each write their own symbols' folders"
   fi
@@ -493,7 +495,7 @@ phase_train() {
   set_state nproc "$NPROC"
   TRAIN_STARTED=$(date +%s)
   TRAINERS_NODE_RANK="$NODE_RANK" TRAINERS_NODES_DIR="$RUN_DIR/nodes" TRAINERS_RUN_DIR_APART="$DISK_APART" \
-    "${cmd[@]}" &
+    TRAINERS_RANKS_BY_NODE="$RANKS_BY_NODE" "${cmd[@]}" &
   TRAIN_PID=$!
   local rc
   while true; do

@@ -1,13 +1,17 @@
 """Several nodes without a shared disk (trainers.runtime.apart), as two processes of a gloo group, each its own "node"
 (local rank 0) with its own folder: node 0's folder holds every rank's checkpoint state, the other node copies of
 the metas only; a resume gives every rank its own state back from node 0; ranks that read different data are
-refused on every rank; sharded states are refused."""
+refused on every rank; FSDP2's sharded states, each rank's part written on its own disk, end up whole in node 0's
+folder, come back to every rank at a resume (a fresh node's empty disk included) and at a restore, and a damaged
+part on node 0 falls back for every rank."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
+import shutil
 import traceback
 from datetime import timedelta
 
@@ -23,6 +27,9 @@ from trainers.runtime.rundir import same_data_on_every_rank
 
 def _node(rank: int, base: str, scenario: str) -> None:
     os.environ["TRAINERS_RUN_DIR_APART"] = "1"
+    from trainers.runtime import apart
+
+    apart.RELAY_CHUNK = 97  # (every shard part relayed in many chunks, the last a short one)
     dist.init_process_group("gloo", init_method=f"file://{base}/store", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))  # (a collective one rank skips fails the test, not hangs)
     ctx = DistContext(rank, 0, 2, 1, torch.device("cpu"), "gloo")  # one process a node: each is its local rank 0
@@ -43,16 +50,46 @@ def _node(rank: int, base: str, scenario: str) -> None:
                         w=resumed.shared["states"]["w"].tolist())
         elif scenario == "data":
             same_data_on_every_rank(ctx, "ab"[rank] * 64)  # (as a SHA-256 in hex)
-        elif scenario == "sharded":
-            manager.resume(torch.device("cpu"), sharded={"model": object()})
+        elif scenario == "sharded_save":
+            from test_checkpoint_sharded import train_step
+
+            model, optimizer, states = sharded_model()
+            for step in (1, 2, 3):
+                train_step(model, optimizer)
+                state = manager.gather_rank_states({"position": {"rank": rank, "step": step}})
+                manager.save(step, {"states": {}, "run": {}}, state, {"metric": 1.0 / step}, sharded=states)
+                said[f"full{step}"] = full(model)
+        elif scenario == "sharded_resume":
+            model, optimizer, states = sharded_model()
+            resumed = manager.resume(torch.device("cpu"), sharded=states)
+            said.update(step=resumed.step, position=resumed.rank_state["position"], full=full(model),
+                        moments=bool(optimizer.state_dict()["state"]))
+            manager.load_sharded(2, {"model": states["model"]})  # what restore_best does with an older best
+            said["full_restored"] = full(model)
     except UsageError as err:
         said["refused"] = str(err)
     except Exception:  # noqa: BLE001 - the test reads it and fails with it
         said["crashed"] = traceback.format_exc()
     finally:
+        gc.collect()  # (an FSDP module alive when its group goes aborts the process now and then: trainers.runtime.dist)
         dist.destroy_process_group()
     with open(os.path.join(base, f"said{rank}.json"), "w") as f:
         json.dump(said, f)
+
+
+def sharded_model():
+    """test_checkpoint_sharded's model (the same seed on every rank), with its states for the manager."""
+    from test_checkpoint_sharded import sharded_model as one_model
+
+    from trainers.runtime.sharded import ShardedModel, ShardedOptimizer
+
+    model, optimizer = one_model()
+    return model, optimizer, {"model": ShardedModel(model), "optimizer": ShardedOptimizer(model, optimizer)}
+
+
+def full(model) -> dict:
+    """Collective: the whole model's tensors, as lists (the same on every rank)."""
+    return {k: v.full_tensor().tolist() for k, v in model.state_dict().items()}
 
 
 def run_nodes(base, scenario: str) -> list[dict]:
@@ -93,6 +130,27 @@ def test_ranks_that_read_different_data_are_refused_on_every_rank(tmp_path):
         assert "pinned range" in s["refused"]
 
 
-def test_sharded_states_are_refused_without_a_shared_disk(tmp_path):
-    said = run_nodes(tmp_path, "sharded")
-    assert all("several nodes without a shared --out cannot keep them" in s["refused"] for s in said)
+def test_fsdp2_shards_written_on_each_nodes_disk_are_kept_whole_on_node_0_and_come_back_to_every_rank(tmp_path):
+    said = run_nodes(tmp_path, "sharded_save")
+    assert said[0] == said[1]  # (the whole model, gathered, the same on either rank)
+    node0, node1 = tmp_path / "node0" / "checkpoints", tmp_path / "node1" / "checkpoints"
+    meta = json.loads((node0 / "meta_00000003.json").read_text())
+    parts = sorted(n for n in meta["files"] if n.startswith("shards_00000003/"))
+    assert parts == ["shards_00000003/.metadata", "shards_00000003/__0_0.distcp", "shards_00000003/__1_0.distcp"]
+    assert all((node0 / n).is_file() for n in parts)  # rank 1's part, written on node 1, is in node 0's folder
+    assert sorted(p.name for p in node1.iterdir()) == ["meta_00000002.json", "meta_00000003.json"]  # no shards kept
+    assert sorted(p.name for p in node0.glob("shards_*")) == ["shards_00000002", "shards_00000003"]  # pruned alike
+
+    shutil.rmtree(tmp_path / "node1")  # node 1 replaced: an empty disk
+    resumed = run_nodes(tmp_path, "sharded_resume")
+    for rank, got in enumerate(resumed):
+        assert got["step"] == 3 and got["position"] == {"rank": rank, "step": 3} and got["moments"]
+        assert got["full"] == said[0]["full3"] and got["full_restored"] == said[0]["full2"]
+    assert not list((tmp_path / "node1" / "checkpoints").glob("shards_*"))  # the parts it was sent, removed
+
+    part = node0 / "shards_00000003" / "__1_0.distcp"
+    part.write_bytes(part.read_bytes()[:-1] + b"x")  # rank 1's part of step 3 damaged on node 0: step 2 everywhere
+    resumed = run_nodes(tmp_path, "sharded_resume")
+    assert [got["step"] for got in resumed] == [2, 2] and resumed[1]["full"] == said[0]["full2"]
+    assert (node0 / "meta_00000003.json.unusable").exists()
+    assert not list(tmp_path.rglob("*.relay*"))  # no relay's partial file left on either node

@@ -174,3 +174,40 @@ def test_the_node_this_nodes_watch_named_is_the_verdict_at_once(tmp_path):
     said = lost_nodes(tmp_path, "forecast", 2, 0, run_dir, since=time.time() - 60, settle_s=30)
     assert said == ["node 1 (node1) went silent: no heartbeat for 60 s"] and time.monotonic() - started < 5
     os.close(fd)
+
+
+def meet_workers(folders, workers, remote="s3://runs/job"):
+    """`trainers nodes meet` (its main, as the deploy runs it) on every node at once, each saying its worker count."""
+    from types import SimpleNamespace
+
+    from trainers.ops.nodes import main
+
+    port, said = free_port(), {}
+
+    def node(rank):
+        args = SimpleNamespace(out=str(folders[rank]), nnodes=len(folders), node_rank=rank, timeout_s=20.0,
+                               rdzv_endpoint=f"127.0.0.1:{port}", remote=remote, workers=workers[rank])
+        try:
+            said[rank] = main(args)
+        except UsageError as err:
+            said[rank] = err
+
+    threads = [threading.Thread(target=node, args=(rank,)) for rank in range(len(folders))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return [said[rank] for rank in range(len(folders))]
+
+
+def test_nodes_of_equal_worker_counts_are_numbered_by_node_and_apart_ones_of_unequal_counts_are_refused(tmp_path,
+                                                                                                        capsys):
+    assert meet_workers([tmp_path] * 2, [4, 4]) == [0, 0]
+    assert capsys.readouterr().out.count("ranks: by node (4 a node, node 0's are ranks 0..3)") == 2
+    assert meet_workers([tmp_path] * 2, [4, 2]) == [0, 0]  # a shared disk: torchrun's numbering is enough
+    assert "ranks: by node" not in capsys.readouterr().out
+    apart = [tmp_path / "node0", tmp_path / "node1"]
+    assert meet_workers(apart, [8, 8]) == [0, 0] and "disk: apart" in capsys.readouterr().out
+    for said in meet_workers(apart, [8, 4]):
+        assert isinstance(said, UsageError)
+        assert "different numbers of workers (node 0 8, node 1 4)" in str(said) and "same GPUs" in str(said)

@@ -46,8 +46,9 @@ def _get(store, key: str, timeout_s: float, waiting_for: str) -> str:
     return store.get(key).decode()
 
 
-def meet(out: Path, nnodes: int, node_rank: int, endpoint: str, timeout_s: float) -> dict:
-    """Collective across the nodes; returns node 0's verdict: {"shared": bool, "nodes": [{rank, host, sees}]}."""
+def meet(out: Path, nnodes: int, node_rank: int, endpoint: str, timeout_s: float, workers: int | None = None) -> dict:
+    """Collective across the nodes; returns node 0's verdict: {"shared": bool, "nodes": [{rank, host, sees, workers}],
+    "same_workers": bool} (`workers`: this node's training processes, None when not said)."""
     host, _, port = endpoint.rpartition(":")
     is_head = node_rank == 0
     store = _store(host, int(port), is_head, timeout_s)
@@ -61,7 +62,7 @@ def meet(out: Path, nnodes: int, node_rank: int, endpoint: str, timeout_s: float
         store.set("kit/nonce", nonce)
     nonce = _get(store, "kit/nonce", timeout_s, "node 0's marker name")
     me = {"rank": node_rank, "host": socket.gethostname(), "pid": os.getpid(), "nnodes": nnodes,
-          "sees": (out / f"{MARKER_PREFIX}{nonce}").is_file(), "id": uuid.uuid4().hex}
+          "sees": (out / f"{MARKER_PREFIX}{nonce}").is_file(), "id": uuid.uuid4().hex, "workers": workers}
     claimed = store.compare_set(f"kit/node{node_rank}", "", json.dumps(me)).decode()
     if claimed != json.dumps(me):  # the key was already another node's
         first = json.loads(claimed)
@@ -101,7 +102,9 @@ def _head_verdict(store, nnodes: int, timeout_s: float) -> dict:
     if len(counts) > 1:
         said = ", ".join(f"node {n['rank']} ({n['host']}) {n['nnodes']}" for n in nodes)
         return {"error": f"the nodes disagree on the node count: {said}"}
-    return {"shared": all(node["sees"] for node in nodes), "nodes": nodes}
+    workers = {node.get("workers") for node in nodes}
+    return {"shared": all(node["sees"] for node in nodes), "nodes": nodes,
+            "same_workers": len(workers) == 1 and None not in workers}
 
 
 SETTLE_S = 20.0  # how long a survivor waits for the other nodes' deploys to end their own way before it judges them
@@ -173,13 +176,21 @@ def check_node_flags(args, verb: str, empty_out: str) -> None:
 
 def main(args) -> int:
     check_node_flags(args, "meet", "--out '' is empty: give this node's output folder")
-    verdict = meet(Path(args.out), args.nnodes, args.node_rank, args.rdzv_endpoint, args.timeout_s)
+    verdict = meet(Path(args.out), args.nnodes, args.node_rank, args.rdzv_endpoint, args.timeout_s, args.workers)
     hosts = ", ".join(f"{n['rank']}:{n['host']}" for n in verdict["nodes"])
+    if verdict["same_workers"]:  # (the deploy then numbers the ranks by node: trainers.runtime.dist.rank_by_deploy_node)
+        print(f"ranks: by node ({args.workers} a node, node 0's are ranks 0..{args.workers - 1})")
     if verdict["shared"]:
         print(f"nodes: all {args.nnodes} met ({hosts}); the output folder {args.out} is shared")
         print("disk: shared")
         return 0
     apart = [f"node {n['rank']} ({n['host']})" for n in verdict["nodes"] if not n["sees"]]
+    if not verdict["same_workers"]:
+        said = ", ".join(f"node {n['rank']} {n.get('workers') or '?'}" for n in verdict["nodes"])
+        raise UsageError(f"nodes: {', '.join(apart)} cannot see node 0's output folder, and the nodes run different "
+                         f"numbers of workers ({said}): without a shared disk node 0 must hold rank 0, which needs "
+                         f"as many workers on every node; give every node the same GPUs, or put --out on storage "
+                         f"every node mounts")
     if not args.remote:
         raise UsageError(f"nodes: {', '.join(apart)} cannot see node 0's output folder {args.out}: the nodes share no "
                          "disk; either put --out on storage every node mounts (NFS, a bucket mounted on each node, a "
@@ -204,6 +215,8 @@ def add_command(sub) -> None:
     v.add_argument("--node-rank", type=number(int, min=0), default=None, help="this node's rank, 0..N-1")
     v.add_argument("--rdzv-endpoint", required=True, help="HOST:PORT of node 0")
     v.add_argument("--remote", default="", help="the run's remote (--remote): without a shared disk it is the medium")
+    v.add_argument("--workers", type=number(int, min=1), default=None,
+                   help="this node's training processes: when every node says the same, ranks are numbered by node")
     v.add_argument("--timeout-s", type=number(float, gt=0), default=float(os.environ.get("TRAINERS_NODES_TIMEOUT_S",
                                                                                           600)),
                    help="how long to wait for every node (default: 600, torchrun's rendezvous; "

@@ -8,24 +8,22 @@ Layout of one checkpoint at optimizer step N (in `<run>/checkpoints/`):
                            config, world size, the validation metric. A checkpoint without its
                            meta file is incomplete and never resumed from.
 
-States a trainer shards across ranks (FSDP2's model and optimizer: `sharded=` in `save`/`resume`)
-are written with torch.distributed.checkpoint, every rank its own part:
+States a trainer shards across ranks (FSDP2's: `sharded=` in `save`/`resume`), by torch.distributed.checkpoint:
 
-    shards_0000000N/       .metadata and __<rank>_<i>.distcp; every file's SHA-256 in the meta
-                           (each rank hashes what it wrote), resumed on the same world size
+    shards_0000000N/       .metadata and __<rank>_<i>.distcp, every rank its own part; every file's SHA-256
+                           in the meta (each rank hashes what it wrote)
     consolidated_0000000N.pt  the full model in one file for export and sampling (`consolidate`),
                            written on demand by one process, its SHA-256 added to the meta
 
-Every file is written to a temporary name, fsynced and renamed, so a kill at any moment leaves
-either the old file or the new one. Resume picks the newest checkpoint whose checksums verify on
-every rank, and falls back to older ones (with a warning) when the newest is corrupt. Several nodes
-without a shared disk keep the files on node 0 alone: trainers.runtime.apart.
+Every file is written to a temporary name, fsynced and renamed, so a kill at any moment leaves either the old file
+or the new one. Resume picks the newest checkpoint whose checksums verify on every rank, and falls back to older
+ones (with a warning) when the newest is corrupt. Several nodes without a shared disk keep every file, shards
+included, on node 0 alone: trainers.runtime.apart.
 
-Every read of a file we wrote can meet garbage: a meta that is not valid JSON, or not an object, is
-taken out of the complete set (renamed `.unusable`, kept for a post-mortem) with a warning, and
-never stops a save, a prune, "best" or an evaluation. Only when *every* checkpoint is unusable does
-a start refuse (one line), instead of silently starting over from step 0: `--restart` moves the
-evidence aside and starts fresh.
+Every read of a file we wrote can meet garbage: a meta that is not valid JSON, or not an object, is taken out of the
+complete set (renamed `.unusable`, kept for a post-mortem) with a warning, and never stops a save, a prune, "best" or
+an evaluation. Only when *every* checkpoint is unusable does a start refuse (one line), instead of silently starting
+over from step 0: `--restart` moves the evidence aside and starts fresh.
 """
 
 from __future__ import annotations
@@ -71,10 +69,7 @@ class CheckpointManager:
     def __init__(self, directory: Path, ctx: DistContext, keep_last: int, logger: logging.Logger):
         if keep_last < 1:
             raise ValueError("keep_last must be >= 1")
-        self.dir = Path(directory)
-        self.ctx = ctx
-        self.keep_last = keep_last
-        self.log = logger
+        self.dir, self.ctx, self.keep_last, self.log = Path(directory), ctx, keep_last, logger
         self.mirror = None  # rank 0's remote mirror (--remote): told of each checkpoint made complete, and of set_aside
         self.apart = ctx.distributed and apart.run_dir_apart()  # node 0's folder is the job's (trainers.runtime.apart)
 
@@ -111,8 +106,8 @@ class CheckpointManager:
         return record
 
     def meta(self, step: int) -> dict[str, Any] | None:
-        """The meta record, or None when it is unreadable: then it is quarantined (by rank 0) with a
-        warning, so one bad file never blocks saving, pruning, best or evaluation."""
+        """The meta record, or None when unreadable: then rank 0 quarantines it with a warning (one bad file never
+        blocks saving, pruning, best or evaluation)."""
         try:
             return self.read_meta(step)
         except (OSError, ValueError, UnicodeDecodeError) as exc:
@@ -134,8 +129,7 @@ class CheckpointManager:
         return min(scored)[2] if scored else None
 
     def record_metric(self, step: int, metric: float) -> None:
-        """Rank 0: the validation metric of a checkpoint saved without one (a stop between
-        evaluations, measured afterwards), so `best` can pick it."""
+        """Rank 0: the metric of a checkpoint saved without one (a stop between evaluations), so `best` can pick it."""
         record = self.read_meta(step)
         record["metric"] = metric
         atomic_write_json(self.meta_path(step), record)
@@ -214,7 +208,10 @@ class CheckpointManager:
         mine = sorted(folder.glob(f"__{self.ctx.rank}_*.distcp"))
         if self.ctx.is_main:
             mine.append(folder / ".metadata")
-        return {f"{folder.name}/{p.name}": sha256_file(p) for p in mine}
+        files = {f"{folder.name}/{p.name}": sha256_file(p) for p in mine}
+        if self.apart:
+            apart.gather_shards(self, folder, files)  # (the other nodes' parts into node 0's folder)
+        return files
 
     def _keep_set(self) -> list[int]:
         steps = self.complete_steps()
@@ -273,18 +270,21 @@ class CheckpointManager:
         """The states of a checkpoint that live in its shards folder ([] for a plain checkpoint)."""
         return list((self.meta(step) or {}).get("sharded") or [])
 
-    def load_sharded(self, step: int, states: dict[str, Any]) -> None:
+    def load_sharded(self, step: int, states: dict[str, Any], checked: bool = False) -> None:
         """Collective: load `states` (a subset of the checkpoint's sharded ones) in place, after this
         rank has checked the shard files it reads."""
         import torch.distributed.checkpoint as dcp
 
         record = self.meta(step) or {}
+        brought = self.apart and apart.bring_shards(self, step, record, checked)  # (node 0's folder alone has them)
         problem = self._verify_names(step, self._shard_files_needed(step, record), record)
         bad_anywhere = all_reduce_max(self.ctx, [1.0 if problem else 0.0])[0] > 0
         if bad_anywhere:
             raise UsageError(f"checkpoint step {step}'s shards are unusable ({problem or 'on another rank'}); pick "
                              f"another with --checkpoint")
         dcp.load(states, checkpoint_id=self.shard_dir(step))
+        if self.apart:
+            apart.drop_brought_shards(self, step, brought)
 
     def consolidate(self, step: int, names: tuple[str, ...] = ("model",)) -> Path:
         """One process: the named sharded states of checkpoint `step` as one file (sharded.consolidate)."""
@@ -342,11 +342,7 @@ class CheckpointManager:
         `sharded` states are loaded in place from the checkpoint's shards folder; a checkpoint whose
         sharded states are not these (a run switched between DDP and FSDP) is refused."""
         if self.apart:
-            if sharded:
-                raise UsageError("sharded states (--parallel fsdp) are written by every rank to its own disk: several "
-                                 "nodes without a shared --out cannot keep them; use DDP, or put --out on storage "
-                                 "every node mounts")
-            found = apart.resume_on_rank0(self, map_location)
+            found = apart.resume_on_rank0(self, map_location, sharded)
             return None if found is None else Resumed(*found)
         candidates = broadcast_object(self.ctx, self._meta_steps() if self.ctx.is_main else None)
         for step in candidates:
@@ -366,11 +362,7 @@ class CheckpointManager:
                 if self.ctx.is_main:
                     self._quarantine(step)
                 continue
-            saved_sharded = sorted(meta.get("sharded") or [])
-            if saved_sharded != sorted(sharded or ()):
-                raise UsageError(f"checkpoint step {step} was saved with sharded states {saved_sharded or 'none'}, "
-                                 f"this run shards {sorted(sharded or ()) or 'none'}: resume with the same "
-                                 f"parallelism (--parallel), or use a new --run-dir")
+            self.refuse_other_sharding(step, meta, sharded)
             shared = optimizer_steps_on_host(torch.load(self.model_path(step), map_location=map_location,
                                                         weights_only=True))
             if sharded:
@@ -387,6 +379,13 @@ class CheckpointManager:
             return Resumed(step, shared, rank_state, meta)
         self.refuse_if_a_run_was_here()
         return None
+
+    def refuse_other_sharding(self, step: int, meta: dict[str, Any], sharded: dict[str, Any] | None) -> None:
+        saved = sorted(meta.get("sharded") or [])
+        if saved != sorted(sharded or ()):
+            raise UsageError(f"checkpoint step {step} was saved with sharded states {saved or 'none'}, this run shards "
+                             f"{sorted(sharded or ()) or 'none'}: resume with the same parallelism (--parallel), or "
+                             f"use a new --run-dir")
 
     def refuse_if_a_run_was_here(self) -> None:
         """Collective: UsageError on every rank when the folder holds checkpoints and none was usable."""

@@ -138,9 +138,13 @@ class Checkpointer:
         into the named states (plain or sharded), after checking its SHA-256. Its step, or None."""
         self.settle()
         if self.manager.apart:  # node 0's folder alone holds the files: rank 0 reads them for every rank
-            step, saved = broadcast_object(self.ctx, self._best_states(names) if self.ctx.is_main else None)
-            for name in names if step is not None else ():
+            plain = tuple(n for n in names if n not in sharded_states)
+            step, saved = broadcast_object(self.ctx, self._best_states(plain) if self.ctx.is_main else None)
+            for name in plain if step is not None else ():
                 states[name].load_state_dict(saved[name])
+            sharded = {n: sharded_states[n] for n in names if n in sharded_states}
+            if sharded and step is not None:
+                self.manager.load_sharded(step, sharded)  # (each rank's parts sent to it: trainers.runtime.apart)
             return step
         steps = self.manager.complete_steps()
         if not steps:

@@ -81,6 +81,23 @@ def _fresh_store_after_restart(rank: int, world_size: int, timeout: datetime.tim
     return {"store": dist.PrefixStore(f"trainers/attempt{attempt}/", base), "rank": rank, "world_size": world_size}
 
 
+def rank_by_deploy_node(world_size: int, local_rank: int, local_world_size: int) -> int:
+    """This worker's rank: torchrun's RANK, except where the deploy found every node running as many workers
+    (TRAINERS_RANKS_BY_NODE=1, from `trainers nodes meet`) and named this node's rank (TRAINERS_NODE_RANK): node R's
+    workers are then ranks R*L .. R*L+L-1. c10d's rendezvous numbers the nodes by sorting their host names (then
+    pids), so its rank 0 may be on any node; the deploy's node 0 is the one that exports and packages and, without a
+    shared disk, holds the run's folder. Only through torchrun's agent store, where every worker is the store's
+    client (else the rank-0 worker would host a store at an address that is another node's)."""
+    env = os.environ
+    said, nodes = env.get("TRAINERS_NODE_RANK", ""), _env_int("GROUP_WORLD_SIZE", 1)
+    if (env.get("TRAINERS_RANKS_BY_NODE") != "1" or env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or nodes < 2
+            or not said.isdigit() or int(said) >= nodes or nodes * local_world_size != world_size):
+        return _env_int("RANK", 0)
+    rank = int(said) * local_world_size + local_rank
+    env["RANK"] = str(rank)  # (one numbering in this process: logs, error files, libraries that read it)
+    return rank
+
+
 TERMINAL_STOP_KEY = "trainers/terminal_stop"
 
 
@@ -145,9 +162,9 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
 
         raise RunEnded(f"an earlier attempt of this job ended for good, so this restart does not train: {earlier}")
     world_size = _env_int("WORLD_SIZE", 1)
-    rank = _env_int("RANK", 0)
     local_rank = _env_int("LOCAL_RANK", 0)
     local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    rank = rank_by_deploy_node(world_size, local_rank, local_world_size)
     dev = pick_device(local_rank, device)
     backend = None
     if world_size > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
@@ -158,7 +175,8 @@ def distributed(device: str = "auto", timeout_s: float = 600.0) -> Iterator[Dist
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(backend=backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None,
-                                **_fresh_store_after_restart(rank, world_size, timeout))
+                                **(_fresh_store_after_restart(rank, world_size, timeout)
+                                   or {"rank": rank, "world_size": world_size}))
     ctx = DistContext(rank, local_rank, world_size, local_world_size, dev, backend)
     try:
         nodewatch.start_if_several_nodes()  # several nodes: a silent one ends this node in a bound, not a hang

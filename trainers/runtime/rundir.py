@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from trainers.errors import CheckPassed, UsageError
+from trainers.runtime import apart, nodewatch
 from trainers.runtime import config as cfgmod
-from trainers.runtime import nodewatch
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.dist import DistContext, all_gather_object, barrier, broadcast_object
 from trainers.runtime.files import DiskFull, atomic_write_json, remove_stale_temp_files
@@ -66,6 +66,8 @@ def take_run_folder(run_dir: Path, ctx: DistContext, trainer: str, data_fingerpr
     check_only = os.environ.get("TRAINERS_CHECK_ONLY") == "1"
     problem, lock = None, None
     same_data_on_every_rank(ctx, data_fingerprint)
+    if ctx.distributed and apart.run_dir_apart():
+        apart.refuse_unless_rank0_on_node0(ctx)
     if ctx.is_main:
         try:
             check_data_unchanged(run_dir, data_fingerprint, restart)
