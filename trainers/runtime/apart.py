@@ -123,9 +123,8 @@ def bring_shards(manager, step: int, meta: dict[str, Any], checked: bool = False
     Refused on every rank when node 0's folder does not hold every part (`checked`: rank 0 has just verified them).
     Whether this rank was sent any (its node's copies are then removed after the load: drop_brought_shards)."""
     ctx = manager.ctx
-    shard_names = [n for n in meta.get("files", {}) if n.startswith(f"{manager.shard_dir(step).name}/")]
     problem = None if checked else broadcast_object(
-        ctx, manager._verify_names(step, shard_names, meta) if ctx.is_main else None)
+        ctx, manager._verify_names(step, manager.shard_files(step, meta), meta) if ctx.is_main else None)
     if problem:
         raise UsageError(f"checkpoint step {step}'s shards are unusable on node 0 ({problem}); pick another with "
                          f"--checkpoint")
@@ -158,7 +157,7 @@ def _relay(manager, src: int, name: str, write_here: bool, expected: str) -> str
     makes such a pair's communicator too.)"""
     ctx, path = manager.ctx, manager.dir / name
     partial = path.with_name(f".{path.name}.relay{ctx.rank}")  # (a node's ranks may each write the same file)
-    size = _from(src, path.stat().st_size if ctx.rank == src else None)
+    size = broadcast_object(ctx, path.stat().st_size if ctx.rank == src else None, src=src)
     device = ctx.device if ctx.backend == "nccl" else torch.device("cpu")
     buffer = torch.empty(min(size, RELAY_CHUNK), dtype=torch.uint8, device=device)
     source = open(path, "rb") if ctx.rank == src else None  # noqa: SIM115 - closed below, after every chunk
@@ -194,12 +193,6 @@ def _relay(manager, src: int, name: str, write_here: bool, expected: str) -> str
     return problem
 
 
-def _from(src: int, obj: Any) -> Any:
-    box: list[Any] = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
 def _agree(ctx, problem: str | None, error: type[Exception], prefix: str = "") -> None:
     """Collective: the first rank's problem raised on every rank (a rank raising alone would leave the others in
     the next collective)."""
@@ -216,7 +209,7 @@ def _newest_usable(manager):
             same_world = meta.get("world_size") == ctx.world_size
             needed = [manager.model_path(step).name]
             needed += [manager.rank_path(step, r).name for r in range(ctx.world_size)] if same_world else []
-            needed += [n for n in meta.get("files", {}) if n.startswith(f"{manager.shard_dir(step).name}/")]
+            needed += manager.shard_files(step, meta)
             problem = manager._verify_names(step, needed, meta)
         except (OSError, ValueError, UnicodeDecodeError) as exc:  # unreadable or half-written meta
             meta, problem, same_world = {}, f"meta unreadable: {exc}", False

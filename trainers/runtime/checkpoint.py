@@ -306,11 +306,14 @@ class CheckpointManager:
         return None
 
     # ---- resume ------------------------------------------------------------------------------
+    def shard_files(self, step: int, meta: dict[str, Any]) -> list[str]:
+        """Every file of checkpoint `step`'s shards folder its meta lists, named relative to the checkpoints folder."""
+        return [n for n in meta.get("files", {}) if n.startswith(f"{self.shard_dir(step).name}/")]
+
     def _shard_files_needed(self, step: int, meta: dict[str, Any]) -> list[str]:
         """The shard files this rank reads: .metadata and its own parts (every part after a change of
         world size, when torch.distributed.checkpoint reshards)."""
-        prefix = f"{self.shard_dir(step).name}/"
-        names = [n for n in meta.get("files", {}) if n.startswith(prefix)]
+        prefix, names = f"{self.shard_dir(step).name}/", self.shard_files(step, meta)
         if meta.get("world_size") != self.ctx.world_size:
             return names
         return [n for n in names if n == prefix + ".metadata" or n.startswith(f"{prefix}__{self.ctx.rank}_")]

@@ -251,10 +251,10 @@ def all_gather_object(ctx: DistContext, obj: Any) -> list[Any]:
     return out
 
 
-def broadcast_object(ctx: DistContext, obj: Any) -> Any:
-    """Rank 0's object on every rank."""
+def broadcast_object(ctx: DistContext, obj: Any, src: int = 0) -> Any:
+    """Rank `src`'s object (rank 0's unless said) on every rank."""
     if not ctx.distributed:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=src)
     return box[0]

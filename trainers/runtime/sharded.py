@@ -63,8 +63,7 @@ def consolidate(manager, step: int, names: tuple[str, ...] = ("model",)) -> Path
     missing = [n for n in names if n not in (record.get("sharded") or [])]
     if missing:
         raise UsageError(f"checkpoint step {step} has no sharded {', '.join(missing)} to consolidate")
-    shard_files = [n for n in record["files"] if n.startswith(f"{manager.shard_dir(step).name}/")]
-    problem = manager._verify_names(step, shard_files, record)
+    problem = manager._verify_names(step, manager.shard_files(step, record), record)
     if problem:
         raise UsageError(f"checkpoint step {step} cannot be consolidated: {problem}")
     # DCP's own single-process reader (what its dcp_to_torch_save uses), limited to `names`; no_dist
