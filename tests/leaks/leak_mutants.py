@@ -250,6 +250,13 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/lstm/test_lstm_cohort.py::test_each_symbols_weights_are_the_same_alone_and_in_a_cohort",),
            "a cohort step that feeds every member the first member's windows: each model trains on another "
            "symbol's data"),
+    Mutant("lstm_alone_unclipped", "LSTM", "trainers/lstm/cohort.py",
+           (("        if cfg.grad_clip > 0:\n            torch.nn.utils.clip_grad_norm_(self.model.parameters(), "
+             "cfg.grad_clip)\n", ""),),
+           ("tests/lstm/test_lstm_cohort.py::test_each_symbols_weights_are_the_same_alone_and_in_a_cohort"
+            "[every-step-clipped]",),
+           "a symbol alone (a cohort of one, nn.LSTM's kernel) stepped without its gradient clip: it trains another "
+           "model than the same symbol in a cohort"),
     Mutant("lstm_job_of_failures_completed", "LSTM", "trainers/lstm/summary.py",
            (('reason = "failed" if asked["failed"] and not asked["ok"] else "partial" if asked["failed"] else '
              '"completed"', 'reason = "partial" if asked["failed"] and asked["ok"] else "completed"'),),

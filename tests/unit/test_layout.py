@@ -315,9 +315,12 @@ def loops_after_resume(path: Path) -> list[tuple[int, bool]]:
 
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_every_training_loop_stops_where_a_resumed_run_had_stopped_early(trainer):
+    if trainer == "lstm":  # its one loop is the cohort's (a symbol alone is a cohort of one): a member resumed where
+        # it had stopped early is finished before the loop, which trains only those not done
+        source = (PACKAGE / "lstm" / "cohort.py").read_text()
+        assert "m.step, m.ended = start.step, start.ended" in source and "m.step >= m.total_steps or m.ended" in source
+        return
     loops = loops_after_resume(PACKAGE / trainer / "train.py")
-    if trainer == "lstm":  # one symbol's loop here; a cohort's members are finished by trainers/lstm/cohort.py
-        assert "m.ended" in (PACKAGE / "lstm" / "cohort.py").read_text()
     assert loops and all(reads for _line, reads in loops), f"trainers/{trainer}/train.py loops {loops}"
 
 

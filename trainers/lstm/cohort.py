@@ -44,7 +44,7 @@ from trainers.lstm.evaluate import (
 )
 from trainers.lstm.features import SymbolData
 from trainers.lstm.job import planned_steps, symbol_config
-from trainers.lstm.model import count_parameters
+from trainers.lstm.model import count_parameters, direction_loss
 from trainers.lstm.stacked import StackedAdamW, StackedLSTM, adamw_param_groups, clip_per_model
 from trainers.lstm.worker import STOPPED_UNFINISHED, SymbolOutcome, Worker
 from trainers.runtime import device as device_mod
@@ -94,24 +94,17 @@ class Member:
         return self.outcome is not None or self.error is not None
 
 
-class Cohort:
-    """The stacked models and their optimizer, and which member sits in which row."""
+class Rows:
+    """Which member sits in which row of a kernel's models, and the cohort's signal handler. A kernel (Cohort,
+    Fused) adds its model and optimizer: `states(m)`, the member's model and optimizer as its run saves them;
+    `step(cfg, generator)`, one optimizer step of every member still training, their losses [K] (detached);
+    `member_model(m)`, the member's DirectionLSTM for an evaluation alone."""
 
-    def __init__(self, members: list[Member], cfg: LstmConfig, device: torch.device,
-                 rows_per_pass: dict[str, int | None] | None = None, log=None):
-        models = []
-        for m in members:
-            torch.manual_seed(m.cfg.seed)  # each symbol's own init, as when it trains alone
-            models.append(build_model(m.cfg, m.data.n_features))
-        self.parameters = count_parameters(models[0])
-        self.param_groups = adamw_param_groups(models[0], cfg.lr, cfg.weight_decay)
-        self.model = StackedLSTM.of(models).to(device)
-        self.optimizer = StackedAdamW(list(self.model.parameters()), cfg.lr, cfg.weight_decay)
+    stacked_evaluation = False  # (Cohort: on an accelerator its evaluations run the members' models together)
+
+    def __init__(self, members: list[Member], rows_per_pass: dict[str, int | None] | None, log):
         self.members = list(members)  # in row order
-        # Evaluations run the members' models together on an accelerator (one launch-bound pass for all);
-        # on a CPU each member's own nn.LSTM, whose fused cell ran them 3-6x faster than the stacked one
-        # (16 symbols of the default model: 1.7 s against 10.7 s for the final evaluation's logits)
-        self.stacked_evaluation = bool(device_mod.total_memory(device))
+        self.size = len(members)  # (the members left after a shrink are fewer: the summary names the cohort's size)
         # At most this many models in one stacked pass (None: all of them), for training steps (gradients,
         # --batch-size) and evaluations (none, --eval-batch-size) apart. --cohort auto sizes a cohort from an
         # estimate of its memory, and a user may force a larger one: a pass that runs out of device memory is
@@ -126,6 +119,94 @@ class Cohort:
     def row(self, member: Member) -> int:
         return self._rows[id(member)]
 
+    def hold_signals(self) -> None:
+        """A run gives back, when it closes, the handler it found when it opened (another member's run's):
+        the cohort's handler takes the stop signals back after every member's close."""
+        if self.on_signal is not None:
+            for sig in stop_signals():
+                signal.signal(sig, self.on_signal)
+
+
+class Fused(Rows):
+    """A cohort of one: the symbol's DirectionLSTM (nn.LSTM's fused kernel, 3-6x faster on a CPU than the stacked
+    cell: Cohort.stacked_evaluation), torch's AdamW and clip_grad_norm_, its batch unpadded. What `--cohort 1`
+    trains, and a symbol tried alone after its cohort failed; the loop is the cohort's."""
+
+    def __init__(self, member: Member, cfg: LstmConfig, device: torch.device,
+                 rows_per_pass: dict[str, int | None] | None = None, log=None):
+        super().__init__([member], rows_per_pass, log)
+        torch.manual_seed(member.cfg.seed)  # (nn.LSTM's dropout masks then come from this stream, as they always did)
+        self.model = build_model(member.cfg, member.data.n_features).to(device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.parameters = count_parameters(self.model)
+        self.pos_weight = torch.tensor(member.data.pos_weight, device=device)
+
+    def states(self, member: Member) -> dict:
+        return {"model": self.model, "optimizer": self.optimizer}
+
+    def member_model(self, member: Member) -> torch.nn.Module:
+        return self.model
+
+    def step(self, cfg: LstmConfig, generator: torch.Generator) -> torch.Tensor:
+        m = self.members[0]
+        positions, m.count = m.cursor.batch()
+        x, y = m.data.gather(m.data.ids["train"][positions])  # positions on the device already: no copy per step
+        loss = direction_loss(self.model(x), y, self.pos_weight)  # BCE on the logit: the model has no sigmoid
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        return loss.detach().reshape(1)
+
+
+class Cohort(Rows):
+    """The stacked models and their optimizer (trainers.lstm.stacked), and which member sits in which row."""
+
+    def __init__(self, members: list[Member], cfg: LstmConfig, device: torch.device,
+                 rows_per_pass: dict[str, int | None] | None = None, log=None):
+        super().__init__(members, rows_per_pass, log)
+        models = []
+        for m in members:
+            torch.manual_seed(m.cfg.seed)  # each symbol's own init, as when it trains alone
+            models.append(build_model(m.cfg, m.data.n_features))
+        self.parameters = count_parameters(models[0])
+        self.param_groups = adamw_param_groups(models[0], cfg.lr, cfg.weight_decay)
+        self.model = StackedLSTM.of(models).to(device)
+        self.optimizer = StackedAdamW(list(self.model.parameters()), cfg.lr, cfg.weight_decay)
+        # Evaluations run the members' models together on an accelerator (one launch-bound pass for all);
+        # on a CPU each member's own nn.LSTM, whose fused cell ran them 3-6x faster than the stacked one
+        # (16 symbols of the default model: 1.7 s against 10.7 s for the final evaluation's logits)
+        self.stacked_evaluation = bool(device_mod.total_memory(device))
+        self._membership: list[bool] | None = None  # the members' done flags the step's row tensors were made for
+
+    def states(self, member: Member) -> dict:
+        return {"model": SliceModel(self, member), "optimizer": SliceOptimizer(self, member)}
+
+    def member_model(self, member: Member) -> torch.nn.Module:
+        return self.model.model(self.row(member))
+
+    def step(self, cfg: LstmConfig, generator: torch.Generator) -> torch.Tensor:
+        """One stacked step: each member's own batch (a finished one's rows weigh nothing), its own dropout masks,
+        its own clip and AdamW step; out of device memory, made again in passes of half as many models."""
+        stack = self.members
+        if self._membership != [m.done for m in stack]:  # copied to the device when a member leaves, not every step
+            self._membership = [m.done for m in stack]
+            device = self.model.weights[0].device
+            self._training = torch.tensor([not done for done in self._membership], device=device)
+            self._pos_weight = torch.tensor([m.data.pos_weight for m in stack], device=device)
+        x, y, w = batch_of(stack, cfg.batch_size)
+        seeds, steps, active = [m.cfg.seed for m in stack], [m.step for m in stack], [not m.done for m in stack]
+
+        def masks_of(rows: slice) -> dict[str, torch.Tensor] | None:
+            return self.model.dropout_masks(seeds[rows], steps[rows], cfg.batch_size, cfg.window, generator)
+        # (out of memory with one model a pass, or outside the passes: train_cohort sends the members alone)
+        losses = halving_on_out_of_memory(self, STEP, "training step", len(stack),
+                                          lambda: stacked_step(self, x, y, w, masks_of, self._pos_weight, active))
+        clip_per_model(list(self.model.parameters()), cfg.grad_clip, self._training)
+        self.optimizer.step(self._training)
+        return losses
+
     def shrink(self) -> None:
         """Only the members still training stay in the stack (most have finished): less work per step."""
         still = [m for m in self.members if not m.done]
@@ -134,13 +215,6 @@ class Cohort:
         self.optimizer.keep(rows, list(self.model.parameters()))
         self.members = still
         self._rows = {id(m): k for k, m in enumerate(self.members)}
-
-    def hold_signals(self) -> None:
-        """A run gives back, when it closes, the handler it found when it opened (another member's run's):
-        the cohort's handler takes the stop signals back after every member's close."""
-        if self.on_signal is not None:
-            for sig in stop_signals():
-                signal.signal(sig, self.on_signal)
 
 
 class SliceModel:
@@ -294,12 +368,12 @@ def stacked_passes(cohort: Cohort, members: list[Member], anchors: list[torch.Te
         cohort.model.train(was_training)
 
 
-def validation_losses(cohort: Cohort, members: list[Member], batch_size: int) -> list[float]:
+def validation_losses(cohort: Rows, members: list[Member], batch_size: int) -> list[float]:
     """Each member's validation loss (the unweighted log loss over its labelled validation windows, as
     trainers.lstm.evaluate.validation_loss), the members' models run together on their own windows (on a
     CPU one after another: Cohort.stacked_evaluation)."""
     if not cohort.stacked_evaluation:
-        return [validation_loss(cohort.model.model(cohort.row(m)), m.data, batch_size) for m in members]
+        return [validation_loss(cohort.member_model(m), m.data, batch_size) for m in members]
     return halving_on_out_of_memory(cohort, EVALUATION, "validation", len(members), lambda: [
         loss for group in groups(members, cohort.rows_per_pass[EVALUATION]) for loss in _stacked_validation_losses(
             cohort, group, batch_size)])
@@ -351,10 +425,10 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
             scfg = symbol_config(cfg, data.symbol)
             data.to(device)
             members.append(Member(scfg, data, planned_steps(scfg, len(data.ids["train"]))))
-        cohort = Cohort(members, cfg, device, worker.rows_per_pass, worker.log)
+        cohort = kernel_for(members, cfg, device, worker.rows_per_pass, worker.log)
         clock = dict.fromkeys(PHASES, 0.0)
     except RuntimeError as exc:
-        if not device_mod.out_of_memory(exc):
+        if not device_mod.out_of_memory(exc) or len(datas) == 1:  # (alone: the symbol's own error, work_on's)
             raise
         worker.smaller_cohorts(len(datas), exc)
         return {data.symbol: exc.with_traceback(None) for data in datas}
@@ -368,8 +442,7 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
         cohort.on_signal = on_signal
         with timed(clock, "enter"):
             for m in members:
-                states = {"model": SliceModel(cohort, m), "optimizer": SliceOptimizer(cohort, m)}
-                _guarded(m, cohort, lambda m=m, states=states: _enter(m, states, cfg, worker))
+                _guarded(m, cohort, lambda m=m: _enter(m, cohort, cfg, worker))
                 cohort.hold_signals()  # (each run installs its own handler as it opens)
         _train(cfg, members, cohort, worker, attempt, clock)
     except RuntimeError as exc:
@@ -382,6 +455,8 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
             _close(m)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+    if len(members) == 1:  # alone: its error with its traceback (work_on records it), no cohort's figures
+        return {m.symbol: m.outcome if m.outcome is not None else m.error for m in members}
     if cohort.out_of_memory is not None:
         worker.smaller_cohorts(len(members), cohort.out_of_memory)
     for m in members:  # an equal share of each part: the parts are the cohort's, its members ran them together
@@ -390,11 +465,21 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
     return {m.symbol: m.outcome if m.outcome is not None else m.error.with_traceback(None) for m in members}
 
 
-def _enter(m: Member, states: dict, cfg: LstmConfig, worker: Worker) -> None:
-    m.run = m.exit.enter_context(Run(worker.once(m.cfg), single_process_context(str(worker.device)), "lstm", states,
-                                     m.total_steps, unit="samples", metric_name="loss", eval_every=cfg.eval_every))
+def kernel_for(members: list[Member], cfg: LstmConfig, device: torch.device, rows_per_pass: dict | None,
+               log) -> Rows:
+    """The models the loop steps: one symbol's own (Fused), else the members' stacked into one (Cohort)."""
+    if len(members) == 1:
+        return Fused(members[0], cfg, device, rows_per_pass, log)
+    return Cohort(members, cfg, device, rows_per_pass, log)
+
+
+def _enter(m: Member, cohort: Rows, cfg: LstmConfig, worker: Worker) -> None:
+    m.run = m.exit.enter_context(Run(worker.once(m.cfg), single_process_context(str(worker.device)), "lstm",
+                                     cohort.states(m), m.total_steps, unit="samples", metric_name="loss",
+                                     eval_every=cfg.eval_every))
     worker.quiet_console(m.run.log)
-    m.run.quiet_progress()  # one bar per symbol would fill the terminal
+    if cohort.size > 1 or worker.world_size > 1:  # one bar per symbol or per worker would fill the terminal
+        m.run.quiet_progress()
 
 
 @contextlib.contextmanager
@@ -408,7 +493,7 @@ def timed(clock: dict[str, float], part: str):
         clock[part] += time.perf_counter() - started
 
 
-def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worker, attempt: int,
+def _train(cfg: LstmConfig, members: list[Member], cohort: Rows, worker: Worker, attempt: int,
            clock: dict[str, float]) -> None:
     device = worker.device
     generator = torch.Generator(device=device)  # reseeded per member and step (stacked.stream_seed)
@@ -422,26 +507,12 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
                          cohort, cfg, worker, attempt)  # at or past its last step, or where it had stopped early
     worker.wind_down.started(time.perf_counter(), sum(not m.done for m in members))
     cohort.model.train()
-    membership = None
     while any(not m.done for m in cohort.members):
         if sum(not m.done for m in cohort.members) <= len(cohort.members) // 2:
-            cohort.shrink()
+            cohort.shrink()  # (a Fused one never: its member's end ends the loop)
         stack = cohort.members
-        if membership != [m.done for m in stack]:  # copied to the device when a member leaves, not every step
-            membership = [m.done for m in stack]
-            training = torch.tensor([not done for done in membership], device=device)
-            pos_weight = torch.tensor([m.data.pos_weight for m in stack], device=device)
         stepping = time.perf_counter()
-        x, y, w = batch_of(stack, cfg.batch_size)
-        seeds, steps, active = [m.cfg.seed for m in stack], [m.step for m in stack], [not m.done for m in stack]
-
-        def masks_of(rows: slice) -> dict[str, torch.Tensor] | None:
-            return cohort.model.dropout_masks(seeds[rows], steps[rows], cfg.batch_size, cfg.window, generator)
-        # (out of memory with one model a pass, or outside the passes: train_cohort sends the members alone)
-        losses = halving_on_out_of_memory(cohort, STEP, "training step", len(stack),
-                                          lambda: stacked_step(cohort, x, y, w, masks_of, pos_weight, active))
-        clip_per_model(list(cohort.model.parameters()), cfg.grad_clip, training)
-        cohort.optimizer.step(training)
+        losses = cohort.step(cfg, generator)
         stepped = [m for m in stack if not m.done]
         worker.wind_down.training = len(stepped)  # what a budget stop at this step would end, and what ends trained
         worker.wind_down.finishing = sum(m.step + 1 >= m.total_steps for m in stepped)  # (exported) without one
@@ -468,7 +539,7 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Cohort, worker: Worke
             _finish_together(ending, cohort, cfg, worker, attempt)
 
 
-def _guarded(m: Member, cohort: Cohort, work) -> None:
+def _guarded(m: Member, cohort: Rows, work) -> None:
     """A member's own bookkeeping: an error there takes that member out, not the cohort."""
     try:
         work()
@@ -477,7 +548,7 @@ def _guarded(m: Member, cohort: Cohort, work) -> None:
         _close(m, cohort)
 
 
-def _all_leave(members: list[Member], cohort: Cohort, exc: RuntimeError) -> None:
+def _all_leave(members: list[Member], cohort: Rows, exc: RuntimeError) -> None:
     """Out of device memory that halving the passes does not cure: every member still training leaves with the
     error, and the worker tries each alone (nn.LSTM's own kernels), where it trains or is recorded failed with
     the reason (train_cohort returns it without its traceback). A broken context: they leave with it too, for
@@ -489,7 +560,7 @@ def _all_leave(members: list[Member], cohort: Cohort, exc: RuntimeError) -> None
         _close(m, cohort)
 
 
-def _close(m: Member, cohort: Cohort | None = None) -> None:
+def _close(m: Member, cohort: Rows | None = None) -> None:
     m.exit.close()
     if m.run is not None:
         close_handlers(m.run.log)  # its training.log closed: a worker opens hundreds of runs
@@ -497,7 +568,10 @@ def _close(m: Member, cohort: Cohort | None = None) -> None:
         cohort.hold_signals()
 
 
-def _start(m: Member, cohort: Cohort, worker: Worker, fresh: list[Member]) -> None:
+def _start(m: Member, cohort: Rows, worker: Worker, fresh: list[Member]) -> None:
+    m.run.log.info("lstm %s: %s parameters on %s%s; %s", m.symbol, f"{cohort.parameters:,}", worker.device,
+                   f" in a cohort of {cohort.size}" if cohort.size > 1 else "",  # (lengths: no read from the device)
+                   ", ".join(f"{split} {len(ids)}" for split, ids in m.data.ids.items()))
     start = m.run.resume()
     if start.resumed:
         worker.log.info("%s: resumed from checkpoint step %d", m.symbol, start.step)
@@ -507,14 +581,16 @@ def _start(m: Member, cohort: Cohort, worker: Worker, fresh: list[Member]) -> No
     m.cursor = EpochCursor(len(m.data.ids["train"]), 1, 0, m.cfg.batch_size, m.cfg.seed, device=worker.device,
                            **EpochCursor.start(start.position))
     m.window_loss = torch.zeros((), device=worker.device)
-    m.run.log.info("lstm %s: %s parameters on %s in a cohort of %d; %s", m.symbol, f"{cohort.parameters:,}",
-                   worker.device, len(cohort.members), ", ".join(f"{k} {v}" for k, v in m.data.info()["samples"].items()))
 
 
-def _evaluated(cohort: Cohort, members: list[Member], batch_size: int, initial: bool = False) -> None:
+def _evaluated(cohort: Rows, members: list[Member], batch_size: int, initial: bool = False) -> None:
     if not members:
         return
-    for m, loss in zip(members, validation_losses(cohort, members, batch_size)):  # (out of memory: train_cohort)
+    with contextlib.ExitStack() as timing:  # left out of each run's step throughput (the untrained one is before it)
+        for m in members if not initial else []:
+            timing.enter_context(m.run.timing("evaluation"))
+        losses = validation_losses(cohort, members, batch_size)  # (out of memory: train_cohort)
+    for m, loss in zip(members, losses):
         _guarded(m, cohort, lambda m=m, loss=loss: m.run.evaluated(0 if initial else m.step, loss, initial=initial))
 
 
@@ -550,7 +626,7 @@ class FinalEvaluations:
     a stacked pass that fails (its memory, say) is made again member by member. A member whose run skips the
     evaluation (a signal, a divergence: StopReason.skips_evaluation) is left out."""
 
-    def __init__(self, cohort: Cohort, members: list[Member], batch_size: int, cost_bps: float, bins: int,
+    def __init__(self, cohort: Rows, members: list[Member], batch_size: int, cost_bps: float, bins: int,
                  log=None):
         self.cohort, self.batch_size, self.cost_bps, self.bins, self.log = cohort, batch_size, cost_bps, bins, log
         self.members = [m for m in members if not m.run.reason.skips_evaluation]
@@ -586,7 +662,7 @@ class FinalEvaluations:
         for m in restored:
             try:
                 logits = together[id(m)] if id(m) in together else \
-                    symbol_logits(self.cohort.model.model(self.cohort.row(m)), m.data, self.batch_size)  # alone
+                    symbol_logits(self.cohort.member_model(m), m.data, self.batch_size)  # alone
                 evaluation = evaluate_logits(m.data, logits, self.cost_bps, self.bins)
                 evaluation["checkpoint_step"] = best[id(m)]
                 results[id(m)] = evaluation
@@ -595,7 +671,7 @@ class FinalEvaluations:
         return results
 
 
-def _finish_together(ending_now: list[Member], cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int) -> None:
+def _finish_together(ending_now: list[Member], cohort: Rows, cfg: LstmConfig, worker: Worker, attempt: int) -> None:
     if not ending_now:
         return
     started = time.perf_counter()
@@ -610,7 +686,7 @@ def _finish_together(ending_now: list[Member], cohort: Cohort, cfg: LstmConfig, 
                                           for m in ending_now)
 
 
-def _finish(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt: int,
+def _finish(m: Member, cohort: Rows, cfg: LstmConfig, worker: Worker, attempt: int,
             evaluations: FinalEvaluations) -> None:
     """The member's end, as a symbol trained alone ends: its best checkpoint evaluated beside the baselines
     (with the others ending at this step), results written. It leaves the cohort (its row stays in the
@@ -627,7 +703,7 @@ def _finish(m: Member, cohort: Cohort, cfg: LstmConfig, worker: Worker, attempt:
                          "parameters": cohort.parameters},
                "training": {"epoch": m.cursor.epoch, "steps_per_epoch": m.cursor.steps_per_epoch,
                             "pos_weight": data.pos_weight, "worker": worker.rank, "try": attempt,
-                            "cohort": len(cohort.members),
+                            **({"cohort": cohort.size} if cohort.size > 1 else {}),
                             **({"cohort_rows_per_pass": m.rows_per_pass} if m.rows_per_pass else {})}}
     results = run.finish(summary, evaluate=evaluate)
     m.outcome = SymbolOutcome(run.reason, run.signal_name, run.step, results, m.step_seconds)

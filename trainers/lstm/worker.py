@@ -1,13 +1,13 @@
 """The job side of `trainers lstm train`: every torchrun worker takes symbols from the job queue
-(trainers.lstm.queue) and hands each to the per-symbol loop (trainers.lstm.train.train_symbol, passed
-in: this module never imports the training script).
+(trainers.lstm.queue) and hands them to the training loop (trainers.lstm.cohort.train_cohort, passed in:
+this module never imports the loop, which imports it): a claim's symbols of one model shape as a cohort, a
+symbol alone as a cohort of one.
 
     run_job      checks, the attempt's pending list (rank 0, broadcast), claims until the queue is
                  empty or the job stops; rank 0 waits for the others and writes the summary
-    work_on      one symbol: its loop (a second try after an error), its export, its done marker
-    work_on_cohort  the symbols of one claim trained together (trainers.lstm.cohort, `--cohort`), each
-                 then finished as work_on finishes one; a symbol that raised in the cohort is tried
-                 again alone
+    work_on      one symbol alone: its training (a second try after an error), its export, its done marker
+    work_on_cohort  the symbols of one claim trained together (`--cohort`), each then finished as
+                 work_on finishes one; a symbol that raised in the cohort is tried again alone
     Worker       one worker's rank, device, queue, the job's clock and budget, its signal flag, log
 
 A symbol that raises is tried once more (from its last checkpoint), then recorded as failed with its
@@ -189,24 +189,13 @@ class Worker:
             self.budget.exceeded(elapsed, without_theirs + theirs) == StopReason.NONE
 
     def install_signal_handlers(self) -> None:
-        """Between symbols (data, export, the wait at the end) a signal only sets a flag; inside a
-        symbol's run the run's own handler takes over and gives this one back after."""
+        """Between symbols (data, export, the wait at the end) a signal only sets a flag; while a cohort
+        trains (one symbol or many) its handler sets the flag and stops every member (train_cohort), and gives
+        this one back after."""
         def on_signal(signum, _frame):
             self.signalled = signal.Signals(signum).name
         for sig in HANDLED_SIGNALS:  # (a detached job's SIGHUP ignored, between symbols too)
             signal.signal(sig, on_signal if sig in stop_signals() else signal.SIG_IGN)
-
-    def hear_signals_inside(self) -> None:
-        """Inside a symbol's run the run's handler takes the signal; chain this worker's flag to it, so
-        an error raised while the job is being stopped is not mistaken for the symbol's failure."""
-        for sig in stop_signals():
-            run_handler = signal.getsignal(sig)
-
-            def both(signum, frame, run_handler=run_handler):
-                self.signalled = signal.Signals(signum).name
-                if callable(run_handler):
-                    run_handler(signum, frame)
-            signal.signal(sig, both)
 
     def quiet_console(self, log: logging.Logger) -> None:
         """A symbol's run logs to its own training.log; on the console the job log speaks for the
@@ -254,12 +243,11 @@ class Worker:
                 run.request_stop(StopReason[record["reason"].upper()])
 
 
-TrainSymbol = Callable[[LstmConfig, SymbolData, Worker, int], SymbolOutcome]
 # the symbols' outcomes, or the error that took one out of the cohort
 TrainCohort = Callable[[LstmConfig, list[SymbolData], Worker, int], dict[str, "SymbolOutcome | BaseException"]]
 
 
-def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_symbol: TrainSymbol,
+def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_cohort: TrainCohort,
             first_try: int = 1, note: dict | None = None) -> SymbolOutcome | None:
     """Train `symbol` (a second try after an error), export it, write its done marker. Returns the
     outcome, or None when it failed twice. (`first_try` 2: its first try failed in a cohort; `note`: what
@@ -271,11 +259,12 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
         try:
             cfgmod.check_run_dir_compatible(folder, scfg)
             data = build_symbol_data(plan.bars[symbol], scfg, plan.timeframes)
-            outcome = train_symbol(scfg, data, worker, attempt)
+            outcome = train_cohort(cfg, [data], worker, attempt)[symbol]  # a cohort of one: its own model
+            if isinstance(outcome, BaseException):
+                raise outcome
             break
         except Exception as exc:  # noqa: BLE001 - any error of one symbol must not stop the others
-            close_handlers(logging.getLogger(logger_name(0, folder)))  # (its run, if it opened: train_symbol's end
-            # closes them only when it returns)
+            close_handlers(logging.getLogger(logger_name(0, folder)))  # (its run's, if it opened before the error)
             if device_mod.context_lost(exc, worker.device):  # a try in this process would fail the same
                 raise DeviceLost([symbol], exc, alone=True) from None
             error = f"{type(exc).__name__}: {exc}"
@@ -297,7 +286,9 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_s
                 return None
             worker.log.error("%s: failed twice (%s); recorded, going on with the other symbols", symbol, error)
             return None
-    return finished(symbol, outcome, attempt, started, cfg, worker, note=note)
+    outcome = finished(symbol, outcome, attempt, started, cfg, worker, note=note)
+    worker.wind_down.to_export = 0  # (exported now, or waiting at the exporter)
+    return outcome
 
 
 def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, cfg: LstmConfig, worker: Worker,
@@ -343,7 +334,7 @@ def mark_done(symbol: str, outcome: SymbolOutcome, marker: dict, exported: dict,
                     test.get("skill", {}).get("verdict", "n/a"))
 
 
-def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: Worker, train_symbol: TrainSymbol,
+def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: Worker,
                    train_cohort: TrainCohort) -> dict[str, SymbolOutcome | None]:
     """Train `symbols` together (those of one model shape in one cohort), then finish each as work_on
     does. A symbol whose data or check fails goes to work_on (its own tries and failure record); one that
@@ -418,7 +409,7 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
         if worker.stopping():  # a stopped job starts nothing new; the next run takes these up
             outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
             continue
-        outcomes[symbol] = work_on(symbol, cfg, plan, worker, train_symbol, first_try, notes.get(symbol))
+        outcomes[symbol] = work_on(symbol, cfg, plan, worker, train_cohort, first_try, notes.get(symbol))
     return outcomes
 
 
@@ -537,8 +528,7 @@ def close_job_logger(rank: int) -> None:
         handler.close()
 
 
-def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol,
-            train_cohort: TrainCohort | None = None) -> int:
+def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort: TrainCohort) -> int:
     # Everything that can reject the input happens before the first write into the job folder.
     job_dir = Path(cfg.run_dir)
     check_not_a_symbol_folder(job_dir)
@@ -561,15 +551,14 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: 
         # --remote: the job's own files (config, summary, each symbol's done marker) mirrored beside the
         # symbols' runs, which mirror themselves to <remote>/symbols/<symbol>
         with start_mirror(cfg.remote, job_dir, ctx, cfg) as mirror:
-            return _attempt(cfg, ctx, started_at, train_symbol, train_cohort, plan, device, mirror)
+            return _attempt(cfg, ctx, started_at, train_cohort, plan, device, mirror)
     finally:
         if lock is not None:
             lock.release()
 
 
 def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: Worker, cohort: int,
-                      train_symbol: TrainSymbol, train_cohort: TrainCohort | None,
-                      summary: Callable[[], dict]) -> DeviceLost | None:
+                      train_cohort: TrainCohort, summary: Callable[[], dict]) -> DeviceLost | None:
     """The worker's claims, each trained and finished, until the queue is empty or the job stops; the broken CUDA
     context that stopped it, if one did."""
     job_dir, queue, log = Path(cfg.run_dir), worker.queue, worker.log
@@ -602,10 +591,9 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
                     log.warning("%s: its old done marker could not be set aside (%s)", symbol, first_line(exc))
             try:
                 if len(claims) == 1:
-                    outcome = work_on(claims[0][1], cfg, plan, worker, train_symbol)
+                    outcome = work_on(claims[0][1], cfg, plan, worker, train_cohort)
                 else:
-                    outcome = list(work_on_cohort([s for _, s in claims], cfg, plan, worker, train_symbol,
-                                                  train_cohort).values())[-1]
+                    outcome = list(work_on_cohort([s for _, s in claims], cfg, plan, worker, train_cohort).values())[-1]
             except DeviceLost as lost:
                 try:
                     failed = remember_lost(job_dir, lost, worker)
@@ -645,8 +633,8 @@ def billed_devices(world_size: int, local_world_size: int, jobs_per_gpu: int, de
     return nodes * -(-local_world_size // jobs_per_gpu)
 
 
-def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol: TrainSymbol,
-             train_cohort: TrainCohort | None, plan: JobPlan, device: torch.device, mirror) -> int:
+def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort: TrainCohort, plan: JobPlan,
+             device: torch.device, mirror) -> int:
     """One torchrun attempt of the job, its folder locked: the pending list, the claims, the summary."""
     job_dir = Path(cfg.run_dir)
     devices = billed_devices(ctx.world_size, ctx.local_world_size, cfg.jobs_per_gpu, device)
@@ -693,13 +681,13 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_symbol:
                         "every run of the job); raise it to train the %d symbol(s) left", worker.elapsed_s(),
                         worker.budget.limit_s(), len(attempt["pending"]))
 
-    cohort = 1 if train_cohort is None else cohort_size(cfg, plan.timeframes, device)
+    cohort = cohort_size(cfg, plan.timeframes, device)
     if ctx.is_main and cohort > 1:
         log.info("lstm job: up to %d symbols at a time per worker, stacked into one model (--cohort)", cohort)
     if exports_behind(cfg.export_behind, device_mod.gpu_like(device, cfg.gpu_defaults), cfg.export):
         worker.exports = ExportsBehind(log)
     try:
-        device_lost = _claim_until_done(cfg, ctx, plan, worker, cohort, train_symbol, train_cohort, summary)
+        device_lost = _claim_until_done(cfg, ctx, plan, worker, cohort, train_cohort, summary)
         if worker.exports is not None:
             settle_exports(worker)
     finally:
