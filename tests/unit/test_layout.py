@@ -328,3 +328,32 @@ def test_the_loop_check_sees_a_loop_that_ignores_ended(tmp_path):
     bad = tmp_path / "train.py"
     bad.write_text("def train(run):\n    start = run.resume()\n    while step < total:\n        step += 1\n")
     assert loops_after_resume(bad) == [(3, False)]
+
+
+def wind_down_writes(source: str) -> list[int]:
+    """Lines that set a field of an LSTM worker's WindDown (`x.wind_down.f = ...`, `+=`, or through a name bound to
+    `x.wind_down`): the wind-down is told events and decides (issue 61); only trainers/lstm/wind_down.py sets them."""
+    tree = ast.parse(source)
+    aliases = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Attribute)
+               and n.value.attr == "wind_down" for t in n.targets if isinstance(t, ast.Name)}
+
+    def is_wind_down(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "wind_down") or \
+            (isinstance(node, ast.Name) and (node.id == "wind_down" or node.id in aliases))
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if isinstance(t, ast.Attribute) and is_wind_down(t.value):
+                    lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_only_the_wind_down_sets_its_fields():
+    offenders = [f"{p.relative_to(ROOT)}:{n}" for p in PACKAGE.rglob("*.py") if p != PACKAGE / "lstm" / "wind_down.py"
+                 for n in wind_down_writes(p.read_text())]
+    assert not offenders, offenders
+    assert wind_down_writes("worker.wind_down.to_export = 0\nw = self.wind_down\nw.training += 1\n"
+                            "self.wind_down.training, x = 1, 2\nworker.wind_down.ended(1.0)\ny = w.finishing\n") == [1, 3, 4]

@@ -419,7 +419,7 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
     keep their outcomes."""
     device = worker.device
     members = []
-    worker.wind_down.to_export = 0  # (its members that end trained are exported once it is over)
+    worker.wind_down.handed_off()  # (its members that end trained are exported once it is over)
     try:
         for data in datas:
             scfg = symbol_config(cfg, data.symbol)
@@ -514,8 +514,7 @@ def _train(cfg: LstmConfig, members: list[Member], cohort: Rows, worker: Worker,
         stepping = time.perf_counter()
         losses = cohort.step(cfg, generator)
         stepped = [m for m in stack if not m.done]
-        worker.wind_down.training = len(stepped)  # what a budget stop at this step would end, and what ends trained
-        worker.wind_down.finishing = sum(m.step + 1 >= m.total_steps for m in stepped)  # (exported) without one
+        worker.wind_down.stepped(len(stepped), sum(m.step + 1 >= m.total_steps for m in stepped))
         spent = time.perf_counter() - stepping
         clock["steps"] += spent
         share = spent / len(stepped)
@@ -682,8 +681,8 @@ def _finish_together(ending_now: list[Member], cohort: Rows, cfg: LstmConfig, wo
     worker.wind_down.ended(time.perf_counter() - started + sum(m.final_save_seconds for m in ending_now),
                            len(ending_now))
     if cfg.export:  # exported by the worker once the cohort is over (a symbol a stop ended is not)
-        worker.wind_down.to_export += sum(m.outcome is not None and m.outcome.reason not in STOPPED_UNFINISHED
-                                          for m in ending_now)
+        worker.wind_down.awaiting_export(sum(m.outcome is not None and m.outcome.reason not in STOPPED_UNFINISHED
+                                             for m in ending_now))
 
 
 def _finish(m: Member, cohort: Rows, cfg: LstmConfig, worker: Worker, attempt: int,

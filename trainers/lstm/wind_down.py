@@ -37,7 +37,9 @@ from trainers.runtime.stops import EXIT_ALLOWANCE_S, RESERVE_FACTOR
 
 @dataclass
 class WindDown:
-    """One worker's measured end costs, and the symbols it is training now (set by its loop each step)."""
+    """One worker's measured end costs, and the symbols it is training now. The worker and its loop tell it what
+    happened (claimed, started, stepped, ended, awaiting_export, handed_off, exported, summary_written); only this
+    class sets its fields (tests/unit/test_layout.py), and it answers what a stop now would cost (reserve_s)."""
 
     training: int = 0
     finishing: int = 0  # of those, the ones at their last step: ended trained (and exported) unless stopped now
@@ -52,6 +54,32 @@ class WindDown:
     # its latency; the second works out the graph's reuse: 2.0 s against 18 ms for the next on the dev VM) left out
     exports: ExportPace = field(default_factory=ExportPace)
     summary_s: float = 0.0  # the slowest job summary this worker wrote (rank 0 writes them)
+
+    def claimed(self, now: float) -> None:
+        """A claim was taken at `now` (perf_counter): its start is measured from here (started)."""
+        self.claimed_at = now
+
+    def stepped(self, training: int, finishing: int) -> None:
+        """The loop made a step of `training` symbols, `finishing` of them at their last: what a budget stop at this
+        step would end, and what ends trained (and exported) without one."""
+        self.training, self.finishing = training, finishing
+
+    def awaiting_export(self, symbols: int) -> None:
+        """`symbols` of the cohort ended trained: the worker exports them once the cohort is over."""
+        self.to_export += symbols
+
+    def handed_off(self) -> None:
+        """The cohort's trained symbols are exported now, or waiting at the exporter (counted there)."""
+        self.to_export = 0
+
+    def summary_written(self, seconds: float) -> None:
+        """Rank 0 wrote the job's summary in `seconds`: the slowest is kept for the end."""
+        self.summary_s = max(self.summary_s, seconds)
+
+    @property
+    def all_at_last_step(self) -> bool:
+        """Every symbol the worker trains is at its last step (none trained: False)."""
+        return self.training > 0 and self.finishing == self.training
 
     def ended(self, seconds: float, symbols: int = 1) -> None:
         """`symbols` ended together in `seconds` (their final checkpoints included)."""

@@ -180,8 +180,7 @@ class Worker:
         measured cost (not doubled: the margin would leave symbols trained to their last step unexported in a job
         that had the time), take the job past its budget and it is inside it without them; otherwise (no exports,
         they fit, or past it anyway) they end trained, where a stop would leave them to a rerun to end again."""
-        w = self.wind_down
-        if w.training == 0 or w.finishing != w.training:
+        if not self.wind_down.all_at_last_step:
             return False
         elapsed, without_theirs = self.elapsed_s(), self.reserve_s(finishing=0)
         theirs = (self.reserve_s() - without_theirs) / RESERVE_FACTOR
@@ -287,7 +286,7 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_c
             worker.log.error("%s: failed twice (%s); recorded, going on with the other symbols", symbol, error)
             return None
     outcome = finished(symbol, outcome, attempt, started, cfg, worker, note=note)
-    worker.wind_down.to_export = 0  # (exported now, or waiting at the exporter)
+    worker.wind_down.handed_off()
     return outcome
 
 
@@ -398,7 +397,7 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
                 worker.log.warning("%s: try 1 failed in its cohort (%s: %s); trying again alone from its last "
                                    "checkpoint", symbol, type(outcome).__name__, outcome)
                 again.append(symbol)
-        worker.wind_down.to_export = 0  # (exported now, or waiting at the exporter)
+        worker.wind_down.handed_off()
     shapes.clear()  # the cohorts' data (on the device) and their last outcome are not kept for the tries alone
     data = group = outcome = None
     if worker.max_cohort is not None and alone:  # a cohort ran out of device memory or failed: its stack, held in
@@ -572,7 +571,7 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
             claims = claim_cohort(queue, min(cohort, worker.max_cohort or cohort), ctx.world_size)
             if not claims:  # (a job that trained everything past its budget was not stopped by it: its summary says
                 return None  # how far past it is)
-            worker.wind_down.claimed_at = time.perf_counter()
+            worker.wind_down.claimed(time.perf_counter())
             over = worker.budget.exceeded(worker.elapsed_s())
             if over != StopReason.NONE:  # no new symbol once the job's time or money is spent (claimed, it stays
                 worker.publish_stop(over.name.lower(), None, None, None, training=0)  # pending)
@@ -663,7 +662,7 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort:
         started = time.perf_counter()
         written = write_job_summary(job_dir, cfg, plan, attempt, ctx, device, queue.stop_record(force=True), log)
         mirror.sync()
-        worker.wind_down.summary_s = max(worker.wind_down.summary_s, time.perf_counter() - started)
+        worker.wind_down.summary_written(time.perf_counter() - started)
         return written
 
     if ctx.is_main:
