@@ -845,7 +845,7 @@ def test_the_lstm_plan_counts_a_caches_symbols_and_bars_as_the_job_loads_them(tm
 
     from trainers.errors import UsageError
     from trainers.lstm.config import LstmConfig
-    from trainers.lstm.job import fix_date_range, prepare_job
+    from trainers.lstm.job import pin_dates, prepare_job
     from trainers.lstm.size import job_shape
     from trainers.market.fetch import PriceCache, fill_cache
     from trainers.market.synthetic import synthetic_market
@@ -853,8 +853,7 @@ def test_the_lstm_plan_counts_a_caches_symbols_and_bars_as_the_job_loads_them(tm
     cache = PriceCache(tmp_path / "cache")
     fill_cache(synthetic_market(3, 700, seed=1), cache, "synthetic(seed=1)", 100)
     cfg = LstmConfig(source="cache", cache_dir=str(cache.root), window=16, start="2000-06-01", end="2003-01-01")
-    job_cfg = dataclasses.replace(cfg)
-    fix_date_range(job_cfg, None)  # what the job's first run does
+    job_cfg = pin_dates(cfg, None)  # what the job's first run does
     job = prepare_job(job_cfg, log=lambda *_: None)
     assert job_shape(cfg)[0] == [len(job.bars[s].ts) for s in job.symbols] and 500 < len(job.bars["SYN000"].ts) < 700
     empty = dataclasses.replace(cfg, cache_dir=str(tmp_path / "none"))

@@ -16,7 +16,6 @@ instead of refusing the job, unless the user named it.
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from trainers.lstm.config import LstmConfig, Timeframe, resolve_timeframes
 from trainers.lstm.features import build_symbol_data, higher_history_bars
 from trainers.market.pit import load_history, members_between, membership_mask
 from trainers.market.windows import LOOKBACK
+from trainers.runtime import config as cfgmod
 from trainers.runtime.sampling import EpochPlan
 
 
@@ -59,10 +59,9 @@ SYMBOL_REMOTE_WAIT_S = 30.0
 def symbol_config(cfg: LstmConfig, symbol: str) -> LstmConfig:
     """The config of one symbol's run: its own folder and seed; the job's budget is enforced by the job."""
     remote = None if cfg.remote is None else f"{cfg.remote.rstrip('/')}/symbols/{symbol}"  # the job's layout
-    return dataclasses.replace(cfg, run_dir=str(symbol_dir(Path(cfg.run_dir), symbol)), symbols=symbol,
-                               tickers_file=None, seed=symbol_seed(cfg.seed, symbol), max_hours=None,
-                               budget_usd=None, remote=remote,
-                               remote_wait_s=min(cfg.remote_wait_s, SYMBOL_REMOTE_WAIT_S))
+    return cfg.replaced(run_dir=str(symbol_dir(Path(cfg.run_dir), symbol)), symbols=symbol, tickers_file=None,
+                        seed=symbol_seed(cfg.seed, symbol), max_hours=None, budget_usd=None, remote=remote,
+                        remote_wait_s=min(cfg.remote_wait_s, SYMBOL_REMOTE_WAIT_S))
 
 
 def planned_steps(cfg: LstmConfig, n_train: int) -> int:
@@ -70,17 +69,26 @@ def planned_steps(cfg: LstmConfig, n_train: int) -> int:
     return min(steps, cfg.max_steps) if cfg.max_steps is not None else steps
 
 
-def fix_date_range(cfg: LstmConfig, saved: dict | None) -> None:
-    """Real daily data: pin start/end on the first run so a resume next week reads the same bars."""
+def resolve(cfg: LstmConfig, run_dir: Path) -> LstmConfig:
+    """The job's options, settled once at its entry: the dates pinned (from the job folder's saved config, else
+    from today), the saved job's options checked against them (a different config is refused); read-only from
+    here (RunOptions.settled), each symbol's config a settled copy (symbol_config)."""
+    cfg = pin_dates(cfg.replaced(), cfgmod.saved_config(run_dir))  # (a copy: the caller's object stays its own)
+    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    return cfg.settled()
+
+
+def pin_dates(cfg: LstmConfig, saved: dict | None) -> LstmConfig:
+    """Real daily data: start/end pinned on the first run so a resume next week reads the same bars (a copy; the
+    same config for synthetic bars and files, whose dates do not move)."""
     if cfg.source in ("synthetic",) or cfg.source.startswith("file:"):
-        return
+        return cfg
     from trainers.market.sources import DataRequest
 
     if saved is not None:
-        cfg.start = cfg.start or saved.get("start")
-        cfg.end = cfg.end or saved.get("end")
-    else:
-        cfg.start, cfg.end = DataRequest(start=cfg.start, end=cfg.end, years=cfg.years).date_range()
+        return cfg.replaced(start=cfg.start or saved.get("start"), end=cfg.end or saved.get("end"))
+    start, end = DataRequest(start=cfg.start, end=cfg.end, years=cfg.years).date_range()
+    return cfg.replaced(start=start, end=end)
 
 
 def point_in_time(bars: dict[str, Bars], cfg: LstmConfig, timeframes: list[Timeframe], log=print

@@ -185,15 +185,13 @@ def job_shape(cfg: LstmConfig) -> tuple[list[int], Timeframe]:
         return [cfg.synthetic_days] * cfg.synthetic_tickers, daily
     wanted = requested_symbols(cfg)
     if cfg.source.startswith("file:") or cfg.source == "cache":  # read as the job reads it: validated, dated
-        from dataclasses import replace
 
         from trainers.lstm.bars import load_bars
         from trainers.lstm.config import resolve_timeframes
-        from trainers.lstm.job import fix_date_range, point_in_time
+        from trainers.lstm.job import pin_dates, point_in_time
 
         warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
-        cfg = replace(cfg)
-        fix_date_range(cfg, None)  # (the cache's --years back from today, as a first run pins them)
+        cfg = pin_dates(cfg, None)  # (the cache's --years back from today, as a first run pins them)
         bars, _ = load_bars(cfg, log=warn)
         base = next(iter(bars.values())).base
         if cfg.universe == "sp500-pit":  # each symbol cut to its membership, as the job cuts it

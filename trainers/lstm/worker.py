@@ -24,7 +24,6 @@ worker that sees it publishes a stop record in the store, the others read it bet
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
@@ -45,7 +44,7 @@ from trainers.lstm.config import LstmConfig
 from trainers.lstm.export import forget_exports
 from trainers.lstm.export_behind import STALL_S, STOPPING_STALL_S, ExportsBehind, export_outcome, exports_behind
 from trainers.lstm.features import SymbolData, build_symbol_data
-from trainers.lstm.job import JobPlan, fix_date_range, prepare_job, symbol_config, symbol_dir
+from trainers.lstm.job import JobPlan, pin_dates, prepare_job, resolve, symbol_config, symbol_dir
 from trainers.lstm.size import cohort_size
 from trainers.lstm.summary import not_exported, refresh_job_summary, summary_lock, write_job_summary
 from trainers.lstm.wind_down import WindDown
@@ -138,7 +137,7 @@ class Worker:
         cohort, resumes from that run's checkpoint, as without --restart)."""
         restart = scfg.symbols not in self.started_over and jobqueue.restart_marked(Path(scfg.run_dir))
         self.started_over.add(scfg.symbols)
-        return dataclasses.replace(scfg, restart=restart)
+        return scfg.replaced(restart=restart)
 
     def smaller_cohorts(self, size: int, error: BaseException) -> None:
         """A cohort of `size` symbols ran out of device memory beyond what smaller passes cure (its data, its
@@ -531,9 +530,8 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort: 
     # Everything that can reject the input happens before the first write into the job folder.
     job_dir = Path(cfg.run_dir)
     check_not_a_symbol_folder(job_dir)
-    restore_from_remote(cfg.remote, job_dir, ctx, cfg, fix_date_range)  # a fresh machine: the remote's job first
-    fix_date_range(cfg, cfgmod.saved_config(job_dir))
-    cfgmod.check_run_dir_compatible(job_dir, cfg)
+    restore_from_remote(cfg.remote, job_dir, ctx, cfg, pin_dates)  # a fresh machine: the remote's job first
+    cfg = resolve(cfg, job_dir)  # settled: read-only from here
     device = worker_device(cfg, ctx.local_rank)
     faults.raise_requests()  # a malformed test hook fails here, not as every symbol's error
     plan = prepare_job(cfg, log=print if ctx.is_main else (lambda _msg: None))

@@ -89,4 +89,26 @@ class RunOptions:
     def for_attempt(self, restart_count: int):
         """The options of torchrun's attempt `restart_count`: --restart starts over on the first only. torchrun
         restarts failed workers with the same arguments, and each restart once set the run's progress aside again."""
-        return dataclasses.replace(self, restart=False) if self.restart and restart_count else self
+        return self.replaced(restart=False) if self.restart and restart_count else self
+
+    # Settled: a trainer resolves its options once at its entry (dates pinned, the saved run's options checked) and
+    # calls `settled()`; from there a write raises, so a reader knows every function sees the values the entry
+    # settled. A changed copy is a new value (`replaced`), settled as its origin was.
+    def settled(self):
+        object.__setattr__(self, "_settled", True)
+        return self
+
+    @property
+    def is_settled(self) -> bool:
+        return self.__dict__.get("_settled", False)
+
+    def replaced(self, **changes):
+        copy = dataclasses.replace(self, **changes)
+        return copy.settled() if self.is_settled else copy
+
+    def __setattr__(self, name: str, value) -> None:
+        if self.__dict__.get("_settled"):
+            raise dataclasses.FrozenInstanceError(
+                f"{type(self).__name__}.{name} = {value!r}: the config was settled at the trainer's entry and is "
+                f"read-only; make a changed copy with .replaced({name}=...)")
+        object.__setattr__(self, name, value)

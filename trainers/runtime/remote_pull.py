@@ -13,6 +13,7 @@ anything is written; so is a name in a remote meta that would land outside the r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -51,7 +52,8 @@ def safe_name(name: str) -> bool:
 def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None, check_only: bool = False) -> str | None:
     """Copy a remote run into an empty local folder (module docstring); what was pulled, in words, or None
     when the remote holds no run. `cfg`: this run's options, checked against the remote's config first,
-    after `fix(cfg, saved)` (the trainer's own pinning from a saved config, e.g. the date range). A remote
+    as `fix` pins them from a saved config (the trainer's own pinning, e.g. the date range), on a copy: `cfg` itself
+    is never written (a settled one would refuse it); `fix` pins the copy in place or returns the pinned one. A remote
     whose config.json is gone (a store restarted empty, then written again from step N) still resumes: the
     config is the one the newest usable checkpoint's meta records. `check_only`: every check, nothing pulled,
     nothing written anywhere (the deploy's check phase)."""
@@ -75,7 +77,8 @@ def pull_run(url: str, run_dir: Path, log=print, cfg=None, fix=None, check_only:
         saved = candidates[config_from].get("config")
     if cfg is not None:
         if isinstance(saved, dict) and fix is not None:
-            fix(cfg, saved)
+            copy = dataclasses.replace(cfg)
+            cfg = fix(copy, saved) or copy
         diffs = cfgmod.incompatible_fields(saved, cfg) if isinstance(saved, dict) else ["not a config"]
         if diffs:
             raise UsageError(f"--remote {redact(url)} holds a run with a different config ({'; '.join(diffs)}); use "
