@@ -1,5 +1,6 @@
-"""Train a cohort of symbols at once: K symbols' models stacked into one (trainers.lstm.stacked), each
-symbol still its own run.
+"""The LSTM's one training loop: a cohort of symbols at once, K symbols' models stacked into one
+(trainers.lstm.stacked, Cohort), each symbol still its own run; a symbol alone is a cohort of one, its own
+DirectionLSTM with nn.LSTM's fused kernel (Fused).
 
 Why: one symbol's tiny LSTM cannot fill a GPU; trained one after another, a job is launch-bound (on the
 H200, 8,499 samples/s where a bare step of the same shape ran 87-93k). Stacked, one step trains every
@@ -550,7 +551,7 @@ def _guarded(m: Member, cohort: Rows, work) -> None:
 def _all_leave(members: list[Member], cohort: Rows, exc: RuntimeError) -> None:
     """Out of device memory that halving the passes does not cure: every member still training leaves with the
     error, and the worker tries each alone (nn.LSTM's own kernels), where it trains or is recorded failed with
-    the reason (train_cohort returns it without its traceback). A broken context: they leave with it too, for
+    the reason (train_cohort returns it without its traceback, unless the member was alone). A broken context: they leave with it too, for
     the worker to leave (no try in this process can succeed)."""
     if device_mod.out_of_memory(exc):
         cohort.out_of_memory = exc
@@ -585,9 +586,10 @@ def _start(m: Member, cohort: Rows, worker: Worker, fresh: list[Member]) -> None
 def _evaluated(cohort: Rows, members: list[Member], batch_size: int, initial: bool = False) -> None:
     if not members:
         return
-    with contextlib.ExitStack() as timing:  # left out of each run's step throughput (the untrained one is before it)
-        for m in members if not initial else []:
-            timing.enter_context(m.run.timing("evaluation"))
+    with contextlib.ExitStack() as timing:
+        if not initial:  # left out of each run's step throughput (the untrained one comes before its clock starts)
+            for m in members:
+                timing.enter_context(m.run.timing("evaluation"))
         losses = validation_losses(cohort, members, batch_size)  # (out of memory: train_cohort)
     for m, loss in zip(members, losses):
         _guarded(m, cohort, lambda m=m, loss=loss: m.run.evaluated(0 if initial else m.step, loss, initial=initial))

@@ -73,16 +73,16 @@ def resolve(cfg: LstmConfig, run_dir: Path) -> LstmConfig:
     """The job's options, settled once at its entry: the dates pinned (from the job folder's saved config, else
     from today), the saved job's options checked against them (a different config is refused); read-only from
     here (RunOptions.settled), each symbol's config a settled copy (symbol_config)."""
-    cfg = pin_dates(cfg.replaced(), cfgmod.saved_config(run_dir))  # (a copy: the caller's object stays its own)
+    cfg = pin_dates(cfg, cfgmod.saved_config(run_dir))  # (a copy: the caller's object stays its own)
     cfgmod.check_run_dir_compatible(run_dir, cfg)
     return cfg.settled()
 
 
 def pin_dates(cfg: LstmConfig, saved: dict | None) -> LstmConfig:
-    """Real daily data: start/end pinned on the first run so a resume next week reads the same bars (a copy; the
-    same config for synthetic bars and files, whose dates do not move)."""
+    """Real daily data: start/end pinned on the first run so a resume next week reads the same bars. A copy, always
+    (synthetic bars and files, whose dates do not move, keep theirs)."""
     if cfg.source in ("synthetic",) or cfg.source.startswith("file:"):
-        return cfg
+        return cfg.replaced()
     from trainers.market.sources import DataRequest
 
     if saved is not None:

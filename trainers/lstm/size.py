@@ -185,7 +185,6 @@ def job_shape(cfg: LstmConfig) -> tuple[list[int], Timeframe]:
         return [cfg.synthetic_days] * cfg.synthetic_tickers, daily
     wanted = requested_symbols(cfg)
     if cfg.source.startswith("file:") or cfg.source == "cache":  # read as the job reads it: validated, dated
-
         from trainers.lstm.bars import load_bars
         from trainers.lstm.config import resolve_timeframes
         from trainers.lstm.job import pin_dates, point_in_time
