@@ -45,6 +45,7 @@ from trainers.lstm.export import forget_exports
 from trainers.lstm.export_behind import STALL_S, STOPPING_STALL_S, ExportsBehind, export_outcome, exports_behind
 from trainers.lstm.features import SymbolData, build_symbol_data
 from trainers.lstm.job import JobPlan, pin_dates, prepare_job, resolve, symbol_config, symbol_dir
+from trainers.lstm.recovery import Recovery, Where, recovery
 from trainers.lstm.size import cohort_size
 from trainers.lstm.summary import not_exported, refresh_job_summary, summary_lock, write_job_summary
 from trainers.lstm.wind_down import WindDown
@@ -263,14 +264,15 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_c
             break
         except Exception as exc:  # noqa: BLE001 - any error of one symbol must not stop the others
             close_handlers(logging.getLogger(logger_name(0, folder)))  # (its run's, if it opened before the error)
-            if device_mod.context_lost(exc, worker.device):  # a try in this process would fail the same
+            action = recovery(exc, Where.ALONE, worker.stopping, worker.device, attempt)
+            if action is Recovery.END_WORKER:
                 raise DeviceLost([symbol], exc, alone=True) from None
             error = f"{type(exc).__name__}: {exc}"
-            if worker.stopping():  # e.g. the terminal's pipe closed with the SIGTERM: not the symbol's fault
+            if action is Recovery.RESUME_LATER:
                 worker.log.warning("%s: %s while the job was stopping; not counted as a failure, a new run "
                                    "resumes it", symbol, error)
                 return SymbolOutcome(StopReason.SIGNAL, None, 0, None)
-            if attempt == 1:
+            if action is Recovery.AGAIN:
                 worker.log.warning("%s: try 1 failed (%s); trying again from its last checkpoint", symbol, error)
                 continue
             try:
@@ -364,9 +366,10 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
         try:
             trained = train_cohort(cfg, group, worker, 1)
         except Exception as exc:  # noqa: BLE001 - the stack's own error (a member's is its outcome)
-            if device_mod.context_lost(exc, worker.device):
+            action = recovery(exc, Where.STACK, worker.stopping, worker.device)
+            if action is Recovery.END_WORKER:
                 raise DeviceLost([data.symbol for data in group], exc, alone=False) from None
-            if worker.stopping():
+            if action is Recovery.RESUME_LATER:
                 worker.log.warning("a cohort of %d symbols: %s: %s while the job was stopping; not counted as a "
                                    "failure, a new run resumes them", len(group), type(exc).__name__, first_line(exc))
                 outcomes.update({data.symbol: SymbolOutcome(StopReason.SIGNAL, None, 0, None) for data in group})
@@ -376,7 +379,7 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
             notes.update({data.symbol: {"cohort_failed": f"{type(exc).__name__}: {first_line(exc)}"} for data in group})
             continue
         lost = next((outcome for outcome in trained.values() if not isinstance(outcome, SymbolOutcome)
-                     and device_mod.context_lost(outcome, worker.device)), None)
+                     and device_mod.context_lost(outcome, worker.device)), None)  # (the table's END_WORKER, first)
         if lost is not None:  # the symbols that finished are finished; the others stay pending for a fresh context
             for symbol, outcome in trained.items():
                 if isinstance(outcome, SymbolOutcome):
@@ -384,13 +387,15 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
             raise DeviceLost([s for s, outcome in trained.items() if not isinstance(outcome, SymbolOutcome)],
                              lost, alone=False)
         for symbol, outcome in trained.items():
-            if isinstance(outcome, SymbolOutcome):
+            # (the stop asked at each member's turn: one may come while the ones before it finish)
+            action = None if isinstance(outcome, SymbolOutcome) else recovery(outcome, Where.MEMBER, worker.stopping)
+            if action is None:
                 outcomes[symbol] = finished(symbol, outcome, 1, started, cfg, worker, len(group))
-            elif worker.stopping():
+            elif action is Recovery.RESUME_LATER:
                 worker.log.warning("%s: %s while the job was stopping; not counted as a failure, a new run resumes "
                                    "it", symbol, f"{type(outcome).__name__}: {outcome}")
                 outcomes[symbol] = SymbolOutcome(StopReason.SIGNAL, None, 0, None)
-            elif device_mod.out_of_memory(outcome):  # the cohort's, not the symbol's (smaller_cohorts said so)
+            elif action is Recovery.ALONE:  # out of memory: the cohort's (smaller_cohorts said so)
                 alone.append(symbol)
             else:
                 worker.log.warning("%s: try 1 failed in its cohort (%s: %s); trying again alone from its last "
