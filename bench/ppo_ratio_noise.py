@@ -208,7 +208,8 @@ def first_epoch_log_ratios(cfg, device: torch.device, precision_name: str, compi
 
     step = ppo.rollout_stepper("on" if compiled else "off")
     with rollout_numerics():
-        ppo.collect(env, agent.policy, agent.norms, inputs, buf, obs, done, generator, precision, device, step=step)
+        learner = ppo.Learner(agent.policy, agent.policy, agent.norms, inputs, agent.optimizer, None, precision, device)
+        ppo.collect(learner, env, buf, obs, done, generator, step=step)
     n = buf.steps * buf.num_envs
     flat_obs = [o.reshape(n, *o.shape[2:]) for o in buf.obs]
     actions, old = buf.actions.reshape(n, -1), buf.log_probs.reshape(n)
@@ -249,12 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--num-envs {args.num_envs}: 1 to 65536")
 
     from trainers.ppo.config import PpoConfig
-    from trainers.ppo.size import size_for_device
+    from trainers.ppo.size import sized_for_device
     from trainers.runtime.dist import pick_device
 
     device = pick_device(0, args.device)
-    cfg = PpoConfig(num_envs=args.num_envs)
-    size_for_device(cfg, device, 1)
+    cfg = sized_for_device(PpoConfig(num_envs=args.num_envs), device, 1)
     plain = contextlib.nullcontext
     # (name, --precision, the rollout's numerics, the update's, rollout compiled)
     rows_to_run = [("fp32", "fp32", plain, plain, False), ("bf16", "bf16", plain, plain, False)]

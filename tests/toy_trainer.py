@@ -13,7 +13,7 @@ import torch
 
 from trainers.runtime.config import option
 from trainers.runtime.options import RunOptions
-from trainers.runtime.run import Run
+from trainers.runtime.run import Run, RunSpec
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.stops import StopReason
 
@@ -33,8 +33,8 @@ def toy_loop(cfg: ToyConfig, total_steps: int, signal_at: int | None = None, eva
     torch.manual_seed(cfg.seed)
     model = torch.nn.Linear(3, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with Run(cfg, ctx, "toy", {"model": model, "optimizer": opt}, total_steps, unit="samples",
-             data_fingerprint=data_fingerprint) as run:
+    with Run(cfg, ctx, RunSpec("toy", {"model": model, "optimizer": opt}, total_steps,
+                               data_fingerprint=data_fingerprint)) as run:
         start = run.resume()
         seen = (start.position or {"seen": 0})["seen"]
         step = start.step

@@ -12,7 +12,7 @@ from conftest import read_results, run_cli
 from trainers.cli import main
 from trainers.errors import UsageError
 from trainers.forecast.config import ForecastConfig
-from trainers.forecast.data import fix_date_range, load_store
+from trainers.forecast.data import load_store, pin_dates
 from trainers.forecast.export import export_run
 from trainers.forecast.train import train
 from trainers.market import sources
@@ -196,8 +196,8 @@ def test_years_on_a_file_count_back_from_its_last_date(tmp_path):
     cfg = ForecastConfig(source=f"file:{path}", years=2.0, window=20, horizon=5, min_history_days=100)
     _, info = load_store(cfg, log=lambda _m: None)
     assert info["first_date"].startswith("2001-01") and info["last_date"].startswith("2003-01")
-    fix_date_range(cfg, None)  # what a first run pins in config.json
-    assert cfg.end == "2003-01-25" and cfg.start.startswith("2001-01")  # not two years back from today
+    pinned = pin_dates(cfg, None)  # what a first run pins in config.json
+    assert pinned.end == "2003-01-25" and pinned.start.startswith("2001-01")  # not two years back from today
     with pytest.raises(UsageError, match=r"no rows in \[1990-01-01, 1991-01-01\).*the file holds 2000-01-03 \.\. 2003"):
         load_store(ForecastConfig(source=f"file:{path}", start="1990-01-01", end="1991-01-01", window=20, horizon=5),
                    log=lambda _m: None)

@@ -77,10 +77,9 @@ def test_with_no_dataset_yet_the_plan_sizes_the_step_for_the_graphs_it_assumes(t
 
 def test_a_resume_keeps_the_folders_number_on_any_device_or_world_size(tmp_path):
     cfg = GnnConfig(data_dir=_dataset(tmp_path, 10_000_000))
-    pin_from_saved(cfg, {"nodes_per_batch": 4096})  # begun on a CPU, resumed on 8 GPUs
+    cfg = pin_from_saved(cfg, {"nodes_per_batch": 4096})  # begun on a CPU, resumed on 8 GPUs
     assert nodes_per_step(cfg, 80 * GIB, 8, per_node=1000.0) == 4096
-    fresh = GnnConfig(data_dir=cfg.data_dir)
-    pin_from_saved(fresh, None)
+    fresh = pin_from_saved(GnnConfig(data_dir=cfg.data_dir), None)
     assert nodes_per_step(fresh, 80 * GIB, 8, per_node=1000.0) == MAX_AUTO_NODES
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from trainers.ppo.model import CategoricalPolicy
-from trainers.ppo.ppo import PPOSettings, Rollout, advantages, anneal_lr, collect, make_norms, update
+from trainers.ppo.ppo import Learner, PPOSettings, Rollout, advantages, anneal_lr, collect, make_norms, update
 from trainers.runtime.precision import Precision, make_grad_scaler
 from trainers.runtime.rundir import single_process_context
 
@@ -49,19 +49,18 @@ def train_cartpole(total_steps: int, seed: int = 0, num_envs: int = 8, settings:
     scaler = make_grad_scaler(ctx.device, Precision("fp32", None))
     generator = torch.Generator().manual_seed(seed)
     buf = Rollout(s.rollout_steps, env.obs, (), torch.int64, ctx.device)
+    learner = Learner(policy, policy, norms, lambda o: o, optimizer, scaler, Precision("fp32", None), ctx.device)
     num_updates = total_steps // (num_envs * s.rollout_steps)
     obs, done = env.obs, torch.zeros(num_envs, dtype=torch.bool)
     steps = 0
     for u in range(num_updates):
         anneal_lr(optimizer, lr, u, num_updates)
-        obs, done = collect(env, policy, norms, lambda o: o, buf, obs, done, generator,
-                            Precision("fp32", None), ctx.device)
+        obs, done = collect(learner, env, buf, obs, done, generator)
         steps += num_envs * s.rollout_steps
         with torch.no_grad():
             next_value = policy.act(*(normalise_obs(norms, obs)), generator=generator)[3]
         adv, ret = advantages(buf, next_value, done, s.gamma, s.gae_lambda)
-        update(policy, policy, norms, lambda o: o, optimizer, scaler, buf, adv, ret, s, generator, ctx,
-               Precision("fp32", None))
+        update(learner, buf, adv, ret, s, generator, ctx)
         if stop_at is not None and len(env.finished) >= 100 and np.mean(env.finished[-100:]) >= stop_at:
             break
     return env.finished, steps

@@ -15,7 +15,7 @@ from trainers.ppo.size import (
     flops_per_env_step,
     policy_saved_bytes,
     rollout_bytes_per_env,
-    size_for_device,
+    sized_for_device,
     update_bytes_per_env,
     workload,
 )
@@ -60,10 +60,9 @@ def test_the_users_numbers_are_kept():
     assert env_batch(PpoConfig(batch_size=100, total_steps=10**9), 80 * GIB) == (4096, 100)
 
 
-def sized(cfg: PpoConfig, device: str, world_size: int, saved: dict | None) -> None:
+def sized(cfg: PpoConfig, device: str, world_size: int, saved: dict | None) -> PpoConfig:
     """What training does before its config check: the folder's saved numbers, then the device's."""
-    pin_from_saved(cfg, saved)
-    size_for_device(cfg, device, world_size)
+    return sized_for_device(pin_from_saved(cfg, saved), device, world_size)
 
 
 def test_a_resume_keeps_the_folders_numbers_on_any_device(monkeypatch):
@@ -71,14 +70,14 @@ def test_a_resume_keeps_the_folders_numbers_on_any_device(monkeypatch):
     command resumes it (it was refused as another config), and a GPU resumes a CPU's run with its 64."""
     saved = {"num_envs": 64, "batch_size": 512}
     cfg = PpoConfig(rollout_steps=16)
-    sized(cfg, "cpu", 1, saved)
+    cfg = sized(cfg, "cpu", 1, saved)
     assert (cfg.num_envs, cfg.batch_size) == (64, 512)
     monkeypatch.setattr(device_mod, "total_memory", lambda _device: 80 * GIB)
     cfg = PpoConfig(total_steps=LONG)
-    sized(cfg, "cuda:0", 8, saved)
+    cfg = sized(cfg, "cuda:0", 8, saved)
     assert (cfg.num_envs, cfg.batch_size) == (64, 512)
     cfg = PpoConfig(total_steps=LONG)
-    sized(cfg, "cuda:0", 8, None)  # a fresh run: the device's
+    cfg = sized(cfg, "cuda:0", 8, None)  # a fresh run: the device's
     assert (cfg.num_envs, cfg.batch_size) == (1024, 8192)
 
 

@@ -161,7 +161,7 @@ def test_summary_and_the_plain_verdict():
 
 
 def _update_once(grad_accum: int, target_kl: float | None = None, epochs: int = 2):
-    from trainers.ppo.ppo import PPOSettings, update
+    from trainers.ppo.ppo import Learner, PPOSettings, update
     from trainers.runtime.precision import Precision, make_grad_scaler
 
     torch.manual_seed(0)
@@ -176,8 +176,9 @@ def _update_once(grad_accum: int, target_kl: float | None = None, epochs: int = 
     buf.values.normal_(generator=g)
     adv, ret = torch.randn(6, 5, generator=g), torch.randn(6, 5, generator=g)
     s = PPOSettings(update_epochs=epochs, minibatch_size=10, grad_accum=grad_accum, target_kl=target_kl)
-    stats = update(policy, policy, None, lambda o: o, opt, make_grad_scaler(torch.device("cpu"), Precision("fp32", None)),
-                   buf, adv, ret, s, torch.Generator().manual_seed(3), single_process_context(), Precision("fp32", None))
+    fp32, cpu = Precision("fp32", None), torch.device("cpu")
+    learner = Learner(policy, policy, None, lambda o: o, opt, make_grad_scaler(cpu, fp32), fp32, cpu)
+    stats = update(learner, buf, adv, ret, s, torch.Generator().manual_seed(3), single_process_context())
     return torch.cat([p.detach().flatten() for p in policy.parameters()]), stats
 
 
@@ -195,13 +196,12 @@ def test_a_file_keeps_its_own_dates(tmp_path):
     2000-2002 to nothing (every ticker then failed validation)."""
     from trainers.market.synthetic import synthetic_market
     from trainers.ppo.config import PpoConfig
-    from trainers.ppo.data import fix_date_range
+    from trainers.ppo.data import pin_dates
 
     synthetic_market(6, 700, seed=2).to_csv(tmp_path / "old.csv", index=False)  # 2000-01-03 .. 2002-09-06
-    cfg = PpoConfig(source=f"file:{tmp_path / 'old.csv'}")
-    fix_date_range(cfg, None)
+    cfg = pin_dates(PpoConfig(source=f"file:{tmp_path / 'old.csv'}"), None)
     assert (cfg.start, cfg.end) == ("1977-09-07", "2002-09-07")
-    fix_date_range(cfg := PpoConfig(source=f"file:{tmp_path / 'old.csv'}"), {"start": "2001-01-02", "end": "2002-01-02"})
+    cfg = pin_dates(PpoConfig(source=f"file:{tmp_path / 'old.csv'}"), {"start": "2001-01-02", "end": "2002-01-02"})
     assert (cfg.start, cfg.end) == ("2001-01-02", "2002-01-02")  # a resume reads the dates it pinned
 
 

@@ -17,7 +17,7 @@ from trainers.errors import RunEnded, RunFailed
 from trainers.runtime.async_save import BackgroundWrite, HostSnapshot
 from trainers.runtime.checkpoint import CheckpointManager
 from trainers.runtime.checkpointer import Checkpointer
-from trainers.runtime.run import Run
+from trainers.runtime.run import Run, RunSpec
 
 
 def meta_steps(tmp_path) -> list[int]:
@@ -215,7 +215,7 @@ def test_async_is_on_by_default_only_with_cuda(tmp_path):
     ctx = single_process_context()
 
     def write_behind(cfg, ctx) -> bool:
-        with Run(cfg, ctx, "toy", {}, 1) as run:
+        with Run(cfg, ctx, RunSpec("toy", {}, 1)) as run:
             return run.ckpt.write_behind
 
     assert write_behind(cfg_for(tmp_path), ctx) is False  # CPU: a host copy buys nothing, the write would compete for cores

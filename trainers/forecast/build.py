@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from trainers.forecast.config import PRESETS, ForecastConfig, feature_names, legacy_model_fields
@@ -38,6 +39,4 @@ def load_trained_config(run_dir: Path) -> ForecastConfig:
     from trainers.runtime.rundir import load_run_config
 
     cfg = load_run_config(Path(run_dir), ForecastConfig)
-    for name, value in legacy_model_fields(saved_config(Path(run_dir)) or {}).items():
-        setattr(cfg, name, value)
-    return cfg
+    return dataclasses.replace(cfg, **legacy_model_fields(saved_config(Path(run_dir)) or {}))

@@ -171,14 +171,19 @@ def refuse_legacy_resume(run_dir, saved: dict | None) -> None:
 def feature_names(cfg: ForecastConfig) -> list[str]:
     """The model's input features: --features, or all of them (what a run without data, like
     preflight's size check, assumes)."""
+    return named_features(cfg.features)
+
+
+def named_features(text: str | None) -> list[str]:
+    """A --features list read: None is every feature."""
     from trainers.market.windows import FEATURES
 
-    if cfg.features is None:
+    if text is None:
         return list(FEATURES)
-    names = [f.strip() for f in cfg.features.split(",") if f.strip()]
+    names = [f.strip() for f in text.split(",") if f.strip()]
     unknown = [f for f in names if f not in FEATURES]
     if unknown or not names or len(set(names)) != len(names):
-        raise UsageError(f"--features {cfg.features!r}: give distinct names from {', '.join(FEATURES)}")
+        raise UsageError(f"--features {text!r}: give distinct names from {', '.join(FEATURES)}")
     return names
 
 

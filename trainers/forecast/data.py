@@ -14,16 +14,17 @@ or the ones `--features` names; the list is fixed in config.json on the first ru
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
 from trainers.errors import UsageError
-from trainers.forecast.config import ForecastConfig, feature_names
+from trainers.forecast.config import ForecastConfig, named_features, refuse_legacy_resume
 from trainers.forecast.metrics import MIN_NAMES
 from trainers.market.panel import Panel, price_fingerprint, to_panel
-from trainers.market.sources import DataRequest, fingerprinted, load_source, pin_date_range
+from trainers.market.sources import DataRequest, fingerprinted, load_source, pinned_dates
 from trainers.market.synthetic import synthetic_market
 from trainers.market.universe import resolve_tickers
 from trainers.market.windows import (
@@ -38,6 +39,7 @@ from trainers.market.windows import (
     plan_walk_forward,
     window_complete,
 )
+from trainers.runtime import config as cfgmod
 
 LABEL_TEXT = {"raw": "log(close[t+{h}] / close[t])",
               "demeaned": "log(close[t+{h}] / close[t]) minus its mean over the date's tickers",
@@ -60,13 +62,26 @@ def data_request(cfg: ForecastConfig) -> DataRequest:
                        synthetic_momentum=cfg.synthetic_momentum)
 
 
-def fix_date_range(cfg: ForecastConfig, saved: dict | None) -> None:
-    """Real data: pin start/end on the first run so a resume next week reads the same dates. A
-    file is used whole unless --start/--end/--years say otherwise (its dates do not move). The
-    feature list is pinned the same way (by `load_market`, from the data's columns)."""
-    if saved is not None and cfg.features is None:
-        cfg.features = saved.get("features")
-    pin_date_range(cfg, saved, lambda: data_request(cfg))
+def resolve(cfg: ForecastConfig, run_dir: Path, log=print) -> tuple[ForecastConfig, LoadedMarket]:
+    """The run's options, settled once at its entry, and the market they select: a legacy folder refused, the dates
+    and features pinned from the folder's saved config (else from today and from the data's columns), the saved
+    run's options checked against them (a different config is refused); read-only from here (RunOptions.settled).
+    A walk-forward job settles its own and hands each fold a settled copy: a fold is not settled again."""
+    saved = cfgmod.saved_config(run_dir)
+    refuse_legacy_resume(run_dir, saved)
+    cfg = pin_dates(cfg, saved)
+    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    market = load_market(cfg, log=log)
+    return cfg.replaced(features=",".join(market.info["features"])).settled(), market
+
+
+def pin_dates(cfg: ForecastConfig, saved: dict | None) -> ForecastConfig:
+    """A copy with what a first run pins and a resume reads again from its `saved` config.json: real data's
+    start/end (market.sources.pinned_dates: a resume next week reads the same dates) and the feature list left out
+    (the first run's comes from the data's columns, `load_market`)."""
+    features = saved.get("features") if saved is not None and cfg.features is None else cfg.features
+    start, end = pinned_dates(DataRequest(source=cfg.source, start=cfg.start, end=cfg.end, years=cfg.years), saved)
+    return cfg.replaced(start=start, end=end, features=features)
 
 
 def cross_sectional(values: np.ndarray, valid: np.ndarray, kind: str) -> np.ndarray:
@@ -258,14 +273,12 @@ def load_frame(cfg: ForecastConfig, log=print) -> tuple[pd.DataFrame, dict]:
 
 
 def load_market(cfg: ForecastConfig, log=print) -> LoadedMarket:
-    """Load and validate the source, pick the features its columns allow (pinning cfg.features on a
-    first run), and apply the point-in-time universe."""
+    """Load and validate the source, pick the features its columns allow (--features, else every one they allow:
+    `info["features"]`, which a first run pins in its config), and apply the point-in-time universe."""
     frame, source_info = load_frame(cfg, log=log)
     panel = to_panel(frame)
     available, left_out = available_features(panel)
-    if cfg.features is None:
-        cfg.features = ",".join(available)
-    names = feature_names(cfg)
+    names = named_features(cfg.features) if cfg.features is not None else list(available)
     lacking = [f for f in names if f in left_out]
     if lacking:
         raise UsageError(f"--features {cfg.features}: {', '.join(f'{f} {left_out[f]}' for f in lacking)}; "

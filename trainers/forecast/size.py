@@ -58,7 +58,7 @@ def fold_samples(cfg: ForecastConfig) -> tuple[list[int], bool]:
     if cfg.source.startswith("file:") or (cfg.source == "cache" and holds_prices(cfg.cache_dir)):
         from trainers.forecast.data import load_market, split_plan, store_from
 
-        market = load_market(replace(cfg), log=lambda line: print(line, file=sys.stderr))  # (it pins features)
+        market = load_market(cfg, log=lambda line: print(line, file=sys.stderr))
         n_dates = len(market.arrays.dates)
         return [store_from(market.arrays, split_plan(replace(cfg, fold=k), n_dates), cfg.target).stats["train"]
                 for k in folds], False

@@ -20,13 +20,12 @@ from pathlib import Path
 import torch
 
 from trainers.forecast.build import build_model, model_flops
-from trainers.forecast.config import PRESETS, ForecastConfig, refuse_legacy_resume, refuse_steps_larger_than_the_split
-from trainers.forecast.data import LoadedMarket, WindowStore, fix_date_range, load_market, make_store
+from trainers.forecast.config import PRESETS, ForecastConfig, refuse_steps_larger_than_the_split
+from trainers.forecast.data import LoadedMarket, WindowStore, make_store, pin_dates, resolve
 from trainers.forecast.evaluate import evaluate_splits, log_summary, validation_loss
 from trainers.forecast.model import TrainStep, count_parameters
 from trainers.forecast.report import write_report
 from trainers.forecast.walk_forward import walk_forward
-from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.precision import (
     autocast,
@@ -40,7 +39,7 @@ from trainers.runtime.precision import (
 )
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import read_results
-from trainers.runtime.run import Run
+from trainers.runtime.run import Run, RunSpec
 from trainers.runtime.rundir import fingerprint_to_check
 from trainers.runtime.sampling import EpochCursor, steps_left
 from trainers.runtime.schedule import build_scheduler
@@ -93,21 +92,18 @@ def train(cfg: ForecastConfig) -> dict | None:
     with distributed(cfg.device, cfg.collective_timeout_s) as ctx:
         if cfg.walk_forward and cfg.fold is None:
             return walk_forward(cfg, ctx, started_at, train_one)
-        return train_one(cfg, ctx, started_at)[0]
+        # Everything that can reject the input happens before the first write into the run folder.
+        run_dir = Path(cfg.run_dir)
+        restore_from_remote(cfg.remote, run_dir, ctx, cfg, pin_dates)  # a fresh machine: the remote's run first
+        cfg, market = resolve(cfg, run_dir, log=print if ctx.is_main else (lambda _msg: None))
+        return train_one(cfg, ctx, started_at, market)[0]
 
 
 def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
-              market: LoadedMarket | None = None) -> tuple[dict | None, StopReason]:
-    """One run (the plain split, or one walk-forward fold): (results on rank 0, the agreed stop)."""
-    # Everything that can reject the input happens before the first write into the run folder.
+              market: LoadedMarket) -> tuple[dict | None, StopReason]:
+    """One run (the plain split, or one walk-forward fold) of a settled config (trainers.forecast.data.resolve) on
+    its market: (results on rank 0, the agreed stop)."""
     run_dir = Path(cfg.run_dir)
-    restore_from_remote(cfg.remote, run_dir, ctx, cfg, fix_date_range)  # a fresh machine: the remote's run first
-    saved = cfgmod.saved_config(run_dir)
-    refuse_legacy_resume(run_dir, saved)
-    fix_date_range(cfg, saved)
-    cfgmod.check_run_dir_compatible(run_dir, cfg)
-    if market is None:
-        market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))
     store, data_info = make_store(cfg, market)
     n_train = len(store.sample_ids["train"])
     refuse_steps_larger_than_the_split(cfg, ctx.world_size, n_train)
@@ -129,9 +125,10 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     shape = PRESETS[cfg.preset]
     flops = model_flops(cfg, len(store.feature_names))
 
-    with Run(cfg, ctx, "forecast", {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler},
-             total_steps, unit="samples", metric_name="loss", eval_every=cfg.eval_every, flops_per_item=flops,
-             started_at=started_at, data_fingerprint=fingerprint_to_check(run_dir, market.fingerprint)) as run:
+    states = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+    with Run(cfg, ctx, RunSpec("forecast", states, total_steps, unit="samples", metric_name="loss",
+                               eval_every=cfg.eval_every, flops_per_item=flops, started_at=started_at,
+                               data_fingerprint=fingerprint_to_check(run_dir, market.fingerprint))) as run:
         log = run.log
         log.info("forecast: %s preset, %s parameters (%s), %d rank(s) on %s, precision %s%s", cfg.preset,
                  f"{count_parameters(model):,}", model_text(cfg), ctx.world_size, ctx.device.type, precision.name,

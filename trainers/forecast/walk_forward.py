@@ -16,7 +16,6 @@ a fold ends the walk there, with the folds so far in results.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Callable
@@ -25,11 +24,12 @@ import numpy as np
 
 from trainers.errors import UsageError
 from trainers.forecast.config import ForecastConfig, refuse_legacy_resume
-from trainers.forecast.data import fix_date_range, load_market, split_plan
+from trainers.forecast.data import pin_dates, resolve, split_plan
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, broadcast_object
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.logs import get_logger
+from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import merge_results, read_results, run_record
 from trainers.runtime.rundir import exclusive
 from trainers.runtime.stops import StopReason
@@ -118,15 +118,20 @@ def remaining_budget(cfg: ForecastConfig, spent_s: float, spent_usd: float) -> t
     return hours, usd
 
 
+def check_fold_folder(fold_cfg: ForecastConfig, ctx: DistContext) -> None:
+    """Collective: a fold's folder holds that fold's run or none (a check: the job's settled config is not settled
+    again), its record shared with every node first (restore_from_remote: a run folder apart on each node)."""
+    folder = Path(fold_cfg.run_dir)
+    restore_from_remote(fold_cfg.remote, folder, ctx, fold_cfg, pin_dates)  # (no --remote with folds: shared only)
+    refuse_legacy_resume(folder, cfgmod.saved_config(folder))
+    cfgmod.check_run_dir_compatible(folder, fold_cfg)
+
+
 def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float, train_one: Callable) -> dict | None:
     """K folds, each trained by `train_one(fold_cfg, ctx, started_at, market=...)` -> (results, stop
     reason): the plain run's loop (trainers.forecast.train), handed in so this module never imports it."""
     run_dir = Path(cfg.run_dir)
-    saved = cfgmod.saved_config(run_dir)
-    refuse_legacy_resume(run_dir, saved)
-    fix_date_range(cfg, saved)
-    cfgmod.check_run_dir_compatible(run_dir, cfg)
-    market = load_market(cfg, log=print if ctx.is_main else (lambda _msg: None))  # pins cfg.features
+    cfg, market = resolve(cfg, run_dir, log=print if ctx.is_main else (lambda _msg: None))  # settled once, here
     split_plan(cfg, len(market.arrays.dates))  # every fold fits the data, or one line before anything is written
     with exclusive(run_dir, ctx):  # one walk-forward job per folder; each fold also locks its own
         if ctx.is_main and not (run_dir / "config.json").exists():
@@ -145,8 +150,8 @@ def walk_forward(cfg: ForecastConfig, ctx: DistContext, started_at: float, train
                 if (hours is not None and hours <= 0) or (usd is not None and usd <= 0):
                     stopped = f"the budget was spent before fold {k}"
                     break
-                fold_cfg = dataclasses.replace(cfg, run_dir=str(fold_dir(run_dir, k)), fold=k, max_hours=hours,
-                                               budget_usd=usd)
+                fold_cfg = cfg.replaced(run_dir=str(fold_dir(run_dir, k)), fold=k, max_hours=hours, budget_usd=usd)
+                check_fold_folder(fold_cfg, ctx)
                 previous, reason = train_one(fold_cfg, ctx, time.time(), market=market)
                 if reason not in (StopReason.COMPLETED, StopReason.EARLY_STOP):
                     stopped = f"fold {k} stopped: {reason.name.lower()}"

@@ -295,6 +295,23 @@ class PopulationResult:
 Starts = Callable[[int, int], np.ndarray]  # (k, P) -> [P, n] assignments, colours >= 0 (>= k: squeezed)
 
 
+@dataclass(frozen=True)
+class Evolution:
+    """How the population phase runs (population_search's options, as it hands them on)."""
+
+    population: int
+    tabu_iters: int  # each generation's TabuCol depth
+    iters: int  # moves, summed over the population, of the whole search
+    deadline: float  # time.perf_counter() at which the search stops
+    device: str
+    seed: int
+    lower: int  # the clique lower bound: no colouring has fewer colours
+    dmin: int  # the partition distance under which two members count as copies
+    t0: float  # when the search began (the levels' seconds count from it)
+    scheme: str = "pairs"
+    cycle: int = 10  # pairs: generations per elite cycle
+
+
 def heuristic_starts(g: Graph, seed: int = 0) -> Starts:
     """The population's first members from randomised DSATUR with at most k colours (ties at random;
     a node with every colour among its neighbours takes the least used one), as the hybrid
@@ -398,9 +415,9 @@ def population_search(g: Graph, start: np.ndarray, starts: Starts | None = None,
     elif time.perf_counter() > deadline:
         result.stopped = "budget_seconds"
     else:  # 2. the population takes the first hard level
-        result.stopped = _evolve(g, best, k, result, starts=starts, population=population, tabu_iters=tabu_iters,
-                                 iters=iters, deadline=deadline, device=device, seed=seed, lower=lower,
-                                 dmin=max(1, int(round(min_distance * g.n))), t0=t0, scheme=scheme)
+        plan = Evolution(population, tabu_iters, iters, deadline, device, seed, lower,
+                         dmin=max(1, int(round(min_distance * g.n))), t0=t0, scheme=scheme)
+        result.stopped = _evolve(g, best, k, result, starts, plan)
         best, k = result.coloring, result.colors
     _, best = np.unique(best, return_inverse=True)
     assert conflicts(g.edges, best) == 0 and (not g.n or best.max() + 1 <= result.start_colors)
@@ -409,11 +426,12 @@ def population_search(g: Graph, start: np.ndarray, starts: Starts | None = None,
     return result
 
 
-def _evolve(g: Graph, best: np.ndarray, k: int, result: PopulationResult, *, starts: Starts | None, population: int,
-            tabu_iters: int, iters: int, deadline: float, device: str, seed: int, lower: int, dmin: int, t0: float,
-            scheme: str = "pairs", cycle: int = 10) -> str:
+def _evolve(g: Graph, best: np.ndarray, k: int, result: PopulationResult, starts: Starts | None,
+            plan: Evolution) -> str:
     """The hybrid evolutionary algorithm from k - 1 colours down; `best` is a proper k-colouring.
     Writes the best colouring into `result` and returns why it stopped."""
+    population, tabu_iters, iters, deadline, seed = plan.population, plan.tabu_iters, plan.iters, plan.deadline, plan.seed
+    lower, dmin, t0, scheme, cycle, device = plan.lower, plan.dmin, plan.t0, plan.scheme, plan.cycle, plan.device
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(seed)
     dg = DeviceGraph.of(g, dev)

@@ -30,7 +30,7 @@ from trainers.runtime import device as device_mod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.precision import build_adamw, compile_facts, enable_tf32, maybe_compile
 from trainers.runtime.remote_pull import restore_from_remote
-from trainers.runtime.run import Run
+from trainers.runtime.run import Run, RunSpec
 from trainers.runtime.sampling import steps_left
 from trainers.runtime.stops import StopReason
 from trainers.runtime.written import write_result
@@ -42,9 +42,19 @@ def feature_seed(cfg: GnnConfig, epoch: int, step_in_epoch: int, rank: int) -> i
     return ((cfg.seed * 1_000_003 + epoch) * 100_003 + step_in_epoch) * 1_009 + rank
 
 
-def pin_from_saved(cfg: GnnConfig, saved: dict | None) -> None:
-    """What a saved config fixes in options left out: the nodes per step."""
-    cfgmod.keep_saved_sizes(cfg, saved, SIZES)
+def pin_from_saved(cfg: GnnConfig, saved: dict | None) -> GnnConfig:
+    """A copy with what a saved config fixes in options left out: the nodes per step."""
+    return cfg.replaced(**cfgmod.saved_sizes(cfg, saved, SIZES))
+
+
+def resolve(cfg: GnnConfig, run_dir: Path, memory_bytes: int | None, world_size: int) -> GnnConfig:
+    """The run's options, settled once at its entry: --nodes-per-batch the folder's, else this device's (its
+    `memory_bytes`), the saved run's options checked against them (a different config is refused); read-only
+    from here (RunOptions.settled)."""
+    cfg = pin_from_saved(cfg, cfgmod.saved_config(run_dir))
+    cfg = cfg.replaced(nodes_per_batch=nodes_per_step(cfg, memory_bytes, world_size))
+    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    return cfg.settled()
 
 
 def train(cfg: GnnConfig) -> dict | None:
@@ -57,9 +67,7 @@ def train(cfg: GnnConfig) -> dict | None:
 def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     run_dir = Path(cfg.run_dir)
     restore_from_remote(cfg.remote, run_dir, ctx, cfg, pin_from_saved)  # a fresh machine: the remote's run first
-    pin_from_saved(cfg, cfgmod.saved_config(run_dir))  # --nodes-per-batch: the folder's, else this device's
-    cfg.nodes_per_batch = nodes_per_step(cfg, device_mod.total_memory(ctx.device), ctx.world_size)
-    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    cfg = resolve(cfg, run_dir, device_mod.total_memory(ctx.device), ctx.world_size)
     train_split, val_split = GraphSplit(Path(cfg.data_dir), "train"), GraphSplit(Path(cfg.data_dir), "val")
     cursor = NodeBudgetCursor(train_split.nodes, ctx.world_size, ctx.rank, cfg.nodes_per_batch, cfg.seed)
     total_steps = cfg.epochs * cursor.steps_per_epoch
@@ -74,9 +82,9 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
     # fused on CUDA; no decay on biases and norms (weight decay is 0 by default: plain AdamW)
     optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, 0.999), ctx.device, cfg.gpu_defaults)
 
-    with Run(cfg, ctx, "gnn", {"model": model, "optimizer": optimizer}, total_steps, unit="graphs",
-             metric_name="conflict_fraction", started_at=started_at, data_fingerprint=train_split.fingerprint,
-             flops_per_item=flops_per_graph) as run:
+    with Run(cfg, ctx, RunSpec("gnn", {"model": model, "optimizer": optimizer}, total_steps, unit="graphs",
+                               metric_name="conflict_fraction", started_at=started_at,
+                               data_fingerprint=train_split.fingerprint, flops_per_item=flops_per_graph)) as run:
         train_data = DeviceGraphs(train_split, cfg.max_colors, cfg.random_features, ctx.device,
                                   fewer_colors=cfg.fewer_colors)
         val_data = DeviceGraphs(val_split, cfg.max_colors, cfg.random_features, ctx.device, fixed_random_seed=EVAL_SEED)

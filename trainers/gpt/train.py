@@ -49,7 +49,7 @@ from trainers.runtime.precision import (
     precision_for,
 )
 from trainers.runtime.remote_pull import restore_from_remote
-from trainers.runtime.run import Run
+from trainers.runtime.run import Run, RunSpec
 from trainers.runtime.stops import StopReason
 
 VOCAB_FILE = "vocab.json"
@@ -219,6 +219,13 @@ def materialise(model: GPT, parallel: str, seed: int, ctx: DistContext) -> None:
             local.normal_(0.0, model.init_std(name), generator=g)
 
 
+def resolve(cfg: GptConfig, run_dir: Path) -> GptConfig:
+    """The run's options, settled once at its entry: the saved run's checked against them (a different config is
+    refused; nothing is pinned: the GPT's sizes are the user's or the defaults); a read-only copy from here."""
+    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    return cfg.replaced().settled()
+
+
 def train(cfg: GptConfig, started_at: float | None = None) -> dict | None:
     """`started_at`: when the process began (the budget counts from there)."""
     started_at = time.time() if started_at is None else started_at
@@ -233,7 +240,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
     # Every check that can refuse the input runs before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
     restore_from_remote(cfg.remote, run_dir, ctx, cfg)  # a fresh machine: the remote's run first
-    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    cfg = resolve(cfg, run_dir)
     accum = cfg.grad_accum(ctx.world_size)
     precision = precision_for(ctx.device, cfg.precision, cfg.gpu_defaults)
     if precision.needs_grad_scaler and cfg.parallel == "fsdp":
@@ -256,9 +263,10 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
     states: dict = {}  # filled once the run folder is ours (a check-only start never builds the model)
     sharded: dict = {}
 
-    with Run(cfg, ctx, "gpt", states, total_steps, unit="tokens", metric_name="loss", eval_every=cfg.eval_every,
-             flops_per_item=shape.flops_per_token(), started_at=started_at, data_fingerprint=corpus.fingerprint,
-             sharded_states=sharded, budget_includes_startup=True) as run:
+    with Run(cfg, ctx, RunSpec("gpt", states, total_steps, unit="tokens", metric_name="loss",
+                               eval_every=cfg.eval_every, flops_per_item=shape.flops_per_token(), started_at=started_at,
+                               data_fingerprint=corpus.fingerprint, sharded_states=sharded,
+                               budget_includes_startup=True)) as run:
         log = run.log
         if ctx.is_main and not (run_dir / VOCAB_FILE).exists():
             atomic_write_json(run_dir / VOCAB_FILE, {"chars": corpus.vocab, "fingerprint": corpus.fingerprint})
@@ -393,8 +401,9 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
             barrier(ctx)
             return evaluation
 
-        summary = summary_of(cfg, corpus, shape, len(train_np), len(val_np), model, run, step, parallel, checkpointing,
-                             compile_facts(compiled, ctx), precision.name, accum, memory, stream)
+        layout = {"parallel": parallel, "activation_checkpointing": checkpointing, **compile_facts(compiled, ctx),
+                  "precision": precision.name, "grad_accum": accum, "memory_estimate": memory}
+        summary = summary_of(cfg, corpus, shape, len(train_np), len(val_np), model, run, stream, layout)
         return run.finish(summary, evaluate=final_evaluation)
 
 
@@ -423,16 +432,16 @@ def gradient_sync(train_model, sync: bool):
     return train_model.no_sync()
 
 
-def summary_of(cfg, corpus: Corpus, shape: size.Shape, n_train: int, n_val: int, model, run, step: int, parallel: str,
-               checkpointing: bool, compiled: dict, precision: str, accum: int, memory: list[dict],
-               stream: WindowStream) -> dict:
-    tokens_seen = step * cfg.batch_tokens
-    best_bpc = run.val.best / math.log(2) if run.val.best is not None else None
+def summary_of(cfg, corpus: Corpus, shape: size.Shape, n_train: int, n_val: int, model, run, stream: WindowStream,
+               layout: dict) -> dict:
+    """results.json's data, model and training records; `layout`: how the steps ran (parallelism, activation
+    checkpointing, compile, precision, accumulation, the memory estimate)."""
     data = {**corpus.source, "fingerprint": corpus.fingerprint, "vocab_size": len(corpus.vocab),
             "train_tokens": n_train, "val_tokens": n_val, "val_frac": cfg.val_frac,
             "skipped_empty_files": corpus.skipped}
     if corpus.floor:
         data["entropy_floor"] = corpus.floor
+    tokens_seen = run.step * cfg.batch_tokens
     return {"data": data,
             "model": {"parameters": count_parameters(model), "nominal_12_L_d2": shape.nominal_parameters(),
                       "flops_per_token": flops_per_token(model, cfg.seq_len), "depth": cfg.depth, "dim": shape.dim,
@@ -440,9 +449,8 @@ def summary_of(cfg, corpus: Corpus, shape: size.Shape, n_train: int, n_val: int,
                       "positions": cfg.positions, "tie_embeddings": cfg.tie_embeddings,
                       "vocab_size": len(corpus.vocab)},
             "training": {"tokens_seen": tokens_seen, "tokens_per_parameter": tokens_seen / count_parameters(model),
-                         "best_val_bpc": best_bpc, "best_val_step": run.val.best_step,
+                         "best_val_bpc": run.val.best / math.log(2) if run.val.best is not None else None,
+                         "best_val_step": run.val.best_step,
                          "entropy_floor_nats": corpus.floor["window_floor_nats"] if corpus.floor else None,
-                         "parallel": parallel, "activation_checkpointing": checkpointing, **compiled,
-                         "precision": precision, "batch_tokens": cfg.batch_tokens, "grad_accum": accum,
-                         "device_batch_size": cfg.device_batch_size, "memory_estimate": memory,
+                         **layout, "batch_tokens": cfg.batch_tokens, "device_batch_size": cfg.device_batch_size,
                          "stream": stream.position(), "schedule": cfg.schedule}}

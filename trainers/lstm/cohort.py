@@ -52,7 +52,7 @@ from trainers.runtime import device as device_mod
 from trainers.runtime import faults
 from trainers.runtime.budget import StopReason
 from trainers.runtime.logs import close_handlers
-from trainers.runtime.run import Run
+from trainers.runtime.run import Run, RunSpec
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
 from trainers.runtime.stops import HANDLED_SIGNALS, stop_signals
@@ -475,9 +475,8 @@ def kernel_for(members: list[Member], cfg: LstmConfig, device: torch.device, row
 
 
 def _enter(m: Member, cohort: Rows, cfg: LstmConfig, worker: Worker) -> None:
-    m.run = m.exit.enter_context(Run(worker.once(m.cfg), single_process_context(str(worker.device)), "lstm",
-                                     cohort.states(m), m.total_steps, unit="samples", metric_name="loss",
-                                     eval_every=cfg.eval_every))
+    m.run = m.exit.enter_context(Run(worker.once(m.cfg), single_process_context(str(worker.device)),
+                                     RunSpec("lstm", cohort.states(m), m.total_steps, eval_every=cfg.eval_every)))
     worker.quiet_console(m.run.log)
     if cohort.size > 1 or worker.world_size > 1:  # one bar per symbol or per worker would fill the terminal
         m.run.quiet_progress()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,22 +76,20 @@ def trading_days(start: str, end: str) -> int:
     return round(len(pd.bdate_range(start[:10], end[:10], inclusive="left")) * TRADING_DAYS / WEEKDAYS_A_YEAR)
 
 
-def pin_date_range(cfg, saved: dict | None, request: Callable[[], DataRequest]) -> None:
-    """Real data: pin `cfg.start`/`cfg.end` on the first run so a resume next week reads the same
-    dates (`saved`: the run's config.json, None on a first run). A file is used whole unless
-    --start/--end/--years say otherwise (its dates do not move), and --years counts back from its
-    last date, not from today. `request` builds the trainer's DataRequest (called only when needed)."""
-    if cfg.source == "synthetic":
-        return
-    if cfg.source.startswith("file:") and not (cfg.start or cfg.end or cfg.years):
-        return
+def pinned_dates(req: DataRequest, saved: dict | None) -> tuple[str | None, str | None]:
+    """Real data: the [start, end) a run pins on its first start, so a resume next week reads the same dates
+    (`saved`: the run's config.json, None on a first run). A file is used whole unless --start/--end/--years say
+    otherwise (its dates do not move), and --years counts back from its last date, not from today. Only the
+    request's source and dates are read: a trainer passes the request its options make, and keeps the answer."""
+    if req.source == "synthetic":
+        return req.start, req.end
+    if req.source.startswith("file:") and not (req.start or req.end or req.years):
+        return req.start, req.end
     if saved is not None:
-        cfg.start = cfg.start or saved.get("start")
-        cfg.end = cfg.end or saved.get("end")
-    elif cfg.source.startswith("file:"):
-        cfg.start, cfg.end = file_date_range(request(), read_user_file(cfg.source[5:]))
-    else:
-        cfg.start, cfg.end = request().date_range()
+        return req.start or saved.get("start"), req.end or saved.get("end")
+    if req.source.startswith("file:"):
+        return file_date_range(req, read_user_file(req.source[5:]))
+    return req.date_range()
 
 
 def file_date_range(req: DataRequest, frame: pd.DataFrame) -> tuple[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainers.market.panel import to_panel
-from trainers.market.sources import DataRequest, load_source, pin_date_range
+from trainers.market.sources import DataRequest, load_source, pinned_dates
 from trainers.market.sources import checked_fingerprint as market_checked_fingerprint
 from trainers.market.universe import resolve_tickers
 from trainers.ppo.config import PpoConfig
@@ -23,10 +23,11 @@ def data_request(cfg: PpoConfig) -> DataRequest:
                        synthetic_momentum=cfg.synthetic_momentum)
 
 
-def fix_date_range(cfg: PpoConfig, saved: dict | None) -> None:
-    """Real data: pin start/end on the first run so a resume next week reads the same dates (a
-    file's --years count back from its last date)."""
-    pin_date_range(cfg, saved, lambda: data_request(cfg))
+def pin_dates(cfg: PpoConfig, saved: dict | None) -> PpoConfig:
+    """A copy with real data's start/end pinned as a first run pins them, or as its `saved` config.json did (a resume
+    next week reads the same dates; a file's --years count back from its last date: market.sources.pinned_dates)."""
+    start, end = pinned_dates(DataRequest(source=cfg.source, start=cfg.start, end=cfg.end, years=cfg.years), saved)
+    return cfg.replaced(start=start, end=end)
 
 
 def load_trading_data(cfg: PpoConfig, log=print) -> tuple[TradingData, dict]:

@@ -12,14 +12,15 @@ CartPole in the tests):
               every rank's rollout, so every rank holds the same statistics
 
 Observations are tuples of tensors; `inputs(obs)` turns them into the policy's inputs (the trading
-environment stores a date index and gathers the feature window only when it is needed).
+environment stores a date index and gathers the feature window only when it is needed). The rollout and the
+update act with a Learner (CleanRL passes its agent): the policy and what trains it.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,22 @@ import torch.distributed as dist
 from trainers.ppo.model import RunningNorm
 from trainers.runtime.dist import DistContext
 from trainers.runtime.precision import CompiledOrEager, Precision, autocast
+
+
+@dataclass(frozen=True)
+class Learner:
+    """What collect and update act with: the policy, the module that trains it (its DDP wrapper, or itself), the
+    observation normalisers, how an observation becomes the policy's inputs, the optimizer and grad scaler, and
+    the numerics and device they run in."""
+
+    policy: torch.nn.Module
+    train_policy: torch.nn.Module
+    norms: torch.nn.ModuleList | None
+    inputs: Callable
+    optimizer: torch.optim.Optimizer
+    scaler: Any  # torch.amp.GradScaler, or its stand-in that does nothing (trainers.runtime.precision)
+    precision: Precision
+    device: torch.device
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,8 @@ class Rollout:
         self.steps, self.num_envs = steps, n
 
 
+# Eleven parameters, not a Learner: this is the function torch.compile traces as one graph, and a CUDA graph
+# captures, so its arguments are the tensors and modules it reads, each a guard of its own.
 def rollout_step(env, policy, norms, inputs: Callable, obs: tuple, noise: torch.Tensor | None, precision: Precision,
                  device: torch.device, on_step: Callable | None, stats: NormStats | None,
                  generator: torch.Generator | None = None):
@@ -116,22 +135,23 @@ def rollout_step(env, policy, norms, inputs: Callable, obs: tuple, noise: torch.
     return obs, reward, done, u, log_prob, value
 
 
-def collect(env, policy, norms, inputs: Callable, buf: Rollout, obs: tuple, done: torch.Tensor,
-            generator: torch.Generator, precision: Precision, device: torch.device,
+def collect(learner: Learner, env, buf: Rollout, obs: tuple, done: torch.Tensor, generator: torch.Generator,
             on_step: Callable | None = None, stats: NormStats | None = None, step: Callable = rollout_step):
     """Fill `buf` with T steps from (obs, done); returns the observation and done flags after them.
     `step`: rollout_step, or it compiled (the same draws: each step's noise comes from `generator` here,
     the very draw act() makes after the policy's forward, which uses no generator)."""
+    policy = learner.policy
     policy.eval()
     gaussian = hasattr(policy, "sample")
     for i in range(buf.steps):
         for store, o in zip(buf.obs, obs):
             store[i] = o
         buf.dones[i] = done.float()
-        noise = torch.randn(buf.actions.shape[1:], generator=generator, device=device, dtype=torch.float32) \
-            if gaussian else None
-        obs, reward, done, u, log_prob, value = step(env, policy, norms, inputs, obs, noise, precision, device,
-                                                     on_step, stats, None if gaussian else generator)
+        noise = torch.randn(buf.actions.shape[1:], generator=generator, device=learner.device,
+                            dtype=torch.float32) if gaussian else None
+        obs, reward, done, u, log_prob, value = step(env, policy, learner.norms, learner.inputs, obs, noise,
+                                                     learner.precision, learner.device, on_step, stats,
+                                                     None if gaussian else generator)
         buf.actions[i], buf.log_probs[i], buf.values[i], buf.rewards[i] = u, log_prob, value, reward
     policy.train()
     return obs, done
@@ -192,11 +212,12 @@ def advantages(buf: Rollout, next_value: torch.Tensor, next_done: torch.Tensor, 
     return adv, adv + buf.values
 
 
-def update(train_policy: torch.nn.Module, policy: torch.nn.Module, norms, inputs: Callable, optimizer,
-           scaler, buf: Rollout, adv: torch.Tensor, returns: torch.Tensor, s: PPOSettings,
-           generator: torch.Generator, ctx: DistContext, precision: Precision) -> dict:
-    """PPO epochs over this rank's rollout. `train_policy` is `policy` or its DDP wrapper.
-    Returns the update's statistics as tensors (read them at log points only)."""
+def update(learner: Learner, buf: Rollout, adv: torch.Tensor, returns: torch.Tensor, s: PPOSettings,
+           generator: torch.Generator, ctx: DistContext) -> dict:
+    """PPO epochs over this rank's rollout. Returns the update's statistics as tensors (read them at log points
+    only)."""
+    train_policy, policy, norms, inputs = learner.train_policy, learner.policy, learner.norms, learner.inputs
+    optimizer, scaler, precision = learner.optimizer, learner.scaler, learner.precision
     n = buf.steps * buf.num_envs
     obs = [o.reshape(n, *o.shape[2:]) for o in buf.obs]
     actions = buf.actions.reshape(n, *buf.actions.shape[2:])

@@ -83,13 +83,15 @@ def whole_updates(steps_per_agent: int, per_update: int) -> int:
     return -(-steps_per_agent // per_update) * per_update
 
 
-def size_for_device(cfg: PpoConfig, device, world_size: int) -> None:
-    """Fill --num-envs and --batch-size where they are still left out (after the run folder's, SIZES) with this
-    device's (the run's config.json keeps the numbers used); then refuse a minibatch larger than a rollout."""
+def sized_for_device(cfg: PpoConfig, device, world_size: int) -> PpoConfig:
+    """A copy with --num-envs and --batch-size, where they are still left out (after the run folder's, SIZES), this
+    device's (the run's config.json keeps the numbers used); a minibatch larger than a rollout is refused."""
     from trainers.runtime import device as device_mod
 
-    cfg.num_envs, cfg.batch_size = env_batch(cfg, device_mod.total_memory(device), world_size)
-    cfg.check_rollout()
+    envs, batch = env_batch(cfg, device_mod.total_memory(device), world_size)
+    sized = cfg.replaced(num_envs=envs, batch_size=batch)
+    sized.check_rollout()
+    return sized
 
 
 def _inputs(n_stocks: int, window: int):

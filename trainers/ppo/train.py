@@ -25,17 +25,17 @@ from trainers.errors import UsageError
 from trainers.ppo import ppo
 from trainers.ppo.build import Agent, AgentSet
 from trainers.ppo.config import PpoConfig
-from trainers.ppo.data import checked_fingerprint, env_spec, fix_date_range, load_trading_data
+from trainers.ppo.data import checked_fingerprint, env_spec, load_trading_data, pin_dates
 from trainers.ppo.env import DeviceMarket, VecPortfolioEnv
 from trainers.ppo.evaluate import evaluate_agents, validation_score
 from trainers.ppo.features import FEATURES
-from trainers.ppo.size import SIZES, flops_per_env_step, size_for_device
+from trainers.ppo.size import SIZES, flops_per_env_step, sized_for_device
 from trainers.runtime import config as cfgmod
 from trainers.runtime.dist import DistContext, all_reduce_sum, distributed, wrap_ddp
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.precision import Precision, compile_facts, enable_tf32, make_grad_scaler, precision_for
 from trainers.runtime.remote_pull import restore_from_remote
-from trainers.runtime.run import Run
+from trainers.runtime.run import Run, RunSpec
 from trainers.runtime.stops import StopReason
 
 EPISODE_STATS = ("episodes", "reward", "return", "final_value", "trades", "cost")
@@ -117,10 +117,18 @@ def policy_precision(device: torch.device, requested: str, rehearse: bool = Fals
     return precision_for(device, "fp32" if requested == "auto" else requested, rehearse)
 
 
-def pin_from_saved(cfg: PpoConfig, saved: dict | None) -> None:
-    """What a saved config fixes in options left out: the date range, the environment batch."""
-    fix_date_range(cfg, saved)
-    cfgmod.keep_saved_sizes(cfg, saved, SIZES)
+def pin_from_saved(cfg: PpoConfig, saved: dict | None) -> PpoConfig:
+    """A copy with what a saved config fixes in options left out: the date range, the environment batch."""
+    return pin_dates(cfg, saved).replaced(**cfgmod.saved_sizes(cfg, saved, SIZES))
+
+
+def resolve(cfg: PpoConfig, run_dir: Path, device, world_size: int) -> PpoConfig:
+    """The run's options, settled once at its entry: dates and sizes pinned from the folder's saved config, the
+    sizes still left out this device's, the saved run's options checked against them (a different config is
+    refused); read-only from here (RunOptions.settled)."""
+    cfg = sized_for_device(pin_from_saved(cfg, cfgmod.saved_config(run_dir)), device, world_size)
+    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    return cfg.settled()
 
 
 def train(cfg: PpoConfig) -> dict | None:
@@ -134,9 +142,7 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     # Everything that can reject the input happens before the first write into the run folder.
     run_dir = Path(cfg.run_dir)
     restore_from_remote(cfg.remote, run_dir, ctx, cfg, pin_from_saved)  # a fresh machine: the remote's run first
-    pin_from_saved(cfg, cfgmod.saved_config(run_dir))
-    size_for_device(cfg, ctx.device, ctx.world_size)  # --num-envs, --batch-size where still left out
-    cfgmod.check_run_dir_compatible(run_dir, cfg)
+    cfg = resolve(cfg, run_dir, ctx.device, ctx.world_size)
     data, data_info = load_trading_data(cfg, log=print if ctx.is_main else (lambda _msg: None))
     spec = env_spec(cfg)
     train_range = data.splits["train"]
@@ -158,9 +164,9 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
         t, portfolio = obs
         return market.windows(t, cfg.window), portfolio
 
-    with Run(cfg, ctx, "ppo", {"agents": agents, "scaler": scaler}, total_steps, unit="env_steps",
-             metric_name="pg_loss", started_at=started_at, flops_per_item=flops,
-             data_fingerprint=checked_fingerprint(data, data_info, cfg.source)) as run:
+    with Run(cfg, ctx, RunSpec("ppo", {"agents": agents, "scaler": scaler}, total_steps, unit="env_steps",
+                               metric_name="pg_loss", started_at=started_at, flops_per_item=flops,
+                               data_fingerprint=checked_fingerprint(data, data_info, cfg.source))) as run:
         log = run.log
         if ctx.is_main and (saved_world is None or cfg.restart):
             atomic_write_json(run_dir / SCHEDULE, {"updates_per_agent": updates, "world_size": ctx.world_size})
@@ -190,15 +196,15 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                 buf = ppo.Rollout(cfg.rollout_steps, phase.obs, (data.n_stocks,), torch.float32, ctx.device)
             lr = ppo.anneal_lr(agent.optimizer, cfg.lr, u, updates) if cfg.anneal_lr else cfg.lr
             stats = phase.stats
-            phase.obs, phase.done = ppo.collect(phase.env, agent.policy, agent.norms, inputs, buf, phase.obs,
-                                                phase.done, phase.generator, precision, ctx.device,
+            learner = ppo.Learner(agent.policy, phase.train_policy, agent.norms, inputs, agent.optimizer, scaler,
+                                  precision, ctx.device)
+            phase.obs, phase.done = ppo.collect(learner, phase.env, buf, phase.obs, phase.done, phase.generator,
                                                 on_step=phase.record, stats=stats, step=phase.step)
             with torch.no_grad():
                 next_value = agent.policy(*ppo.normalise(agent.norms, inputs(phase.obs)),
                                           torch.zeros(cfg.num_envs, data.n_stocks, device=ctx.device))[2]
             adv, returns = ppo.advantages(buf, next_value, phase.done, cfg.gamma, cfg.gae_lambda)
-            update_stats = ppo.update(phase.train_policy, agent.policy, agent.norms, inputs, agent.optimizer, scaler,
-                                      buf, adv, returns, s, phase.generator, ctx, precision)
+            update_stats = ppo.update(learner, buf, adv, returns, s, phase.generator, ctx)
             if stats is not None:
                 stats.merge_into(agent.norms, ctx)  # after the update: it trained on the statistics it acted with
                 stats.reset()

@@ -248,12 +248,11 @@ def incompatible_fields(saved: dict[str, Any], current: Any) -> list[str]:
     return diffs
 
 
-def keep_saved_sizes(cfg: Any, saved: dict[str, Any] | None, names: tuple[str, ...]) -> None:
-    """Sizes the user left out (None: the device decides them) take the run folder's `saved` config's: a resume
-    goes on with the numbers it began with, on another device or number of GPUs too."""
-    for name in names:
-        if getattr(cfg, name) is None and saved and isinstance(saved.get(name), int):
-            setattr(cfg, name, saved[name])
+def saved_sizes(cfg: Any, saved: dict[str, Any] | None, names: tuple[str, ...]) -> dict[str, int]:
+    """The run folder's `saved` sizes for those the user left out (None: the device decides them), to replace them
+    with: a resume goes on with the numbers it began with, on another device or number of GPUs too."""
+    return {name: saved[name] for name in names
+            if getattr(cfg, name) is None and saved and isinstance(saved.get(name), int)}
 
 
 def saved_config(run_dir: Path) -> dict[str, Any] | None:

@@ -1,6 +1,6 @@
 """The run boundary: what every training loop calls at its edges. It owns no loop.
 
-    with Run(cfg, ctx, "forecast", states={"model": model, "optimizer": opt, ...}, total_steps=n) as run:
+    with Run(cfg, ctx, RunSpec("forecast", states={"model": model, "optimizer": opt, ...}, total_steps=n)) as run:
         start = run.resume()                 # every state, this rank's RNG and its data position
         step = start.step
         while step < total_steps and not start.ended:      # ended: it had stopped early at that checkpoint
@@ -29,7 +29,7 @@ from typing import Callable
 from trainers.errors import RunEnded
 from trainers.runtime import config as cfgmod
 from trainers.runtime import device as device_mod
-from trainers.runtime.checkpointer import Checkpointer, Start, Stateful, WriteFailed
+from trainers.runtime.checkpointer import Checkpointer, Start, WriteFailed
 from trainers.runtime.dist import DistContext, barrier
 from trainers.runtime.faults import maybe_inject
 from trainers.runtime.info import run_facts
@@ -38,23 +38,20 @@ from trainers.runtime.options import RunOptions
 from trainers.runtime.remote import SIGNAL_WAIT_S, start_mirror
 from trainers.runtime.results import ending, merge_results, run_record, write_training
 from trainers.runtime.rundir import Heartbeat, open_run_dir, take_run_folder, undone_on_refusal
+from trainers.runtime.spec import RunSpec
 from trainers.runtime.stops import AgreementCadence, FiniteWatch, StopAgreement, StopReason, ValidationRecord
 from trainers.runtime.throughput import ThroughputClock
 
 
 class Run:
-    def __init__(self, cfg: RunOptions, ctx: DistContext, trainer: str, states: dict[str, Stateful],
-                 total_steps: int | None, unit: str = "samples", metric_name: str = "loss", eval_every: int = 0,
-                 flops_per_item: float | None = None, started_at: float | None = None,
-                 data_fingerprint: str | None = None, sharded_states: dict[str, Stateful] | None = None,
-                 budget_includes_startup: bool = False):
-        self.cfg, self.ctx, self.trainer = cfg.for_attempt(ctx.restart_count), ctx, trainer  # (--restart: once)
-        # read at resume and at each save: a loop may fill them after entering (a check-only start builds nothing)
-        self.states, self.sharded_states = states, sharded_states if sharded_states is not None else {}
-        self.metric_name, self.eval_every, self.data_fingerprint = metric_name, eval_every, data_fingerprint
-        self.total_steps, self.run_dir = total_steps, Path(cfg.run_dir)
-        self.clock = ThroughputClock(unit, ctx.device, ctx.world_size, flops_per_item, started_at or time.time())
-        self.budget_from = self.clock.started_at if budget_includes_startup else None  # the budget's clock starts there
+    def __init__(self, cfg: RunOptions, ctx: DistContext, spec: RunSpec):
+        self.cfg, self.ctx, self.trainer = cfg.for_attempt(ctx.restart_count), ctx, spec.trainer  # (--restart: once)
+        self.states, self.sharded_states = spec.states, spec.sharded_states
+        self.metric_name, self.eval_every, self.data_fingerprint = spec.metric_name, spec.eval_every, spec.data_fingerprint
+        self.total_steps, self.run_dir = spec.total_steps, Path(cfg.run_dir)
+        self.clock = ThroughputClock(spec.unit, ctx.device, ctx.world_size, spec.flops_per_item,
+                                     spec.started_at or time.time())
+        self.budget_from = self.clock.started_at if spec.budget_includes_startup else None  # the budget counts from there
         self.step, self.reason, self._metric_to_save, self._exit = 0, StopReason.NONE, None, contextlib.ExitStack()
 
     def __enter__(self) -> "Run":

@@ -1,6 +1,6 @@
 """States split across ranks (FSDP2), as objects the run boundary checkpoints with
-torch.distributed.checkpoint: `Run(..., sharded_states={"model": ShardedModel(m),
-"optimizer": ShardedOptimizer(m, opt)})`.
+torch.distributed.checkpoint: `Run(cfg, ctx, RunSpec(..., sharded_states={"model":
+ShardedModel(m), "optimizer": ShardedOptimizer(m, opt)}))`.
 
 torch.distributed.checkpoint.state_dict gives both keys by parameter name (not the optimizer's
 positional ids) with DTensor values, so each rank writes and reads only its own shards; a
