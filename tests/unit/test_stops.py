@@ -6,7 +6,7 @@ import pytest
 from trainers.errors import UsageError
 from trainers.runtime.budget import Budget, StopReason
 from trainers.runtime.rundir import single_process_context
-from trainers.runtime.stops import EarlyStopping, StopAgreement
+from trainers.runtime.stops import EarlyStopping, StopAgreement, heard_stop_signals
 
 
 @pytest.mark.parametrize("kwargs,match", [({"max_hours": 0}, "--max-hours 0"), ({"max_hours": -1}, "--max-hours -1"),
@@ -73,3 +73,25 @@ def test_a_hangup_stops_a_foreground_job_and_is_ignored_by_a_detached_one(monkey
     finally:
         s.restore_signal_handlers()
     assert signal.getsignal(signal.SIGHUP) == before
+
+
+def test_the_process_has_one_stop_handler_every_listener_hears_and_the_last_to_leave_gives_back():
+    """An LSTM job holds the stop signals across its symbols' runs (heard_stop_signals); each run listens while it
+    is open. A run that closes takes nothing from the others (a cohort's members once each installed a handler,
+    given back out of turn as they closed), and the handler found before the job is back after it."""
+    before = signal.getsignal(signal.SIGTERM)
+    ctx = single_process_context()
+    with heard_stop_signals() as job:
+        closed, open_ = StopAgreement(ctx, Budget()), StopAgreement(ctx, Budget())
+        closed.install_signal_handlers()
+        open_.install_signal_handlers()
+        handler = signal.getsignal(signal.SIGTERM)
+        closed.restore_signal_handlers()  # a member's run closes first
+        assert signal.getsignal(signal.SIGTERM) == handler != before
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert job.name == "SIGTERM" and open_.agree()[0] == StopReason.SIGNAL and open_.signal_name == "SIGTERM"
+        assert closed.agree()[0] == StopReason.NONE  # (it no longer listens)
+        open_.restore_signal_handlers()
+        open_.restore_signal_handlers()  # (twice: nothing more is let go)
+        assert signal.getsignal(signal.SIGTERM) == handler  # the job still holds it
+    assert signal.getsignal(signal.SIGTERM) == before

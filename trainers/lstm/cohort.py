@@ -26,7 +26,6 @@ training does not depend on the other members (nn.LSTM's own masks, drawn from t
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -55,7 +54,6 @@ from trainers.runtime.logs import close_handlers
 from trainers.runtime.run import Run, RunSpec
 from trainers.runtime.rundir import single_process_context
 from trainers.runtime.sampling import EpochCursor
-from trainers.runtime.stops import HANDLED_SIGNALS, stop_signals
 
 STEP, EVALUATION = "training step", "evaluation"  # the two kinds of stacked pass, each with its own memory
 # The parts of a cohort's loop, timed on the host (the job's packing.sum_phase_seconds): opening the members' runs,
@@ -96,7 +94,7 @@ class Member:
 
 
 class Rows:
-    """Which member sits in which row of a kernel's models, and the cohort's signal handler. A kernel (Cohort,
+    """Which member sits in which row of a kernel's models. A kernel (Cohort,
     Fused) adds its model and optimizer: `states(m)`, the member's model and optimizer as its run saves them;
     `step(cfg, generator)`, one optimizer step of every member still training, their losses [K] (detached);
     `member_model(m)`, the member's DirectionLSTM for an evaluation alone."""
@@ -115,17 +113,9 @@ class Rows:
         self.log = log
         self.out_of_memory: RuntimeError | None = None  # why its members left, if out of device memory
         self._rows = {id(m): k for k, m in enumerate(self.members)}
-        self.on_signal = None  # the cohort's handler, once every member's run is entered
 
     def row(self, member: Member) -> int:
         return self._rows[id(member)]
-
-    def hold_signals(self) -> None:
-        """A run gives back, when it closes, the handler it found when it opened (another member's run's):
-        the cohort's handler takes the stop signals back after every member's close."""
-        if self.on_signal is not None:
-            for sig in stop_signals():
-                signal.signal(sig, self.on_signal)
 
 
 class Fused(Rows):
@@ -433,18 +423,10 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
             raise
         worker.smaller_cohorts(len(datas), exc)
         return {data.symbol: exc.with_traceback(None) for data in datas}
-    handlers = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
-    try:
-        def on_signal(signum, _frame):  # every member stops at its next step, with a checkpoint
-            worker.signalled = signal.Signals(signum).name
-            for m in members:
-                if m.run is not None and not m.done:
-                    m.run.request_stop(StopReason.SIGNAL, worker.signalled)
-        cohort.on_signal = on_signal
+    try:  # (a stop signal: each member's run hears it from the job's handler, runtime.stops.StopSignals)
         with timed(clock, "enter"):
             for m in members:
                 _guarded(m, cohort, lambda m=m: _enter(m, cohort, cfg, worker))
-                cohort.hold_signals()  # (each run installs its own handler as it opens)
         _train(cfg, members, cohort, worker, attempt, clock)
     except RuntimeError as exc:
         if not (device_mod.out_of_memory(exc) or device_mod.context_lost(exc, device)):
@@ -454,8 +436,6 @@ def train_cohort(cfg: LstmConfig, datas: list[SymbolData], worker: Worker, attem
         worker.rows_per_pass = dict(cohort.rows_per_pass)  # the worker's next cohorts start from the halved sizes
         for m in members:
             _close(m)
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
     if len(members) == 1:  # alone: its error with its traceback (work_on records it), no cohort's figures
         return {m.symbol: m.outcome if m.outcome is not None else m.error for m in members}
     if cohort.out_of_memory is not None:
@@ -544,7 +524,7 @@ def _guarded(m: Member, cohort: Rows, work) -> None:
         work()
     except Exception as exc:  # noqa: BLE001 - one symbol's error must not stop the others (the worker retries it)
         m.error = exc
-        _close(m, cohort)
+        _close(m)
 
 
 def _all_leave(members: list[Member], cohort: Rows, exc: RuntimeError) -> None:
@@ -556,15 +536,13 @@ def _all_leave(members: list[Member], cohort: Rows, exc: RuntimeError) -> None:
         cohort.out_of_memory = exc
     for m in members:
         m.error = exc
-        _close(m, cohort)
+        _close(m)
 
 
-def _close(m: Member, cohort: Rows | None = None) -> None:
+def _close(m: Member) -> None:
     m.exit.close()
     if m.run is not None:
         close_handlers(m.run.log)  # its training.log closed: a worker opens hundreds of runs
-    if cohort is not None:
-        cohort.hold_signals()
 
 
 def _start(m: Member, cohort: Rows, worker: Worker, fresh: list[Member]) -> None:
@@ -707,4 +685,4 @@ def _finish(m: Member, cohort: Rows, cfg: LstmConfig, worker: Worker, attempt: i
                             **({"cohort_rows_per_pass": m.rows_per_pass} if m.rows_per_pass else {})}}
     results = run.finish(summary, evaluate=evaluate)
     m.outcome = SymbolOutcome(run.reason, run.signal_name, run.step, results, m.step_seconds)
-    _close(m, cohort)
+    _close(m)

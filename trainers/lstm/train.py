@@ -20,28 +20,21 @@ did succeed are exported): the summary and the last log line count the failures.
 
 from __future__ import annotations
 
-import signal
 import time
 
 from trainers.lstm.cohort import train_cohort
 from trainers.lstm.config import LstmConfig
 from trainers.lstm.worker import close_job_logger, run_job
 from trainers.runtime.dist import distributed
-from trainers.runtime.stops import HANDLED_SIGNALS
 
 
 def train(cfg: LstmConfig) -> int:
     started_at = time.time()
     cfg.validate()
-    handlers = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
-    try:
-        # A gloo group on the CPU, whatever the device: it carries one broadcast (the attempt's queue);
-        # NCCL would refuse two workers on one GPU (--jobs-per-gpu).
-        with distributed("cpu", cfg.collective_timeout_s) as ctx:
-            try:
-                return run_job(cfg, ctx, started_at, train_cohort)
-            finally:
-                close_job_logger(ctx.rank)
-    finally:
-        for sig, handler in handlers.items():  # a caller in-process (tests) gets its own handlers back
-            signal.signal(sig, handler)
+    # A gloo group on the CPU, whatever the device: it carries one broadcast (the attempt's queue);
+    # NCCL would refuse two workers on one GPU (--jobs-per-gpu).
+    with distributed("cpu", cfg.collective_timeout_s) as ctx:
+        try:
+            return run_job(cfg, ctx, started_at, train_cohort)  # (the job holds the stop signals: its handlers
+        finally:  # are given back as it ends, runtime.stops.StopSignals)
+            close_job_logger(ctx.rank)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import signal
 import sys
 import time
 import traceback
@@ -61,7 +60,7 @@ from trainers.runtime.remote import start_mirror
 from trainers.runtime.remote_pull import restore_from_remote
 from trainers.runtime.results import read_results
 from trainers.runtime.rundir import take_run_folder
-from trainers.runtime.stops import HANDLED_SIGNALS, RESERVE_FACTOR, stop_signals
+from trainers.runtime.stops import RESERVE_FACTOR, Heard, heard_stop_signals
 
 SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often while it trains
 # A symbol a stop ended before its last step: not exported, not marked; a new run resumes it
@@ -112,7 +111,7 @@ class Worker:
     """One torchrun worker: its rank, device, the queue, the job's clock and budget, its log."""
 
     def __init__(self, cfg: LstmConfig, ctx: DistContext, device: torch.device, log: logging.Logger,
-                 queue: jobqueue.JobQueue, attempt: dict):
+                 queue: jobqueue.JobQueue, attempt: dict, heard: Heard | None = None):
         self.cfg = cfg
         self.rank = ctx.rank
         self.world_size = ctx.world_size
@@ -122,7 +121,7 @@ class Worker:
         self.attempt = attempt
         self.restart = ctx.restart_count
         self.budget = Budget(cfg.max_hours, cfg.budget_usd, cfg.usd_per_gpu_hour, attempt["devices"])
-        self.signalled: str | None = None  # a signal this process got (between symbols or inside one)
+        self.heard = heard if heard is not None else Heard()  # the stop signals this process got (the job's)
         # Out of device memory in a cohort: the models per stacked pass its passes were halved to (training steps,
         # evaluations), where this worker's next cohorts start; and, when that did not cure it, at most how
         # many symbols its next cohorts take (smaller_cohorts)
@@ -187,14 +186,12 @@ class Worker:
         return self.budget.exceeded(elapsed, without_theirs) != StopReason.NONE or \
             self.budget.exceeded(elapsed, without_theirs + theirs) == StopReason.NONE
 
-    def install_signal_handlers(self) -> None:
-        """Between symbols (data, export, the wait at the end) a signal only sets a flag; while a cohort
-        trains (one symbol or many) its handler sets the flag and stops every member (train_cohort), and gives
-        this one back after."""
-        def on_signal(signum, _frame):
-            self.signalled = signal.Signals(signum).name
-        for sig in HANDLED_SIGNALS:  # (a detached job's SIGHUP ignored, between symbols too)
-            signal.signal(sig, on_signal if sig in stop_signals() else signal.SIG_IGN)
+    @property
+    def signalled(self) -> str | None:
+        """The last stop signal this process got (between symbols or inside one). The job holds the process's one
+        handler (runtime.stops.StopSignals) for its whole life: between symbols (data, export, the wait at the end)
+        a signal only sets this; while a cohort trains, each member's run hears it too and stops at its next step."""
+        return self.heard.name
 
     def quiet_console(self, log: logging.Logger) -> None:
         """A symbol's run logs to its own training.log; on the console the job log speaks for the
@@ -552,8 +549,8 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort: 
     try:
         # --remote: the job's own files (config, summary, each symbol's done marker) mirrored beside the
         # symbols' runs, which mirror themselves to <remote>/symbols/<symbol>
-        with start_mirror(cfg.remote, job_dir, ctx, cfg) as mirror:
-            return _attempt(cfg, ctx, started_at, train_cohort, plan, device, mirror)
+        with start_mirror(cfg.remote, job_dir, ctx, cfg) as mirror, heard_stop_signals() as heard:
+            return _attempt(cfg, ctx, started_at, train_cohort, plan, device, mirror, heard)
     finally:
         if lock is not None:
             lock.release()
@@ -636,7 +633,7 @@ def billed_devices(world_size: int, local_world_size: int, jobs_per_gpu: int, de
 
 
 def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort: TrainCohort, plan: JobPlan,
-             device: torch.device, mirror) -> int:
+             device: torch.device, mirror, heard: Heard) -> int:
     """One torchrun attempt of the job, its folder locked: the pending list, the claims, the summary."""
     job_dir = Path(cfg.run_dir)
     devices = billed_devices(ctx.world_size, ctx.local_world_size, cfg.jobs_per_gpu, device)
@@ -658,8 +655,7 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort:
     attempt = broadcast_object(ctx, attempt)
     queue = jobqueue.JobQueue(jobqueue.open_store(ctx, cfg.collective_timeout_s), attempt["token"], attempt["pending"])
     log = job_logger(job_dir, ctx.rank, device)
-    worker = Worker(cfg, ctx, device, log, queue, attempt)
-    worker.install_signal_handlers()
+    worker = Worker(cfg, ctx, device, log, queue, attempt, heard)
 
     def summary() -> dict:
         started = time.perf_counter()

@@ -11,10 +11,12 @@ handler only sets a flag, the loop does the work.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -28,11 +30,70 @@ HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def stop_signals() -> tuple[signal.Signals, ...]:
     """The signals that stop a run with a checkpoint: SIGTERM, SIGINT, and SIGHUP unless the job is detached
-    (TRAINERS_ON_HANGUP=ignore: ignored). Every handler of a stop (a run's, an LSTM worker's, a cohort's)
-    takes these, so a hangup stops all of a cohort's members, not the one whose run installed its handler last."""
+    (TRAINERS_ON_HANGUP=ignore: ignored). The process's one handler (StopSignals) takes these and tells every
+    listener, so a hangup stops all of a cohort's members, not the one whose run installed its handler last."""
     if os.environ.get("TRAINERS_ON_HANGUP", "stop") == "ignore":
         return signal.SIGTERM, signal.SIGINT
     return HANDLED_SIGNALS
+
+
+class StopSignals:
+    """The process's one handler of the stop signals (stop_signals(); the rest of HANDLED_SIGNALS ignored), which
+    tells every listener the signal's name: each run's StopAgreement, and an LSTM job's worker, which holds it for
+    the whole job while its symbols' runs open and close inside it. The first holder installs it and the last to
+    let go gives back the handlers it found, so no handler is chained to another or restored out of turn (a
+    cohort's members once each installed theirs, and the cohort took the signals back after every close)."""
+
+    def __init__(self):
+        self._listeners: dict[int, Callable[[str], None]] = {}
+        self._previous: dict[int, object] = {}
+        self._holders = 0
+        self._next_id = 0
+
+    def hold(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """`listener(name)` is told each stop signal from here (inside the handler: it only sets flags). Returns the
+        call that lets go (once; again does nothing)."""
+        if self._holders == 0:
+            for sig in HANDLED_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal if sig in stop_signals() else signal.SIG_IGN)
+        self._holders += 1
+        key, self._next_id = self._next_id, self._next_id + 1
+        self._listeners[key] = listener
+
+        def release() -> None:
+            if self._listeners.pop(key, None) is None:
+                return
+            self._holders -= 1
+            if self._holders == 0:
+                for sig, handler in self._previous.items():
+                    signal.signal(sig, handler)
+                self._previous.clear()
+        return release
+
+    def _on_signal(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        for listener in list(self._listeners.values()):
+            listener(name)
+
+
+STOP_SIGNALS = StopSignals()
+
+
+class Heard:
+    """What a holder of the stop signals heard: the last one's name, None before any (`heard_stop_signals`)."""
+
+    name: str | None = None
+
+
+@contextlib.contextmanager
+def heard_stop_signals():
+    """The stop signals heard while inside (an LSTM job's worker: between its symbols' runs, and during them)."""
+    heard = Heard()
+    release = STOP_SIGNALS.hold(lambda name: setattr(heard, "name", name))
+    try:
+        yield heard
+    finally:
+        release()
 
 
 class StopAgreement:
@@ -51,7 +112,7 @@ class StopAgreement:
         self.budget_stop: dict | None = None  # this rank's clock when the budget stop was agreed (`agree`)
         self._agreed_at: float | None = None  # and at the agreement before, with the reserve it kept then (a save or
         self._agreed_reserve_s = 0.0           # an evaluation in between may have raised it since)
-        self._previous_handlers: dict[int, object] = {}
+        self._release_signals: Callable[[], None] | None = None
         if counted_from is not None:
             self.count_from(counted_from)
 
@@ -88,24 +149,22 @@ class StopAgreement:
         if signal_name is not None and self.signal_name is None:
             self.signal_name = signal_name
 
-    def _on_signal(self, signum, _frame) -> None:
-        self.signal_name = signal.Signals(signum).name
+    def _on_signal(self, name: str) -> None:
+        self.signal_name = name
         self.request(StopReason.SIGNAL)
 
     def install_signal_handlers(self):
         """SIGTERM and SIGINT stop the run (checkpoint, results, exit 0). SIGHUP — the terminal went
         away — stops it too when the job runs in the foreground of that terminal, and is ignored by
-        a detached job (TRAINERS_ON_HANGUP=ignore, set by the deploy kit), which must outlive it. Returns the call
-        that restores the previous handlers."""
-        for sig in HANDLED_SIGNALS:
-            self._previous_handlers[sig] = signal.signal(sig, self._on_signal if sig in stop_signals() else
-                                                         signal.SIG_IGN)
+        a detached job (TRAINERS_ON_HANGUP=ignore, set by the deploy kit), which must outlive it. The run listens
+        to the process's one handler (StopSignals: installed here unless a job holds it already). Returns the call
+        that stops listening."""
+        self._release_signals = STOP_SIGNALS.hold(self._on_signal)
         return self.restore_signal_handlers
 
     def restore_signal_handlers(self) -> None:
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
-        self._previous_handlers.clear()
+        if self._release_signals is not None:
+            self._release_signals()
 
     def agree(self, *values: float, diverged: torch.Tensor | None = None) -> tuple[StopReason, list[float]]:
         """Collective: the strongest stop reason any rank has (NONE to go on), and the max over ranks
