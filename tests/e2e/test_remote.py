@@ -382,7 +382,7 @@ def test_an_lstm_job_resumes_from_a_mounted_volume_without_training_its_finished
 
 def test_a_symbols_count_of_broken_cuda_contexts_follows_the_job_to_a_fresh_machine(tmp_path):
     """The count decides that a symbol breaking the context alone a second time is recorded failed
-    (trainers.lstm.worker.remember_lost): it is mirrored with the job's markers, so a restore on a fresh folder
+    (trainers.lstm.markers.remember_lost): it is mirrored with the job's markers, so a restore on a fresh folder
     keeps it instead of starting the count again."""
     url = f"file://{tmp_path / 'volume'}/job"
     (tmp_path / "volume").mkdir()  # (a mounted volume is there: a missing one is refused)

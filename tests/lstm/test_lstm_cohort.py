@@ -406,11 +406,11 @@ def test_when_not_one_model_fits_a_pass_each_member_is_tried_alone_and_cohorts_s
     (an error's traceback, the worker's locals): its device memory is free for them."""
     import weakref
 
-    import trainers.lstm.worker as worker_mod
+    import trainers.lstm.scheduler as scheduler_mod
 
     assert train(tmp_path / "alone", "--dropout", "0", "--cohort", "1") == 0
     stacks, datas, alive_at_try = [], [], []
-    of, work_on, build = StackedLSTM.of, worker_mod.work_on, worker_mod.build_symbol_data
+    of, work_on, build = StackedLSTM.of, scheduler_mod.work_on, scheduler_mod.build_symbol_data
 
     def remembered(ms):
         stack = of(ms)
@@ -428,8 +428,8 @@ def test_when_not_one_model_fits_a_pass_each_member_is_tried_alone_and_cohorts_s
         return work_on(*args, **kwargs)
 
     monkeypatch.setattr(StackedLSTM, "of", staticmethod(remembered))
-    monkeypatch.setattr(worker_mod, "build_symbol_data", built)
-    monkeypatch.setattr(worker_mod, "work_on", tried_alone)
+    monkeypatch.setattr(scheduler_mod, "build_symbol_data", built)
+    monkeypatch.setattr(scheduler_mod, "work_on", tried_alone)
     assert train(tmp_path / "none", "--dropout", "0", "--cohort", "3", env={"TRAINERS_FAULT_MEMORY": "0"}) == 0
     alone, tried = symbol_results(tmp_path / "alone"), symbol_results(tmp_path / "none")
     assert sorted(alone) == sorted(tried)

@@ -13,6 +13,7 @@ import time
 import pytest
 
 import trainers.lstm.export_behind as behind
+import trainers.lstm.scheduler as scheduler_mod
 import trainers.lstm.worker as worker_mod
 from trainers.cli import main
 from trainers.runtime.files import sha256_file
@@ -322,7 +323,7 @@ def test_exports_behind_give_the_same_files_and_markers_and_the_worker_trains_on
     def not_here(folder):
         raise AssertionError(f"the worker exported {folder} itself")
 
-    monkeypatch.setattr(worker_mod, "export_outcome", not_here)
+    monkeypatch.setattr(scheduler_mod, "export_outcome", not_here)
     assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(behind_dir)]) == 0
     other = markers(behind_dir)
     assert sorted(other) == SYMBOLS
@@ -433,7 +434,7 @@ def test_an_exporter_silent_while_its_worker_waits_is_ended_and_its_symbols_get_
     """A stuck export (an exporter that answers nothing) does not hold the job for ever: after STALL_S of silence at
     the end the worker ends it, and the models, trained, are marked done with the reason."""
     fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
-    monkeypatch.setattr(worker_mod, "STALL_S", 1.0)
+    monkeypatch.setattr(scheduler_mod, "STALL_S", 1.0)
     run_dir = tmp_path / "job"
     assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(run_dir)]) == 0
     done = markers(run_dir)
@@ -447,8 +448,8 @@ def test_a_budget_stop_with_a_stuck_exporter_ends_it_after_the_stopping_stall_an
     STOPPING_STALL_S (not STALL_S, which would give the symbol an export error and a marker) with no marker, so the
     next run finishes and exports it."""
     fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
-    monkeypatch.setattr(worker_mod, "STALL_S", 60.0)
-    monkeypatch.setattr(worker_mod, "STOPPING_STALL_S", 1.0)
+    monkeypatch.setattr(scheduler_mod, "STALL_S", 60.0)
+    monkeypatch.setattr(scheduler_mod, "STOPPING_STALL_S", 1.0)
     real_submit, spent = behind.ExportsBehind.submit, []
 
     def submit_then_spend_the_budget(self, folder, done):
@@ -473,8 +474,8 @@ def test_a_budget_spent_while_the_worker_waits_for_a_stuck_exporter_ends_the_wai
     hostile test's 10.8-s budget ran 601.7 s and said "completed"); the symbols keep no marker, the summary says
     the budget."""
     fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
-    monkeypatch.setattr(worker_mod, "STALL_S", 30.0)
-    monkeypatch.setattr(worker_mod, "STOPPING_STALL_S", 1.0)
+    monkeypatch.setattr(scheduler_mod, "STALL_S", 30.0)
+    monkeypatch.setattr(scheduler_mod, "STOPPING_STALL_S", 1.0)
     real_settle, waiting = behind.ExportsBehind.settle, []
 
     def settle_with_the_budget_spent(self, *args, **kwargs):
@@ -497,7 +498,7 @@ def test_a_broken_context_names_the_symbols_whose_export_is_still_running(tmp_pa
     SYN000 trained with its export still running (the line said nothing of it), and, the exporter stuck as the job
     stops, SYN000 is left unmarked to the next run."""
     fake_exporter(monkeypatch, "import sys, time; sys.stdin.readline(); time.sleep(600)")
-    monkeypatch.setattr(worker_mod, "STOPPING_STALL_S", 1.0)
+    monkeypatch.setattr(scheduler_mod, "STOPPING_STALL_S", 1.0)
     monkeypatch.setenv("TRAINERS_FAULT_RAISE", "SYN001@step2:lost")
     run_dir = tmp_path / "job"
     main(["lstm", "train", *TINY, "--cohort", "1", "--export-behind", "--run-dir", str(run_dir)])
@@ -511,7 +512,7 @@ def test_a_broken_context_names_the_symbols_whose_export_is_still_running(tmp_pa
 def test_a_symbols_marker_is_written_as_its_export_comes_back_not_at_the_jobs_end(tmp_path, monkeypatch, exporters):
     """Between its claims the worker marks what its exporter has finished: a worker killed later keeps those symbols
     done. (The last claim waits here until the exporter has answered for the first symbol.)"""
-    first_done_before_the_end, real_claim = [], worker_mod.claim_cohort
+    first_done_before_the_end, real_claim = [], scheduler_mod.claim_cohort
 
     def claim(queue, size, world_size):
         claims = real_claim(queue, size, world_size)
@@ -521,7 +522,7 @@ def test_a_symbols_marker_is_written_as_its_export_comes_back_not_at_the_jobs_en
             first_done_before_the_end.append((run_dir / "symbols" / "SYN000" / "done.json").exists())
         return claims
 
-    monkeypatch.setattr(worker_mod, "claim_cohort", claim)
+    monkeypatch.setattr(scheduler_mod, "claim_cohort", claim)
     run_dir = tmp_path / "job"
     assert main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(run_dir)]) == 0
     assert first_done_before_the_end == [True] and sorted(markers(run_dir)) == SYMBOLS
@@ -555,7 +556,7 @@ def test_an_exporter_that_ends_as_the_job_stops_leaves_its_symbols_to_the_next_r
 
 @SLOW
 def test_an_error_out_of_the_workers_loop_ends_its_exporter(tmp_path, monkeypatch, exporters):
-    calls, real_claim = [], worker_mod.claim_cohort
+    calls, real_claim = [], scheduler_mod.claim_cohort
 
     def claim(queue, size, world_size):
         calls.append(1)
@@ -564,7 +565,7 @@ def test_an_error_out_of_the_workers_loop_ends_its_exporter(tmp_path, monkeypatc
             raise RuntimeError("the queue broke")
         return real_claim(queue, size, world_size)
 
-    monkeypatch.setattr(worker_mod, "claim_cohort", claim)
+    monkeypatch.setattr(scheduler_mod, "claim_cohort", claim)
     with pytest.raises(RuntimeError, match="the queue broke"):
         main(["lstm", "train", *TINY, "--export-behind", "--run-dir", str(tmp_path / "job")])
     assert exporters[0].proc is None

@@ -106,7 +106,7 @@ def restart_marked(symbol_dir: Path) -> bool:
 
 
 def times_lost(symbol_dir: Path) -> int:
-    """How many times a CUDA context broke while the symbol was being trained (trainers.lstm.worker.remember_lost)."""
+    """How many times a CUDA context broke while the symbol was being trained (trainers.lstm.markers.remember_lost)."""
     try:
         count = json.loads((symbol_dir / LOST).read_text()).get("count")
     except (OSError, ValueError, AttributeError):

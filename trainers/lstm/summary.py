@@ -8,7 +8,7 @@ interrupted is simply written again.
 Packing efficiency = sum of the per-symbol times finished in this attempt / (wall time x devices):
 with one worker per device it says how busy the devices were (<= 1); with K workers per GPU it can
 reach K when the workers overlap well. Worker utilisation divides by workers instead of devices. A
-symbol trained in a cohort of K counts its share, the cohort's time / K (trainers.lstm.worker.finished).
+symbol trained in a cohort of K counts its share, the cohort's time / K (trainers.lstm.scheduler.finished).
 """
 
 from __future__ import annotations

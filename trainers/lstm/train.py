@@ -24,7 +24,8 @@ import time
 
 from trainers.lstm.cohort import train_cohort
 from trainers.lstm.config import LstmConfig
-from trainers.lstm.worker import close_job_logger, run_job
+from trainers.lstm.scheduler import run_job
+from trainers.lstm.worker import close_job_logger
 from trainers.runtime.dist import distributed
 
 
