@@ -86,6 +86,29 @@ def optimizer_step(model: torch.nn.Module, optimizer, scaler, grad_clip: float) 
     optimizer.zero_grad(set_to_none=True)
 
 
+def data_text(data_info: dict, store: WindowStore, target: str) -> str:
+    """The log's line of what the run trains on."""
+    left_out = "".join(f" ({f} left out: {why})" for f, why in data_info["features_left_out"].items())
+    return (f"{data_info['source']}; {data_info['n_tickers']} tickers x {data_info['n_dates']} dates; samples "
+            f"train/val/test {'/'.join(str(store.stats[s]) for s in ('train', 'val', 'test'))}; embargo "
+            f"{store.plan.embargo} dates; label {target}; features {','.join(store.feature_names)}{left_out}")
+
+
+def final_evaluation(run: Run, model: torch.nn.Module, store: WindowStore, ctx: DistContext,
+                     cfg: ForecastConfig) -> dict | None:
+    """Collective, at the run's end: the best checkpoint's splits scored beside the baselines, the report written
+    (rank 0's evaluation; None on the others)."""
+    best = run.restore_best()
+    got = evaluate_splits(model, store, ctx, cfg.eval_batch_size, cfg.top_k, cfg.cost_bps, log=run.log)
+    if not ctx.is_main:
+        return None
+    evaluation, series = got
+    evaluation["checkpoint_step"] = best
+    log_summary(run.log, evaluation)
+    write_report(Path(cfg.run_dir), {**read_results(Path(cfg.run_dir)), "evaluation": evaluation}, series, run.log)
+    return evaluation
+
+
 def train(cfg: ForecastConfig) -> dict | None:
     started_at = time.time()
     cfg.validate()
@@ -109,8 +132,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
     refuse_steps_larger_than_the_split(cfg, ctx.world_size, n_train)
     cursor = EpochCursor(n_train, ctx.world_size, ctx.rank, cfg.batch_size * cfg.grad_accum, cfg.seed)
     total_steps = cfg.epochs * cursor.steps_per_epoch
-    if cfg.max_steps is not None:
-        total_steps = min(total_steps, cfg.max_steps)
+    total_steps = total_steps if cfg.max_steps is None else min(total_steps, cfg.max_steps)
 
     precision = precision_for(ctx.device, cfg.precision, cfg.gpu_defaults)
     tf32 = enable_tf32(ctx.device)
@@ -133,11 +155,7 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
         log.info("forecast: %s preset, %s parameters (%s), %d rank(s) on %s, precision %s%s", cfg.preset,
                  f"{count_parameters(model):,}", model_text(cfg), ctx.world_size, ctx.device.type, precision.name,
                  ", TF32" if tf32 else "")
-        log.info("data: %s; %d tickers x %d dates; samples train/val/test %s; embargo %d dates; label %s; "
-                 "features %s%s", data_info["source"], data_info["n_tickers"], data_info["n_dates"],
-                 "/".join(str(store.stats[s]) for s in ("train", "val", "test")), store.plan.embargo, cfg.target,
-                 ",".join(store.feature_names),
-                 "".join(f" ({f} left out: {why})" for f, why in data_info["features_left_out"].items()))
+        log.info("data: %s", data_text(data_info, store, cfg.target))
         log.info("schedule: %d steps per epoch, %d steps total, global batch %d", cursor.steps_per_epoch, total_steps,
                  cfg.batch_size * cfg.grad_accum * ctx.world_size)
 
@@ -188,17 +206,6 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
             if run.step_done(step, cursor.position(), global_count, loss=window_sse) != StopReason.NONE:
                 break
 
-        def evaluate() -> dict | None:
-            best = run.restore_best()
-            got = evaluate_splits(model, store, ctx, cfg.eval_batch_size, cfg.top_k, cfg.cost_bps, log=log)
-            if not ctx.is_main:
-                return None
-            evaluation, series = got
-            evaluation["checkpoint_step"] = best
-            log_summary(log, evaluation)
-            write_report(run_dir, {**read_results(run_dir), "evaluation": evaluation}, series, log)
-            return evaluation
-
         summary = {"data": data_info,
                    "model": {"preset": cfg.preset, "parameters": count_parameters(model), "shape": shape.__dict__,
                              "readout": cfg.readout, "linear_skip": cfg.linear_skip, "past_returns": cfg.past_returns,
@@ -207,5 +214,5 @@ def train_one(cfg: ForecastConfig, ctx: DistContext, started_at: float,
                    "training": {"epoch": cursor.epoch, "steps_per_epoch": cursor.steps_per_epoch,
                                 "precision": precision.name, "tf32": tf32, **compile_facts(train_step, ctx),
                                 "global_batch": cfg.batch_size * cfg.grad_accum * ctx.world_size}}
-        return run.finish(summary, evaluate=evaluate), run.reason
+        return run.finish(summary, evaluate=lambda: final_evaluation(run, model, store, ctx, cfg)), run.reason
 

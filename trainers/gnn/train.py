@@ -141,14 +141,6 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
             if run.step_done(step, cursor.position(), global_count, loss=loss.detach()) != StopReason.NONE:
                 break
 
-        def final_evaluation() -> dict | None:
-            best = run.restore_best()
-            evaluation = evaluate(model, cfg, val_split, ctx)
-            if ctx.is_main:
-                evaluation["checkpoint_step"] = best
-                write_result(run_dir / "results.md", lambda f: f.write(markdown_table(evaluation)), mode="w")
-            return evaluation
-
         nodes_per_graph = float(train_split.nodes.mean())
         throughput = run.throughput()
         per_device = throughput["per_s_per_device"]
@@ -165,7 +157,18 @@ def _train(cfg: GnnConfig, ctx: DistContext, started_at: float) -> dict | None:
                                 # every graph is seen once per epoch, so nodes/s = graphs/s x mean graph size
                                 "nodes_per_s_per_device": per_device * nodes_per_graph if per_device else None,
                                 "graphs_per_s_per_device": per_device}}
-        return run.finish(summary, evaluate=final_evaluation)
+        return run.finish(summary, evaluate=lambda: final_evaluation(run, model, cfg, val_split, ctx))
+
+
+def final_evaluation(run: Run, model: torch.nn.Module, cfg: GnnConfig, val_split: GraphSplit,
+                     ctx: DistContext) -> dict | None:
+    """Collective, at the run's end: the best checkpoint coloured against the baselines, results.md written."""
+    best = run.restore_best()
+    evaluation = evaluate(model, cfg, val_split, ctx)
+    if ctx.is_main:
+        evaluation["checkpoint_step"] = best
+        write_result(Path(cfg.run_dir) / "results.md", lambda f: f.write(markdown_table(evaluation)), mode="w")
+    return evaluation
 
 
 def _ddp_facts(train_model) -> dict | None:

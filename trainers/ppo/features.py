@@ -87,6 +87,11 @@ class TradingData:
     def n_stocks(self) -> int:
         return self.close.shape[1]
 
+    def text(self, source: str) -> str:
+        """The log's line of what a run trades."""
+        return (f"{source}; {self.n_stocks} stocks x {len(self.dates)} dates; decision dates train/val/test "
+                f"{'/'.join(str(b - a) for a, b in self.splits.values())}; embargo {self.embargo} dates")
+
     def describe(self) -> dict:
         return {"tickers": self.tickers, "n_stocks": self.n_stocks, "n_dates": len(self.dates),
                 "first_date": self.dates[0], "last_date": self.dates[-1], "embargo_dates": self.embargo,

@@ -117,6 +117,20 @@ def policy_precision(device: torch.device, requested: str, rehearse: bool = Fals
     return precision_for(device, "fp32" if requested == "auto" else requested, rehearse)
 
 
+def keep_schedule(cfg: PpoConfig, ctx: DistContext, updates: int, saved_world: int | None, per_update: int,
+                  log) -> None:
+    """schedule.json written on a first start (and on --restart); a resume on another number of workers keeps its
+    updates per agent, each of more or fewer environment steps, and says so."""
+    if ctx.is_main and (saved_world is None or cfg.restart):
+        atomic_write_json(Path(cfg.run_dir) / SCHEDULE, {"updates_per_agent": updates, "world_size": ctx.world_size})
+    elif saved_world is not None and saved_world != ctx.world_size:
+        log.warning("this run started on %d worker(s), now %d: it keeps its %d updates per agent, each now of "
+                    "%d environment steps", saved_world, ctx.world_size, updates, per_update)
+    log.info("schedule: %d updates per agent of %d env steps (%d per rank x %d ranks), %d optimizer steps each",
+             updates, per_update, per_update // ctx.world_size, ctx.world_size,
+             cfg.update_epochs * math.ceil(cfg.num_envs * cfg.rollout_steps / cfg.batch_size))
+
+
 def pin_from_saved(cfg: PpoConfig, saved: dict | None) -> PpoConfig:
     """A copy with what a saved config fixes in options left out: the date range, the environment batch."""
     return pin_dates(cfg, saved).replaced(**cfgmod.saved_sizes(cfg, saved, SIZES))
@@ -160,28 +174,17 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
     # the plan's count: a GPU run's MFU calibrates `trainers plan`; unknown where --target-kl may cut an update short
     flops = None if cfg.target_kl is not None else flops_per_env_step(cfg, data.n_stocks)
 
-    def inputs(obs):
-        t, portfolio = obs
-        return market.windows(t, cfg.window), portfolio
+    inputs = lambda obs: (market.windows(obs[0], cfg.window), obs[1])  # noqa: E731 - (date index, portfolio)
 
     with Run(cfg, ctx, RunSpec("ppo", {"agents": agents, "scaler": scaler}, total_steps, unit="env_steps",
                                metric_name="pg_loss", started_at=started_at, flops_per_item=flops,
                                data_fingerprint=checked_fingerprint(data, data_info, cfg.source))) as run:
         log = run.log
-        if ctx.is_main and (saved_world is None or cfg.restart):
-            atomic_write_json(run_dir / SCHEDULE, {"updates_per_agent": updates, "world_size": ctx.world_size})
-        elif saved_world is not None and saved_world != ctx.world_size:
-            log.warning("this run started on %d worker(s), now %d: it keeps its %d updates per agent, each now of "
-                        "%d environment steps", saved_world, ctx.world_size, updates, per_update)
         log.info("ppo: agents %s, %s parameters; %d rank(s) x %d environments on %s, precision %s%s",
                  ", ".join(f"{e}/seed{sd}" for e, sd in cfg.agents()), n_params, ctx.world_size, cfg.num_envs,
                  ctx.device.type, precision.name, ", TF32" if tf32 else "")
-        log.info("data: %s; %d stocks x %d dates; decision dates train/val/test %s; embargo %d dates",
-                 data_info["source"], data.n_stocks, len(data.dates),
-                 "/".join(str(b - a) for a, b in data.splits.values()), data.embargo)
-        log.info("schedule: %d updates per agent of %d env steps (%d per rank x %d ranks), %d optimizer steps each",
-                 updates, per_update, per_update // ctx.world_size, ctx.world_size,
-                 cfg.update_epochs * math.ceil(cfg.num_envs * cfg.rollout_steps / cfg.batch_size))
+        log.info("data: %s", data.text(data_info["source"]))
+        keep_schedule(cfg, ctx, updates, saved_world, per_update, log)
         start = run.resume()
         step = start.step
         phase: Phase | None = None
