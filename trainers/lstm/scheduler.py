@@ -90,7 +90,8 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort: 
     try:
         # --remote: the job's own files (config, summary, each symbol's done marker) mirrored beside the
         # symbols' runs, which mirror themselves to <remote>/symbols/<symbol>
-        with start_mirror(cfg.remote, job_dir, ctx, cfg) as mirror, heard_stop_signals() as heard:
+        # (the signals held outside the mirror: its last upload, at the exit, is still a stop's, not a kill's)
+        with heard_stop_signals() as heard, start_mirror(cfg.remote, job_dir, ctx, cfg) as mirror:
             return _attempt(cfg, ctx, started_at, train_cohort, plan, device, mirror, heard)
     finally:
         if lock is not None:

@@ -69,9 +69,10 @@ class Run:
         self.val, self.finite = ValidationRecord(self.cfg.patience, self.cfg.min_delta), FiniteWatch()
         self.cadence = AgreementCadence(self.cfg.agree_every, gpu)
         self.stopper = StopAgreement(self.ctx, self.cfg.budget(self.ctx.world_size), counted_from=self.budget_from)
-        self._exit.callback(self.stopper.install_signal_handlers())  # (it returns their restore)
         self.steps = StepLog(self.metrics, self.total_steps, self.ctx.is_main, self.trainer, self.metric_name)
         self._exit.callback(self.steps.close)
+        # last: nothing after it can raise, so a failed entry never leaves a listener holding the process's handler
+        self._exit.callback(self.stopper.install_signal_handlers())  # (it returns their restore)
         self.clock.entered_at = time.time()
         return self
 

@@ -53,12 +53,12 @@ class StopSignals:
     def hold(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """`listener(name)` is told each stop signal from here (inside the handler: it only sets flags). Returns the
         call that lets go (once; again does nothing)."""
+        key, self._next_id = self._next_id, self._next_id + 1
+        self._listeners[key] = listener  # (before the handler: a signal in between would reach no one)
         if self._holders == 0:
             for sig in HANDLED_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._on_signal if sig in stop_signals() else signal.SIG_IGN)
         self._holders += 1
-        key, self._next_id = self._next_id, self._next_id + 1
-        self._listeners[key] = listener
 
         def release() -> None:
             if self._listeners.pop(key, None) is None:
