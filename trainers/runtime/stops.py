@@ -46,8 +46,7 @@ class StopSignals:
 
     def __init__(self):
         self._listeners: dict[int, Callable[[str], None]] = {}
-        self._previous: dict[int, object] = {}
-        self._holders = 0
+        self._previous: dict[int, object] = {}  # the handlers the first holder found
         self._next_id = 0
 
     def hold(self, listener: Callable[[str], None]) -> Callable[[], None]:
@@ -55,16 +54,14 @@ class StopSignals:
         call that lets go (once; again does nothing)."""
         key, self._next_id = self._next_id, self._next_id + 1
         self._listeners[key] = listener  # (before the handler: a signal in between would reach no one)
-        if self._holders == 0:
+        if len(self._listeners) == 1:  # the first holder
             for sig in HANDLED_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._on_signal if sig in stop_signals() else signal.SIG_IGN)
-        self._holders += 1
 
         def release() -> None:
             if self._listeners.pop(key, None) is None:
                 return
-            self._holders -= 1
-            if self._holders == 0:
+            if not self._listeners:  # the last to let go
                 for sig, handler in self._previous.items():
                     signal.signal(sig, handler)
                 self._previous.clear()
