@@ -197,10 +197,10 @@ def _train(cfg: PpoConfig, ctx: DistContext, started_at: float) -> dict | None:
                 phase = Phase(index, agent, cfg, market, spec, train_range, ctx,
                               start.position if phase is None else None, rollout_step)
                 buf = ppo.Rollout(cfg.rollout_steps, phase.obs, (data.n_stocks,), torch.float32, ctx.device)
+                learner = ppo.Learner(agent.policy, phase.train_policy, agent.norms, inputs, agent.optimizer, scaler,
+                                      precision, ctx.device)  # (the phase's agent, for all its updates)
             lr = ppo.anneal_lr(agent.optimizer, cfg.lr, u, updates) if cfg.anneal_lr else cfg.lr
             stats = phase.stats
-            learner = ppo.Learner(agent.policy, phase.train_policy, agent.norms, inputs, agent.optimizer, scaler,
-                                  precision, ctx.device)
             phase.obs, phase.done = ppo.collect(learner, phase.env, buf, phase.obs, phase.done, phase.generator,
                                                 on_step=phase.record, stats=stats, step=phase.step)
             with torch.no_grad():
