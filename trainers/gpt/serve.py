@@ -137,6 +137,21 @@ class Worker:
         return {"status": status, "tokens": len(out), "started": started, "text": "".join(out)}
 
 
+def prompt_tokens(req: GenerateRequest, vocab: list[str], max_prompt_chars: int, max_new_tokens: int) -> list[int]:
+    """The request's prompt encoded, or the HTTP error that refuses it: too long (413), asking for more tokens than
+    the server gives, empty, or a character outside the vocabulary (422)."""
+    if len(req.prompt) > max_prompt_chars:
+        raise HTTPException(413, f"prompt has {len(req.prompt)} characters; the limit is {max_prompt_chars}")
+    if req.max_new_tokens > max_new_tokens:
+        raise HTTPException(422, f"max_new_tokens {req.max_new_tokens} is above the limit {max_new_tokens}")
+    if not req.prompt:
+        raise HTTPException(422, "prompt is empty; give at least one character")
+    try:
+        return encode(vocab, req.prompt)
+    except ValueError as exc:
+        raise HTTPException(422, f"prompt: {exc}") from None
+
+
 def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeout_s: float, max_queue: int,
               on_device_lost: Callable[[str], None] | None = None) -> FastAPI:
     """The app; `on_device_lost(error)` is called once if a generation breaks the device (`serve` stops then)."""
@@ -162,16 +177,7 @@ def build_app(loaded: Loaded, max_new_tokens: int, max_prompt_chars: int, timeou
     @app.post("/generate")
     async def generate_endpoint(req: GenerateRequest, request: Request):
         arrived = time.monotonic()
-        if len(req.prompt) > max_prompt_chars:
-            raise HTTPException(413, f"prompt has {len(req.prompt)} characters; the limit is {max_prompt_chars}")
-        if req.max_new_tokens > max_new_tokens:
-            raise HTTPException(422, f"max_new_tokens {req.max_new_tokens} is above the limit {max_new_tokens}")
-        if not req.prompt:
-            raise HTTPException(422, "prompt is empty; give at least one character")
-        try:
-            tokens = encode(loaded.vocab, req.prompt)
-        except ValueError as exc:
-            raise HTTPException(422, f"prompt: {exc}") from None
+        tokens = prompt_tokens(req, loaded.vocab, max_prompt_chars, max_new_tokens)
         if worker.broken is not None:
             raise HTTPException(503, device_lost())
         if not worker.admit():

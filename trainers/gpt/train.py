@@ -14,8 +14,10 @@ import contextlib
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -41,6 +43,7 @@ from trainers.runtime.dist import DistContext, all_reduce_max, all_reduce_sum, b
 from trainers.runtime.files import atomic_write_json
 from trainers.runtime.precision import (
     CompiledOrEager,
+    Precision,
     autocast,
     build_adamw,
     compile_facts,
@@ -241,67 +244,37 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
     run_dir = Path(cfg.run_dir)
     restore_from_remote(cfg.remote, run_dir, ctx, cfg)  # a fresh machine: the remote's run first
     cfg = resolve(cfg, run_dir)
-    accum = cfg.grad_accum(ctx.world_size)
     precision = precision_for(ctx.device, cfg.precision, cfg.gpu_defaults)
     if precision.needs_grad_scaler and cfg.parallel == "fsdp":
         raise UsageError("--parallel fsdp needs bf16 (an Ampere or newer GPU); fp16 with a grad scaler is DDP only")
-    saved_vocab = json.loads((run_dir / VOCAB_FILE).read_text())["chars"] if (run_dir / VOCAB_FILE).exists() else None
-    corpus = load_corpus(cfg.data, cfg.cache_dir, cfg.seq_len, cfg.val_frac, markov_source(cfg), cfg.synthetic_chars,
-                         log=print if ctx.is_main else (lambda _msg: None),
-                         check_vocab_of=lambda vocab: saved_vocab is None or check_vocab(saved_vocab, vocab, run_dir))
-    train_np, val_np = corpus.split(cfg.val_frac)
-    per_rank = cfg.device_batch_size * accum
-    if WindowStream.steps_in_pass(len(train_np), cfg.seq_len, ctx.world_size * per_rank, cfg.seq_len - 1) < 1:
-        raise UsageError(f"the training split ({len(train_np):,} characters) cannot fill one step of --batch-tokens "
-                         f"{cfg.batch_tokens}; use a smaller --batch-tokens or --seq-len, or more text")
-    shape = shape_of(cfg, len(corpus.vocab))
-    act_bytes = 2 if precision.autocast_dtype is not None else 4
-    parallel, checkpointing, memory = plan_layout(cfg, shape, ctx, act_bytes)
-    compile_blocks = cfg.compile == "on" or (cfg.compile == "auto" and gpu_like(ctx.device, cfg.gpu_defaults))
-    tf32 = enable_tf32(ctx.device)
+    corpus, train_np, val_np = load_splits(cfg, run_dir, ctx)
+    layout = layout_for(cfg, len(corpus.vocab), ctx, precision)
     total_steps = total_steps_of(cfg)
     states: dict = {}  # filled once the run folder is ours (a check-only start never builds the model)
     sharded: dict = {}
 
     with Run(cfg, ctx, RunSpec("gpt", states, total_steps, unit="tokens", metric_name="loss",
-                               eval_every=cfg.eval_every, flops_per_item=shape.flops_per_token(), started_at=started_at,
-                               data_fingerprint=corpus.fingerprint, sharded_states=sharded,
+                               eval_every=cfg.eval_every, flops_per_item=layout.shape.flops_per_token(),
+                               started_at=started_at, data_fingerprint=corpus.fingerprint, sharded_states=sharded,
                                budget_includes_startup=True)) as run:
         log = run.log
         if ctx.is_main and not (run_dir / VOCAB_FILE).exists():
             atomic_write_json(run_dir / VOCAB_FILE, {"chars": corpus.vocab, "fingerprint": corpus.fingerprint})
-        with torch.device("meta"):
-            model = build_model(cfg, len(corpus.vocab))
-        wrap(model, parallel, checkpointing, compile_blocks, ctx, precision)
-        materialise(model, parallel, cfg.seed, ctx)
-        compiled = eager_when_compile_fails(model, log) if compile_blocks else None
-        if compiled is not None and parallel == "fsdp" and ctx.distributed:
-            refused = every_rank_compiles(ctx, compiled.failures) or recompute_refused(checkpointing)
-            if refused:
-                compiled.fall_back(refused)
-        n_params = count_parameters(model)  # DTensors count their global size
+        model, compiled = built(cfg, len(corpus.vocab), layout, ctx, log)
         optimizer = build_adamw(model, cfg.lr, cfg.weight_decay, (0.9, cfg.beta2), ctx.device, cfg.gpu_defaults)
-        scaler = make_grad_scaler(ctx.device, precision)
+        steps = Steps(model, optimizer, make_grad_scaler(ctx.device, precision), precision, layout.accum,
+                      cfg.device_batch_size, cfg.seq_len, cfg.grad_clip, ctx.device)
         schedule = Schedule(cfg.schedule, cfg.warmup_steps, total_steps, cfg.cooldown_frac, cfg.min_lr_ratio)
-        states.update(schedule=schedule, vocab=VocabState(corpus.vocab, run_dir), scaler=scaler)
-        if parallel == "fsdp":
+        states.update(schedule=schedule, vocab=VocabState(corpus.vocab, run_dir), scaler=steps.scaler)
+        if layout.parallel == "fsdp":
             from trainers.runtime.sharded import ShardedModel, ShardedOptimizer
 
             sharded.update(model=ShardedModel(model), optimizer=ShardedOptimizer(model, optimizer))
         else:
             states.update(model=model, optimizer=optimizer)
-        log.info("gpt: depth %d, dim %d, %d heads of %d, %s parameters (%.2f tokens/param at the end: %s), "
-                 "%.3g FLOPs/token; %s%s on %d %s rank(s), precision %s%s%s", cfg.depth, shape.dim, shape.heads,
-                 cfg.head_dim, f"{n_params:,}", 0.0 if not total_steps else total_steps * cfg.batch_tokens / n_params,
-                 "by steps" if total_steps else "by budget", shape.flops_per_token(), parallel,
-                 " + activation checkpointing" if checkpointing else "", ctx.world_size, ctx.device.type,
-                 precision.name, ", TF32" if tf32 else "", ", compiled blocks" if compile_blocks else "")
-        log.info("data: %s, %s characters, vocabulary %d, train/val %s/%s tokens%s", corpus.source["kind"],
-                 f"{len(corpus.tokens):,}", len(corpus.vocab), f"{len(train_np):,}", f"{len(val_np):,}",
-                 f"; entropy floor {corpus.floor['window_floor_nats']:.4f} nats/char" if corpus.floor else "")
-        log.info("batch: %d tokens = %d rank(s) x %d sequences x %d tokens x %d accumulation steps; memory "
-                 "estimate per GPU: %s", cfg.batch_tokens, ctx.world_size, cfg.device_batch_size, cfg.seq_len, accum,
-                 size.describe(memory))
+        log.info("gpt: %s", layout.text(cfg, count_parameters(model), total_steps, ctx))
+        log.info("%s", corpus_text(corpus, len(train_np), len(val_np)))
+        log.info("batch: %s", layout.batch_text(cfg, ctx))
 
         # count models on the same windows, computed once (their cost belongs to the startup, not the end)
         base = baselines(train_np, val_np, len(corpus.vocab), cfg.seq_len, cfg.eval_tokens) if ctx.is_main else None
@@ -309,21 +282,17 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
             log.info("baselines on the validation windows (nats/char): %s",
                      {k: round(v, 4) for k, v in base.items() if v is not None})
         start = run.resume()
-        stream = WindowStream(len(train_np), cfg.seq_len, ctx.world_size, ctx.rank, per_rank, cfg.seed, ctx.device,
-                              **WindowStream.start(start.position, start.position_rank0))
+        stream = WindowStream(len(train_np), cfg.seq_len, ctx.world_size, ctx.rank, cfg.device_batch_size *
+                              layout.accum, cfg.seed, ctx.device, **WindowStream.start(start.position,
+                                                                                       start.position_rank0))
         tokens = device_tokens(train_np, ctx.device)
-        val = device_tokens(val_np, ctx.device)
-        utf8 = torch.from_numpy(corpus.utf8_bytes).to(ctx.device)
-        prompt = default_prompt(corpus.vocab)
+        check = Validation(model, device_tokens(val_np, ctx.device), torch.from_numpy(corpus.utf8_bytes).to(ctx.device),
+                           cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx, precision, corpus.vocab,
+                           cfg.sample_chars)
 
         def evaluate_now(step: int, initial: bool = False) -> float:
-            result = validation_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx, precision,
-                                     utf8)
-            extra = {"bpc": result["bpc"], "bpb": result["bpb"], "tokens": result["tokens"]}
-            if corpus.floor:
-                extra["gap_to_floor_nats"] = result["loss"] - corpus.floor["window_floor_nats"]
-            if cfg.sample_chars and math.isfinite(result["loss"]):  # a diverged model has no distribution to sample
-                extra["sample"] = prompt + sample_text(model, corpus.vocab, prompt, cfg.sample_chars, SAMPLE_SEED)
+            result = check.loss()
+            extra = check.reported(result, corpus.floor)
             run.metrics.log(step, "eval", extra)
             if "sample" in extra:
                 log.info("step %d sample: %r", step, extra["sample"][:120])
@@ -333,11 +302,7 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
         if not start.resumed:
             with run.timing("evaluation"):
                 evaluate_now(0, initial=True)
-        if ctx.distributed and parallel == "ddp":
-            # not a static graph: the step's graph is the same, but compiled blocks were never tried with one
-            train_model = wrap_ddp(model, ctx, accumulates=accum > 1, static_graph=False)
-        else:
-            train_model = model
+        steps.for_training(layout.parallel, ctx)
 
         step = start.step
         window_loss = torch.zeros((), dtype=torch.float64, device=ctx.device)
@@ -345,24 +310,8 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
         model.train()
         while (total_steps is None or step < total_steps) and not start.ended:
             lr = cfg.lr * schedule.factor(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            starts = stream.batch()
-            for micro in range(accum):
-                x, y = windows(tokens, starts[micro * cfg.device_batch_size:(micro + 1) * cfg.device_batch_size],
-                               cfg.seq_len)
-                with gradient_sync(train_model, micro == accum - 1):
-                    with autocast(ctx.device, precision):
-                        loss = train_model(x, y)
-                    scaler.scale(loss / accum).backward()
-                window_loss += loss.detach()
-                window_micro += 1
-            if cfg.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
+            steps.step(tokens, stream.batch(), lr, window_loss)
+            window_micro += layout.accum
             step += 1
             stream.advance()
 
@@ -382,29 +331,180 @@ def _train(cfg: GptConfig, ctx: DistContext, started_at: float) -> dict | None:
 
         if not run.reason.skips_evaluation:  # (after a signal or a failure no evaluation runs, as in run.finish)
             with run.timing("evaluation"):  # before the summary and results.json's training section are written
-                score_the_last_checkpoint(run, ctx, lambda: validation_loss(
-                    model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx, precision, utf8)["loss"])
+                score_the_last_checkpoint(run, ctx, lambda: check.loss()["loss"])
+        summary = summary_of(cfg, corpus, layout.shape, len(train_np), len(val_np), model, run, stream,
+                             layout.facts(compiled, ctx))
+        return run.finish(summary, evaluate=lambda: final_evaluation(run, check, base, corpus.floor, ctx))
 
-        def final_evaluation() -> dict | None:
-            best = run.restore_best()
-            result = validation_loss(model, val, cfg.seq_len, cfg.eval_tokens, cfg.device_batch_size, ctx, precision,
-                                     utf8)
-            samples = [prompt + sample_text(model, corpus.vocab, prompt, cfg.sample_chars, SAMPLE_SEED)] \
-                if cfg.sample_chars else []
-            evaluation = None
-            if ctx.is_main:
-                evaluation = summarise(result, base, corpus.floor, best)
-                evaluation["samples"] = samples
-                log.info("final: val %.4f nats/char (%.4f bpc) at step %s; baselines %s%s", result["loss"],
-                         result["bpc"], best, {k: round(v, 4) for k, v in evaluation["baselines_nats"].items() if v},
-                         f"; entropy floor {corpus.floor['window_floor_nats']:.4f}" if corpus.floor else "")
-            barrier(ctx)
-            return evaluation
 
-        layout = {"parallel": parallel, "activation_checkpointing": checkpointing, **compile_facts(compiled, ctx),
-                  "precision": precision.name, "grad_accum": accum, "memory_estimate": memory}
-        summary = summary_of(cfg, corpus, shape, len(train_np), len(val_np), model, run, stream, layout)
-        return run.finish(summary, evaluate=final_evaluation)
+def load_splits(cfg: GptConfig, run_dir: Path, ctx: DistContext) -> tuple[Corpus, np.ndarray, np.ndarray]:
+    """The corpus (its vocabulary checked against the run folder's), its training and validation splits; refused
+    when the training split cannot fill one step."""
+    saved_vocab = json.loads((run_dir / VOCAB_FILE).read_text())["chars"] if (run_dir / VOCAB_FILE).exists() else None
+    corpus = load_corpus(cfg.data, cfg.cache_dir, cfg.seq_len, cfg.val_frac, markov_source(cfg), cfg.synthetic_chars,
+                         log=print if ctx.is_main else (lambda _msg: None),
+                         check_vocab_of=lambda vocab: saved_vocab is None or check_vocab(saved_vocab, vocab, run_dir))
+    train_np, val_np = corpus.split(cfg.val_frac)
+    per_rank = cfg.device_batch_size * cfg.grad_accum(ctx.world_size)
+    if WindowStream.steps_in_pass(len(train_np), cfg.seq_len, ctx.world_size * per_rank, cfg.seq_len - 1) < 1:
+        raise UsageError(f"the training split ({len(train_np):,} characters) cannot fill one step of --batch-tokens "
+                         f"{cfg.batch_tokens}; use a smaller --batch-tokens or --seq-len, or more text")
+    return corpus, train_np, val_np
+
+
+def corpus_text(corpus: Corpus, n_train: int, n_val: int) -> str:
+    return (f"data: {corpus.source['kind']}, {len(corpus.tokens):,} characters, vocabulary {len(corpus.vocab)}, "
+            f"train/val {n_train:,}/{n_val:,} tokens" +
+            (f"; entropy floor {corpus.floor['window_floor_nats']:.4f} nats/char" if corpus.floor else ""))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the steps run on these ranks: the model's shape, DDP or FSDP2 with or without recomputation (by the
+    memory estimate, `memory`), compiled blocks or not, the precision and the accumulation."""
+    shape: size.Shape
+    parallel: str
+    checkpointing: bool
+    memory: list[dict]
+    compile_blocks: bool
+    precision: Precision
+    tf32: bool
+    accum: int
+
+    def text(self, cfg: GptConfig, n_params: int, total_steps: int | None, ctx: DistContext) -> str:
+        per_param = 0.0 if not total_steps else total_steps * cfg.batch_tokens / n_params
+        return (f"depth {cfg.depth}, dim {self.shape.dim}, {self.shape.heads} heads of {cfg.head_dim}, {n_params:,} "
+                f"parameters ({per_param:.2f} tokens/param at the end: {'by steps' if total_steps else 'by budget'}), "
+                f"{self.shape.flops_per_token():.3g} FLOPs/token; {self.parallel}"
+                f"{' + activation checkpointing' if self.checkpointing else ''} on {ctx.world_size} {ctx.device.type} "
+                f"rank(s), precision {self.precision.name}{', TF32' if self.tf32 else ''}"
+                f"{', compiled blocks' if self.compile_blocks else ''}")
+
+    def batch_text(self, cfg: GptConfig, ctx: DistContext) -> str:
+        return (f"{cfg.batch_tokens} tokens = {ctx.world_size} rank(s) x {cfg.device_batch_size} sequences x "
+                f"{cfg.seq_len} tokens x {self.accum} accumulation steps; memory estimate per GPU: "
+                f"{size.describe(self.memory)}")
+
+    def facts(self, compiled: CompiledOrEager | None, ctx: DistContext) -> dict:
+        """results.json's record of the layout (collective: whether every rank's blocks compiled)."""
+        return {"parallel": self.parallel, "activation_checkpointing": self.checkpointing,
+                **compile_facts(compiled, ctx), "precision": self.precision.name, "grad_accum": self.accum,
+                "memory_estimate": self.memory}
+
+
+def layout_for(cfg: GptConfig, vocab_size: int, ctx: DistContext, precision: Precision) -> Layout:
+    shape = shape_of(cfg, vocab_size)
+    act_bytes = 2 if precision.autocast_dtype is not None else 4
+    parallel, checkpointing, memory = plan_layout(cfg, shape, ctx, act_bytes)
+    compile_blocks = cfg.compile == "on" or (cfg.compile == "auto" and gpu_like(ctx.device, cfg.gpu_defaults))
+    return Layout(shape, parallel, checkpointing, memory, compile_blocks, precision, enable_tf32(ctx.device),
+                  cfg.grad_accum(ctx.world_size))
+
+
+def built(cfg: GptConfig, vocab_size: int, layout: Layout, ctx: DistContext, log) -> tuple[GPT,
+                                                                                            CompiledOrEager | None]:
+    """The model built on the meta device, wrapped (recomputation, compiled blocks, FSDP2), its weights drawn on the
+    device; with compiled blocks, the fallback that runs them eager (on every rank alike under FSDP2)."""
+    with torch.device("meta"):
+        model = build_model(cfg, vocab_size)
+    wrap(model, layout.parallel, layout.checkpointing, layout.compile_blocks, ctx, layout.precision)
+    materialise(model, layout.parallel, cfg.seed, ctx)
+    compiled = eager_when_compile_fails(model, log) if layout.compile_blocks else None
+    if compiled is not None and layout.parallel == "fsdp" and ctx.distributed:
+        refused = every_rank_compiles(ctx, compiled.failures) or recompute_refused(layout.checkpointing)
+        if refused:
+            compiled.fall_back(refused)
+    return model, compiled
+
+
+@dataclass
+class Steps:
+    """One optimizer step: `accum` micro-steps on this rank's windows under autocast, the gradients (all-reduced on
+    the last micro-step under DDP) clipped, AdamW stepped through the grad scaler."""
+    model: GPT
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    precision: Precision
+    accum: int
+    batch_size: int
+    seq_len: int
+    grad_clip: float
+    device: torch.device
+    train_model: torch.nn.Module | None = None  # the model or its DDP wrapper (for_training)
+
+    def for_training(self, parallel: str, ctx: DistContext) -> None:
+        if ctx.distributed and parallel == "ddp":
+            # not a static graph: the step's graph is the same, but compiled blocks were never tried with one
+            self.train_model = wrap_ddp(self.model, ctx, accumulates=self.accum > 1, static_graph=False)
+        else:
+            self.train_model = self.model
+
+    def step(self, tokens: torch.Tensor, starts: torch.Tensor, lr: float, losses: torch.Tensor) -> None:
+        """`losses` (on the device: read at the log's cadence only) gains each micro-step's loss, detached."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        for micro in range(self.accum):
+            x, y = windows(tokens, starts[micro * self.batch_size:(micro + 1) * self.batch_size], self.seq_len)
+            with gradient_sync(self.train_model, micro == self.accum - 1):
+                with autocast(self.device, self.precision):
+                    loss = self.train_model(x, y)
+                self.scaler.scale(loss / self.accum).backward()
+            losses += loss.detach()
+        if self.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The held-out split on the device, and what an evaluation reports beside its loss."""
+    model: GPT
+    val: torch.Tensor
+    utf8: torch.Tensor
+    seq_len: int
+    eval_tokens: int
+    batch_size: int
+    ctx: DistContext
+    precision: Precision
+    vocab: list[str]
+    sample_chars: int
+
+    def loss(self) -> dict:
+        """Collective: {loss (nats/char), bpc, bpb, tokens}."""
+        return validation_loss(self.model, self.val, self.seq_len, self.eval_tokens, self.batch_size, self.ctx,
+                               self.precision, self.utf8)
+
+    def sample(self) -> str:
+        prompt = default_prompt(self.vocab)
+        return prompt + sample_text(self.model, self.vocab, prompt, self.sample_chars, SAMPLE_SEED)
+
+    def reported(self, result: dict, floor: dict | None) -> dict:
+        extra = {"bpc": result["bpc"], "bpb": result["bpb"], "tokens": result["tokens"]}
+        if floor:
+            extra["gap_to_floor_nats"] = result["loss"] - floor["window_floor_nats"]
+        if self.sample_chars and math.isfinite(result["loss"]):  # a diverged model has no distribution to sample
+            extra["sample"] = self.sample()
+        return extra
+
+
+def final_evaluation(run: Run, check: Validation, base: dict | None, floor: dict | None, ctx: DistContext
+                     ) -> dict | None:
+    """Collective: the best checkpoint restored and scored beside the baselines (rank 0's record)."""
+    best = run.restore_best()
+    result = check.loss()
+    samples = [check.sample()] if check.sample_chars else []
+    evaluation = None
+    if ctx.is_main:
+        evaluation = summarise(result, base, floor, best)
+        evaluation["samples"] = samples
+        run.log.info("final: val %.4f nats/char (%.4f bpc) at step %s; baselines %s%s", result["loss"], result["bpc"],
+                     best, {k: round(v, 4) for k, v in evaluation["baselines_nats"].items() if v},
+                     f"; entropy floor {floor['window_floor_nats']:.4f}" if floor else "")
+    barrier(ctx)
+    return evaluation
 
 
 def score_the_last_checkpoint(run: Run, ctx: DistContext, measure) -> None:

@@ -177,6 +177,16 @@ class FetchReport:
     seconds: float = 0.0
     attempts: int = 0
 
+    def count(self, outcome: dict) -> None:
+        """One ticker's outcome, by its status (`ok`: fetched, with its rows; failed, empty or excluded)."""
+        if outcome["status"] == "ok":
+            self.fetched += 1
+            self.rows += int(outcome["rows"])
+        elif outcome["status"] in ("failed", "empty", "excluded"):
+            setattr(self, outcome["status"], getattr(self, outcome["status"]) + 1)
+        else:
+            raise ValueError(f"unknown fetch status {outcome['status']!r}")
+
     def summary(self) -> str:
         return (f"fetched {self.fetched}, cached {self.cached}, empty {self.empty}, failed {self.failed}, "
                 f"excluded by validation {self.excluded}; {self.rows:,} rows in {self.seconds:.1f} s")
@@ -380,26 +390,11 @@ def fetch_prices(tickers: list[str], cache: PriceCache, settings: FetchSettings,
                             retry.append(t)  # rate limit or network: again, after a backoff
                             last_error = err
                             continue
-                        if bars is None:
-                            status = "failed" if err and not is_no_data(err) else "empty"
-                            record(t, {"status": status, "reason": err or "no rows returned", "rows": 0})
-                            if status == "failed":
-                                report.failed += 1
-                            else:
-                                report.empty += 1
-                            continue
-                        clean, checks = validate_bars(bars, s.min_rows)
-                        if checks["excluded"]:
-                            record(t, {"status": "excluded", "reason": checks["reason"], "rows": 0,
-                                       "validation": checks})
-                            report.excluded += 1
-                            continue
-                        cache.write_bars(t, clean, YFINANCE)
-                        record(t, {"status": "ok", "rows": int(len(clean)), "validation": checks,
-                                   "first_date": clean["date"].min().strftime("%Y-%m-%d"),
-                                   "last_date": clean["date"].max().strftime("%Y-%m-%d")})
-                        report.fetched += 1
-                        report.rows += int(len(clean))
+                        outcome, clean = bars_outcome(bars, err, s.min_rows)
+                        if clean is not None:
+                            cache.write_bars(t, clean, YFINANCE)
+                        record(t, outcome)
+                        report.count(outcome)
                     meta["updated_at"] = now().isoformat()
                     cache.write_metadata(meta)
                     bar.update(len(pending) - len(retry))
@@ -409,7 +404,7 @@ def fetch_prices(tickers: list[str], cache: PriceCache, settings: FetchSettings,
             with lock:
                 for t in pending:
                     record(t, {"status": "failed", "reason": last_error or "unknown error", "rows": 0})
-                    report.failed += 1
+                    report.count(entries[t])
                 meta["updated_at"] = now().isoformat()
                 cache.write_metadata(meta)
                 bar.update(len(pending))
@@ -430,6 +425,21 @@ def fetch_prices(tickers: list[str], cache: PriceCache, settings: FetchSettings,
     return report
 
 
+def bars_outcome(bars: pd.DataFrame | None, error: str, min_rows: int) -> tuple[dict, pd.DataFrame | None]:
+    """A ticker's index entry (before its provenance) from what came back for it, and its validated bars when
+    they are usable (`ok`): none with an error (`failed`) or without one (`empty`: no data for the range), or
+    bars that fail validation (`excluded`)."""
+    if bars is None:
+        return {"status": "failed" if error and not is_no_data(error) else "empty",
+                "reason": error or "no rows returned", "rows": 0}, None
+    clean, checks = validate_bars(bars, min_rows)
+    if checks["excluded"]:
+        return {"status": "excluded", "reason": checks["reason"], "rows": 0, "validation": checks}, None
+    return {"status": "ok", "rows": int(len(clean)), "validation": checks,
+            "first_date": clean["date"].min().strftime("%Y-%m-%d"),
+            "last_date": clean["date"].max().strftime("%Y-%m-%d")}, clean
+
+
 def fill_cache(frame: pd.DataFrame, cache: PriceCache, source_label: str, min_rows: int,
                now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc), mix_sources: bool = False,
                batch: int = 50) -> FetchReport:
@@ -446,20 +456,12 @@ def fill_cache(frame: pd.DataFrame, cache: PriceCache, source_label: str, min_ro
         meta.setdefault("source", source_label)
         entries = meta.setdefault("tickers", {})
         for i, (ticker, bars) in enumerate(frame.groupby("ticker", sort=True, observed=True)):
-            clean, checks = validate_bars(bars.drop(columns="ticker"), min_rows)
-            if checks["excluded"]:
-                entries[ticker] = {"status": "excluded", "reason": checks["reason"], "rows": 0,
-                                   "validation": checks, "source": source_label}
-                report.excluded += 1
-            else:
+            entry, clean = bars_outcome(bars.drop(columns="ticker"), "", min_rows)
+            if clean is not None:
                 cache.write_bars(ticker, clean, source_label)
-                entries[ticker] = {"status": "ok", "rows": int(len(clean)), "validation": checks,
-                                   "first_date": clean["date"].min().strftime("%Y-%m-%d"),
-                                   "last_date": clean["date"].max().strftime("%Y-%m-%d"),
-                                   "fetched_at": now().isoformat(), "source": source_label}
-                report.fetched += 1
-                report.rows += int(len(clean))
-            report.outcomes[ticker] = entries[ticker]
+                entry["fetched_at"] = now().isoformat()
+            entries[ticker] = report.outcomes[ticker] = dict(entry, source=source_label)
+            report.count(entry)
             if (i + 1) % batch == 0:
                 meta["updated_at"] = now().isoformat()
                 cache.write_metadata(meta)
