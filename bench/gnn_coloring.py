@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record import write_record  # noqa: E402
 
-from trainers.gnn.color import color_file  # noqa: E402
+from trainers.gnn.color import Search, color_file  # noqa: E402
 from trainers.gnn.decode import classical  # noqa: E402
 from trainers.gnn.graphs import (  # noqa: E402
     Graph,
@@ -143,9 +143,10 @@ def goals(kind: str, g: Graph, row: dict) -> dict:
 def color_one(kind: str, g: Graph, model: Path, work: Path, args) -> dict:
     path = work / f"{g.name}.col"
     write_dimacs(g, path)
-    plain = color_file(str(model), str(path), seed=args.seed, search_iters=10**9, search_seconds=args.budget)
-    tuned = color_file(str(model), str(path), seed=args.seed, search_iters=10**9, search_seconds=args.budget,
-                       finetune_steps=args.finetune_steps, finetune_restarts=args.finetune_restarts)
+    plain = color_file(str(model), str(path), seed=args.seed, search=Search(iters=10**9, seconds=args.budget))
+    tuned = color_file(str(model), str(path), seed=args.seed,
+                       search=Search(iters=10**9, seconds=args.budget, finetune_steps=args.finetune_steps,
+                                     finetune_restarts=args.finetune_restarts))
     gnn_seconds = plain["seconds"]["total"]
     c = classical(g)
     from_dsatur = reduce_colors(g, dsatur_coloring(g), iters=10**9, seconds=args.budget, seed=args.seed)
@@ -293,7 +294,7 @@ def hard_row(g: Graph, model: Path, work: Path, args) -> dict:
                                   "time_to_k": times_to_k(found.levels, k0, ds_seconds, cumulative=True)}
     path = work / f"{g.name}.col"
     write_dimacs(g, path)
-    plain = color_file(str(model), str(path), seed=args.seed, search_seconds=S)  # today's `gnn color`
+    plain = color_file(str(model), str(path), seed=args.seed, search=Search(seconds=S))  # today's `gnn color`
     row["gnn_tabucol"] = {"colors": plain["colors"], "seconds": plain["seconds"]["total"],
                           "scheduled": plain["scheduled"]["colors"], "raw_colors": plain["raw"]["colors"],
                           "raw_conflicts": plain["raw"]["conflicts"]}

@@ -52,6 +52,8 @@ class Forecaster(nn.Module):
     they travel with the weights so an exported model speaks in return units.
     """
 
+    # Eleven parameters, not a config: a pure model file takes its sizes as numbers (GUIDE.md §3), so the export,
+    # the size estimate and the tests build it without a trainer's config.
     def __init__(self, d_model: int, n_layers: int, n_heads: int, d_ff: int, n_features: int, window: int,
                  dropout: float = 0.1, readout: str = "last", linear_skip: bool = False,
                  past_returns: int | None = None, encoder: str = "transformer"):

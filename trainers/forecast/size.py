@@ -19,6 +19,8 @@ from trainers.ops.plan import Workload
 SMALL_STEP_S = 0.003
 
 
+# Twelve parameters: the model's sizes as numbers, as Forecaster takes them (`plan` sizes a run before any config is
+# settled, from its flags alone).
 def activation_bytes_per_sample(window: int, n_features: int, d_model: int, n_layers: int, n_heads: int, d_ff: int,
                                 dropout: float, compute_bytes: int, readout: str = "last", linear_skip: bool = False,
                                 past_returns: bool = False, encoder: str = "transformer") -> int:

@@ -51,11 +51,11 @@ def _evaluate(args) -> int:
 
 
 def _color(args) -> int:
-    from trainers.gnn.color import color_file
+    from trainers.gnn.color import Search, color_file
 
-    print(json.dumps(color_file(args.model, args.graph, args.output, args.seed, args.search_iters, args.search_seconds,
-                                args.finetune_steps, args.finetune_restarts, args.search, args.population,
-                                args.device, args.seed_from)))
+    search = Search(args.search, args.search_iters, args.search_seconds, args.population, args.device, args.seed_from,
+                    args.finetune_steps, args.finetune_restarts)
+    print(json.dumps(color_file(args.model, args.graph, args.output, args.seed, search)))
     return 0
 
 

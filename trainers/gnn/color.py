@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +67,24 @@ def _torch_device(device: str) -> str:
     return "cpu"
 
 
-def _population(g, color: np.ndarray, lower: int, sampled, *, max_colors: int, iters: int, seconds: float, seed: int,
-                population: int, device: str, seed_from: str) -> tuple[np.ndarray, dict]:
+@dataclass(frozen=True)
+class Search:
+    """How `gnn color` searches after the model's pass (its flags): `method` tabu or population; `iters` (None: tabu
+    2M moves, population the clock alone) and `seconds` bound it; the population search's size, device and first
+    members (`seed_from` gnn: sampled from the model; dsatur); `finetune_steps` > 0 fine-tunes the checkpoint on the
+    graph first, from `finetune_restarts` starts."""
+    method: str = "tabu"
+    iters: int | None = None
+    seconds: float = 10.0
+    population: int = 32
+    device: str = "cpu"
+    seed_from: str = "gnn"
+    finetune_steps: int = 0
+    finetune_restarts: int = 3
+
+
+def _population(g, color: np.ndarray, lower: int, sampled, max_colors: int, seed: int,
+                search: Search) -> tuple[np.ndarray, dict]:
     """The population search from the better of the model's repaired colouring and DSATUR's, its
     first members sampled from the model when it offers enough colours (else randomised DSATUR)."""
     from trainers.gnn.dsatur import dsatur
@@ -76,12 +93,12 @@ def _population(g, color: np.ndarray, lower: int, sampled, *, max_colors: int, i
     greedy = dsatur(g)
     start = color if color.max() <= greedy.max() else greedy
     k = int(start.max()) + 1
-    source = "gnn" if seed_from == "gnn" and k - 1 <= max_colors else "dsatur"
+    source = "gnn" if search.seed_from == "gnn" and k - 1 <= max_colors else "dsatur"
     starts = model_starts(sampled, max_colors, seed=seed) if source == "gnn" else heuristic_starts(g, seed)
-    found = population_search(g, start, starts, population, iters=iters, seconds=seconds, device=device, seed=seed,
-                              lower=lower)
+    found = population_search(g, start, starts, search.population, iters=search.iters, seconds=search.seconds,
+                              device=search.device, seed=seed, lower=lower)
     why = None
-    if source != seed_from:
+    if source != search.seed_from:
         why = f"the model offers at most {max_colors} colours; the search starts at {k - 1}"
     return found.coloring, {"method": "population", "colors": found.colors, "start_colors": found.start_colors,
                             "start_from": "gnn_repaired" if start is color else "dsatur", "seeded_by": source,
@@ -108,9 +125,7 @@ def check_output(output: Path, graph: Path, model: Path) -> None:
 
 
 def color_file(model_path: str, graph_path: str, output: str | None = None, seed: int = 0,
-               search_iters: int | None = None, search_seconds: float = 10.0, finetune_steps: int = 0,
-               finetune_restarts: int = 3, search: str = "tabu", population: int = 32, device: str = "cpu",
-               seed_from: str = "gnn") -> dict:
+               search: Search = Search()) -> dict:
     import onnxruntime as ort
 
     t0 = time.perf_counter()
@@ -118,11 +133,11 @@ def color_file(model_path: str, graph_path: str, output: str | None = None, seed
         check_output(Path(output), Path(graph_path), Path(model_path))
     model_path = Path(model_path)
     info = read_export(model_path)
-    if search == "population":
-        device = _torch_device(device)
-    if search_iters is None:  # tabu: 2M moves (the clock usually ends it first); population: the clock alone
-        search_iters = 2_000_000 if search == "tabu" else 10**15
-    if finetune_steps:
+    if search.method == "population":
+        search = replace(search, device=_torch_device(search.device))
+    if search.iters is None:  # tabu: 2M moves (the clock usually ends it first); population: the clock alone
+        search = replace(search, iters=2_000_000 if search.method == "tabu" else 10**15)
+    if search.finetune_steps:
         try:
             import torch  # noqa: F401
         except ImportError:
@@ -151,22 +166,20 @@ def color_file(model_path: str, graph_path: str, output: str | None = None, seed
         return session.run(None, {"x": features, "edge_index": edge_index,
                                   "color_mask": color_mask(g.n, k, max_colors)})[0]
 
-    tabu = search == "tabu"
-    color, report = color_with_model(g, logits_for, max_colors, search_iters if tabu else 0, search_seconds, seed)
+    tabu = search.method == "tabu"
+    color, report = color_with_model(g, logits_for, max_colors, search.iters if tabu else 0, search.seconds, seed)
     if not tabu:
         sampled = lambda k, s: logits_for(k, node_features(g, info["random_features"], s))  # noqa: E731
-        color, report["searched"] = _population(g, color, report["lower_bound"], sampled, max_colors=max_colors,
-                                                iters=search_iters, seconds=search_seconds, seed=seed,
-                                                population=population, device=device, seed_from=seed_from)
+        color, report["searched"] = _population(g, color, report["lower_bound"], sampled, max_colors, seed, search)
         report["colors"] = report["searched"]["colors"]
         report["seconds"]["search"] = report["searched"]["seconds"]
-    if finetune_steps:
+    if search.finetune_steps:
         from trainers.gnn.finetune import finetune_stage, load_trained
 
         model, cfg, _ = load_trained(model_path.parent, str(info["checkpoint_step"]))
         color, report["finetuned"] = finetune_stage(model, g, cfg.max_colors, cfg.random_features, color,
-                                                    report["lower_bound"], finetune_steps, finetune_restarts,
-                                                    search_iters, search_seconds, seed)
+                                                    report["lower_bound"], search.finetune_steps,
+                                                    search.finetune_restarts, search.iters, search.seconds, seed)
         report["colors"] = int(color.max()) + 1
     if output:
         atomic_write(Path(output), lambda f: f.write("".join(f"{v} {c}\n" for v, c in enumerate(color))), mode="w")

@@ -70,6 +70,8 @@ def finetune(model: torch.nn.Module, g: Graph, max_colors: int, random_dims: int
     return out
 
 
+# Eleven parameters: the graph, the model and the colouring it starts from, and the stage's four budgets; called by
+# `gnn color` (from its Search) and by the tests, which set each budget apart.
 def finetune_stage(model: torch.nn.Module, g: Graph, max_colors: int, random_dims: int, best: np.ndarray, lower: int,
                    steps: int, restarts: int, search_iters: int, search_seconds: float,
                    seed: int = 0) -> tuple[np.ndarray, dict]:

@@ -366,6 +366,8 @@ def select(pool: torch.Tensor, cost: torch.Tensor, k: int, keep: int, min_distan
     return torch.as_tensor(kept, device=pool.device)
 
 
+# Thirteen parameters, all but two keywords with defaults: a search entry point as scipy's are (the bench, the tests
+# and `gnn color` each set their own few); inside, the population phase takes one Evolution.
 def population_search(g: Graph, start: np.ndarray, starts: Starts | None = None, population: int = 32,
                       tabu_iters: int = 2000, iters: int = 10**12, seconds: float = 60.0, device: str = "cpu",
                       seed: int = 0, lower: int | None = None, min_distance: float = 0.05,

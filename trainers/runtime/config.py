@@ -40,6 +40,8 @@ SYNTHETIC_MAX_CELLS = 25_000_000
 DATE_RE = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}$")  # ASCII digits only (\d matches any script's digits)
 
 
+# Eleven parameters, keywords past the fourth: the declaration of one config field, each a rule its flag checks
+# (dataclasses.field's own shape); a field names only the few it needs.
 def option(default: Any, help: str, resume_safe: bool = False, choices: tuple | None = None, *,
            min: float | None = None, gt: float | None = None, max: float | None = None,
            lt: float | None = None, aliases: tuple[str, ...] = (), date: bool = False,
