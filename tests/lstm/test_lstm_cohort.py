@@ -833,3 +833,15 @@ def test_a_members_checkpoint_comes_to_the_host_in_one_copy_a_state_and_holds_no
     copies = [s for s in stacked if "(host_rows)" in s.where]
     assert {s.kind for s in copies} == {"device->host"} and len(copies) == 2 * len(saves)
     assert not [s for s in stacked if s.kind == "item"]  # the step count rides with the optimizer's copy
+
+
+def test_a_symbols_run_logs_its_info_lines_to_its_own_file_not_the_console(tmp_path, capfd):
+    """On the console the job's log speaks for the workers; each symbol's run keeps its INFO lines to its own
+    training.log. The console handler became runtime.logs.BarAwareHandler, a subclass the quieting did not match,
+    and every symbol's run lines reached the console again."""
+    assert train(tmp_path / "job", "--cohort", "1", "--synthetic-tickers", "2", "--epochs", "1") == 0
+    err = capfd.readouterr().err
+    log = (tmp_path / "job" / "symbols" / "SYN000" / "training.log").read_text().splitlines()
+    infos = [line.split(" INFO ", 1)[1] for line in log if " INFO " in line]
+    assert infos and "SYN000: claimed" in err
+    assert [line for line in infos if line in err] == []

@@ -23,7 +23,6 @@ def marker_of(worker: Worker, symbol: str, status: str, tries: int, started: flo
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra}
 
 
-
 def mark_done(symbol: str, outcome: SymbolOutcome, marker: dict, exported: dict, span: float, cohort: int,
               worker: Worker) -> None:
     """Write a trained symbol's done marker with its export's outcome (`export_outcome`'s, {} without --export)."""
@@ -38,7 +37,6 @@ def mark_done(symbol: str, outcome: SymbolOutcome, marker: dict, exported: dict,
     worker.log.info("%s: done in %.1f s on %s, %d steps, best val loss %s; test %s", symbol, span,
                     worker.device, outcome.steps, "n/a" if best is None else f"{best:.4f}",
                     test.get("skill", {}).get("verdict", "n/a"))
-
 
 
 def remember_lost(job_dir: Path, lost: DeviceLost, worker: Worker) -> list[str]:
@@ -61,7 +59,6 @@ def remember_lost(job_dir: Path, lost: DeviceLost, worker: Worker) -> list[str]:
     return failed
 
 
-
 def check_not_a_symbol_folder(job_dir: Path) -> None:
     """A job's folder is no symbol's folder of another job: a job in there wrote its summary over that symbol's
     results (with that symbol's seed it passed the config check)."""
@@ -70,7 +67,6 @@ def check_not_a_symbol_folder(job_dir: Path) -> None:
             read_results(here.parent.parent).get("job"):  # (an LSTM job's summary, as `trainers lstm export` reads it)
         raise UsageError(f"--run-dir {job_dir} is symbol {here.name}'s folder in the LSTM job {here.parent.parent}: "
                          f"give that job's folder, or a new one")
-
 
 
 def check_symbol_folders(job_dir: Path, symbols: list[str]) -> None:

@@ -68,7 +68,6 @@ from trainers.runtime.stops import Heard, heard_stop_signals
 SUMMARY_EVERY_S = 30.0  # rank 0 rewrites the job's summary at most this often while it trains
 
 
-
 def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort: TrainCohort) -> int:
     # Everything that can reject the input happens before the first write into the job folder.
     job_dir = Path(cfg.run_dir)
@@ -96,7 +95,6 @@ def run_job(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort: 
     finally:
         if lock is not None:
             lock.release()
-
 
 
 def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort: TrainCohort, plan: JobPlan,
@@ -187,7 +185,6 @@ def _attempt(cfg: LstmConfig, ctx: DistContext, started_at: float, train_cohort:
     return 1 if device_lost or ((counts["failed"] or incomplete) and not under_torchrun) else 0
 
 
-
 def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: Worker, cohort: int,
                       train_cohort: TrainCohort, summary: Callable[[], dict]) -> DeviceLost | None:
     """The worker's claims, each trained and finished, until the queue is empty or the job stops; the broken CUDA
@@ -255,7 +252,6 @@ def _claim_until_done(cfg: LstmConfig, ctx: DistContext, plan: JobPlan, worker: 
                 next_summary = time.monotonic() + SUMMARY_EVERY_S
 
 
-
 def claim_cohort(queue: jobqueue.JobQueue, size: int, world_size: int) -> list[tuple[int, str]]:
     """Up to `size` claims, one after another (each an atomic take from the queue), and never more than
     this worker's share of what was left at its first claim: the last symbols are spread over the
@@ -269,7 +265,6 @@ def claim_cohort(queue: jobqueue.JobQueue, size: int, world_size: int) -> list[t
             size = min(size, -(-(len(queue.pending) - claim[0]) // world_size))
         claims.append(claim)
     return claims
-
 
 
 def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_cohort: TrainCohort,
@@ -315,7 +310,6 @@ def work_on(symbol: str, cfg: LstmConfig, plan: JobPlan, worker: Worker, train_c
     outcome = finished(symbol, outcome, attempt, started, cfg, worker, note=note)
     worker.wind_down.handed_off()
     return outcome
-
 
 
 def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: Worker,
@@ -400,7 +394,6 @@ def work_on_cohort(symbols: list[str], cfg: LstmConfig, plan: JobPlan, worker: W
     return outcomes
 
 
-
 def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, cfg: LstmConfig, worker: Worker,
              cohort: int = 1, note: dict | None = None) -> SymbolOutcome:
     """A trained symbol's end in the job: stopped (a new run resumes it), or exported and marked done (exporting
@@ -428,7 +421,6 @@ def finished(symbol: str, outcome: SymbolOutcome, attempt: int, started: float, 
     return outcome
 
 
-
 def settle_exports(worker: Worker) -> None:
     """The worker's loop is over: wait for its exports behind and mark their symbols done (an exporter with work
     silent for STALL_S is ended, its symbols recorded with an export error), unless this worker gets a signal (before
@@ -451,7 +443,6 @@ def settle_exports(worker: Worker) -> None:
     if left:
         worker.log.warning("%d trained symbol(s) stopped with the job before their export (%s); the next run "
                            "finishes and exports them", len(left), ", ".join(Path(f).name for f in left))
-
 
 
 def resumes_after_lost(restart_count: int) -> str:

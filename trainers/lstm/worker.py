@@ -36,7 +36,6 @@ from trainers.runtime.stops import RESERVE_FACTOR, Heard
 STOPPED_UNFINISHED = (StopReason.SIGNAL, StopReason.TIME_BUDGET, StopReason.MONEY_BUDGET)
 
 
-
 class DeviceLost(Exception):
     """The worker's CUDA context broke (runtime.device.context_lost) while it trained `symbols` (`alone`: one
     symbol with nn.LSTM, not a cohort)."""
@@ -47,7 +46,6 @@ class DeviceLost(Exception):
         self.alone = alone
 
 
-
 @dataclass
 class SymbolOutcome:
     reason: StopReason
@@ -56,7 +54,6 @@ class SymbolOutcome:
     results: dict | None
     step_seconds: float = 0.0  # host time in its training steps (in a cohort: its share of the stacked steps)
     phase_seconds: dict | None = None  # in a cohort: its share of each part of the cohort's loop (cohort.PHASES)
-
 
 
 class Worker:
@@ -148,8 +145,8 @@ class Worker:
     def quiet_console(self, log: logging.Logger) -> None:
         """A symbol's run logs to its own training.log; on the console the job log speaks for the
         workers (one line per claim, result, retry), so the run's console handler keeps warnings only."""
-        for handler in log.handlers:
-            if type(handler) is logging.StreamHandler:
+        for handler in log.handlers:  # (the console's is runtime.logs' BarAwareHandler; a file's is a FileHandler)
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                 handler.setLevel(logging.WARNING)
 
     def stopping(self) -> bool:
@@ -195,7 +192,6 @@ class Worker:
 TrainCohort = Callable[[LstmConfig, list[SymbolData], Worker, int], dict[str, "SymbolOutcome | BaseException"]]
 
 
-
 def worker_device(cfg: LstmConfig, local_rank: int) -> torch.device:
     """Worker r of a node uses GPU r // jobs_per_gpu; on CPU every worker shares the CPU."""
     if cfg.device == "cpu" or (cfg.device == "auto" and not device_mod.accelerator_available()):
@@ -214,7 +210,6 @@ def worker_device(cfg: LstmConfig, local_rank: int) -> torch.device:
     return device
 
 
-
 def job_logger(job_dir: Path, rank: int, device: torch.device) -> logging.Logger:
     """Every worker appends its lines to <job>/training.log (one write per line) and the console."""
     log = logging.getLogger(f"trainers.lstm.worker{rank}")
@@ -228,11 +223,9 @@ def job_logger(job_dir: Path, rank: int, device: torch.device) -> logging.Logger
     return log
 
 
-
 def close_job_logger(rank: int) -> None:
     for handler in logging.getLogger(f"trainers.lstm.worker{rank}").handlers:
         handler.close()
-
 
 
 def billed_devices(world_size: int, local_world_size: int, jobs_per_gpu: int, device: torch.device) -> int:
