@@ -10,7 +10,7 @@ trainers.lstm.cohort.train_cohort: a cohort of symbols (`--cohort`), each its ow
 single-process context and its own folder, so each symbol resumes on its own; a symbol alone is a
 cohort of one, trained with nn.LSTM's fused kernel (cohort.Fused). The job around it (the queue, a
 second try for a symbol that raised, stops published to every worker, the summary) is
-trainers.lstm.worker, which gets `train_cohort` passed in.
+trainers.lstm.scheduler, which gets `train_cohort` passed in; a worker's state is trainers.lstm.worker.
 
 Exit code: 0 when the queue ran out (or the job was stopped by a signal or budget) and nothing
 failed. Run as one process, 1 when a symbol failed; under torchrun 0 even then (a non-zero exit
