@@ -22,6 +22,13 @@ sys.path.insert(0, str(FAKES / "accelerator"))  # fake_accelerator: CUDA's place
 signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
+# torch in the test processes on one intra-op thread, as in every command the tests start (_env), unless the
+# caller set its own: an xdist worker per core, each with a pool of a thread per core beside the other worker's
+# torchrun jobs, spun against each other. CI's full pass at c26b079 spent 990 s in tests/lstm/test_lstm_cohort.py,
+# which takes 23 s alone; that file and tests/leaks/test_leaks.py on two workers took 180 s, and 98 s on one
+# thread each. Set before any test module imports torch, which reads it once.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto` (pyproject's addopts): one worker per CPU this process may run on, so `taskset -c 0` gets
     one (xdist's own count asks psutil, when installed, for the machine's CPUs and ignores the affinity).
