@@ -22,11 +22,12 @@ sys.path.insert(0, str(FAKES / "accelerator"))  # fake_accelerator: CUDA's place
 signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
-# torch in the test processes on one intra-op thread, as in every command the tests start (_env), unless the
-# caller set its own: an xdist worker per core, each with a pool of a thread per core beside the other worker's
-# torchrun jobs, spun against each other. CI's full pass at c26b079 spent 990 s in tests/lstm/test_lstm_cohort.py,
-# which takes 23 s alone; that file and tests/leaks/test_leaks.py on two workers took 180 s, and 98 s on one
-# thread each. Set before any test module imports torch, which reads it once.
+# torch on one intra-op thread, unless the caller set its own, in the test processes and in every command they
+# start, which inherit this environment (_env and the leak tier's guard_env no longer set it each): an xdist
+# worker per core, each with a pool of a thread per core beside the other worker's torchrun jobs, spun against
+# each other. CI's full pass at c26b079 spent 990 s in tests/lstm/test_lstm_cohort.py, which takes 23 s alone;
+# that file and tests/leaks/test_leaks.py on two workers took 180 s, and 98 s on one thread each. Set before any
+# test module imports torch, which reads it once.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def pytest_xdist_auto_num_workers(config) -> int:
@@ -50,7 +51,6 @@ GPT_TINY = ["--depth", "1", "--head-dim", "16", "--seq-len", "32", "--device-bat
 
 def _env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("TRAINERS_FAULT", None)
     env.update(extra or {})
     return env

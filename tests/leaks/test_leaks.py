@@ -52,7 +52,6 @@ def guard_env(pkg: Path, report: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(pkg), str(HERE), *filter(None, [env.get("PYTHONPATH")])])
     env["LEAK_REPORT"] = str(report)
-    env.setdefault("OMP_NUM_THREADS", "1")
     env.pop("TRAINERS_FAULT", None)
     return env
 
